@@ -1,0 +1,4 @@
+"""Measurement: load generation, workloads, metrics, GPU and server telemetry.
+
+Knows endpoints and records, never targets, studies or MLflow.
+"""

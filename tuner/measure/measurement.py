@@ -1,0 +1,42 @@
+"""The result of measuring one deployment under one workload."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from tuner.measure.metrics import metric_key
+from tuner.measure.records import RequestRecord
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Summary (vllm bench serve keys), the per-request records, cold start and telemetry.
+
+    `telemetry` holds unit-suffixed extras: `gpu_*` (NVML), `server_*` (scraped /metrics).
+    """
+
+    summary: dict[str, float]
+    records: tuple[RequestRecord, ...] = ()
+    cold_start_s: float = 0.0
+    telemetry: dict[str, float] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def metrics(self) -> dict[str, float]:
+        """Every number of this measurement, finite ones only (for tracking and constraints)."""
+        out = {k: v for k, v in self.summary.items() if isinstance(v, int | float) and math.isfinite(v)}
+        out.update({k: v for k, v in self.telemetry.items() if math.isfinite(v)})
+        out["cold_start_s"] = self.cold_start_s
+        return out
+
+    def value(self, metric: str) -> float:
+        """A metric by its spec name (`ttft_ms.p99`, `request_throughput`, `cold_start_s`, ...).
+
+        Missing or undefined metrics are NaN.
+        """
+        key = metric_key(metric)
+        if key == "cold_start_s":
+            return self.cold_start_s
+        if key in self.summary:
+            return float(self.summary[key])
+        return float(self.telemetry.get(key, math.nan))

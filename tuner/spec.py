@@ -1,0 +1,313 @@
+"""Agent specs: one YAML file per tuning agent, validated by pydantic with extra="forbid".
+
+Errors name the file, the line, the field, the rule and the value.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tuner.errors import ConfigError
+from tuner.yamlio import Loc, load_yaml, pydantic_to_config_error
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ---------------------------------------------------------------- workload
+class LengthDist(_Strict):
+    """A distribution of token counts, clipped to [min, max]."""
+
+    dist: Literal["fixed", "uniform", "normal", "lognormal"] = "fixed"
+    value: int | None = Field(default=None, ge=1, description="for fixed")
+    low: int | None = Field(default=None, ge=1, description="for uniform")
+    high: int | None = Field(default=None, ge=1, description="for uniform")
+    mean: float | None = Field(default=None, gt=0, description="for normal and lognormal (the mean)")
+    std: float | None = Field(default=None, ge=0, description="for normal")
+    sigma: float | None = Field(default=None, ge=0, description="for lognormal (of the log)")
+    min: int = Field(default=1, ge=1)
+    max: int = Field(default=32768, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> LengthDist:
+        need = {"fixed": ("value",), "uniform": ("low", "high"), "normal": ("mean", "std"),
+                "lognormal": ("mean", "sigma")}[self.dist]
+        missing = [k for k in need if getattr(self, k) is None]
+        if missing:
+            raise ValueError(f"dist {self.dist!r} needs {', '.join(missing)}")
+        if self.dist == "uniform" and self.low is not None and self.high is not None and self.low > self.high:
+            raise ValueError(f"low ({self.low}) must be <= high ({self.high})")
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must be <= max ({self.max})")
+        return self
+
+
+class TaskMix(_Strict):
+    """One task type of a mix: its share of requests and its own length distributions."""
+
+    name: str
+    weight: float = Field(gt=0)
+    prompt_tokens: LengthDist
+    output_tokens: LengthDist
+
+
+class Arrival(_Strict):
+    kind: Literal["closed", "constant", "poisson", "gamma", "trace"] = "poisson"
+    concurrency: int | None = Field(default=None, ge=1, description="closed loop: requests in flight")
+    rate_per_s: float | None = Field(default=None, gt=0, description="open loop: mean request rate")
+    burstiness: float = Field(default=1.0, gt=0, description="gamma shape; 1.0 = Poisson")
+    trace: str | None = Field(default=None, description="JSONL trace for kind=trace")
+
+    @model_validator(mode="after")
+    def _check(self) -> Arrival:
+        if self.kind == "closed" and self.concurrency is None:
+            raise ValueError("kind 'closed' needs concurrency")
+        if self.kind in ("constant", "poisson", "gamma") and self.rate_per_s is None:
+            raise ValueError(f"kind {self.kind!r} needs rate_per_s")
+        if self.kind == "trace" and not self.trace:
+            raise ValueError("kind 'trace' needs trace (a JSONL file)")
+        return self
+
+
+class WorkloadSpec(_Strict):
+    arrival: Arrival = Arrival(kind="closed", concurrency=8)
+    prompt_tokens: LengthDist = LengthDist(dist="fixed", value=256)
+    output_tokens: LengthDist = LengthDist(dist="fixed", value=64)
+    tasks: list[TaskMix] | None = None
+    dataset: str | None = Field(default=None, description="ShareGPT-style JSON or JSONL file")
+    num_requests: int | None = Field(default=None, ge=1)
+    duration_s: float | None = Field(default=None, gt=0)
+    warmup_requests: int = Field(default=0, ge=0)
+    warmup_s: float = Field(default=0.0, ge=0)
+    cooldown_s: float = Field(default=0.0, ge=0)
+    endpoint: Literal["completions", "chat"] = "completions"
+    stream: bool = True
+    ignore_eos: bool = True
+    timeout_s: float = Field(default=120.0, gt=0)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> WorkloadSpec:
+        if self.num_requests is None and self.duration_s is None:
+            raise ValueError("set num_requests or duration_s")
+        return self
+
+
+# ---------------------------------------------------------------- objectives and SLOs
+_METRIC_RE = re.compile(r"^[a-z][a-z0-9_]*(\.(mean|median|std|p50|p90|p95|p99))?$")
+
+
+def _check_metric(name: str) -> str:
+    if not _METRIC_RE.match(name):
+        raise ValueError(
+            "metric must be a summary key (e.g. request_throughput, error_rate) or "
+            "<latency>_ms.<stat> (e.g. ttft_ms.p99, itl_ms.p99, e2el_ms.mean)"
+        )
+    if "." in name:
+        base = name.split(".")[0]
+        if base not in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"):
+            raise ValueError("latency metric must be one of ttft_ms, tpot_ms, itl_ms, e2el_ms")
+    return name
+
+
+class Objective(_Strict):
+    metric: str
+    direction: Literal["maximize", "minimize"]
+
+    _m = field_validator("metric")(classmethod(lambda cls, v: _check_metric(v)))
+
+
+class SLO(_Strict):
+    metric: str
+    max: float | None = None
+    min: float | None = None
+
+    _m = field_validator("metric")(classmethod(lambda cls, v: _check_metric(v)))
+
+    @model_validator(mode="after")
+    def _check(self) -> SLO:
+        if (self.max is None) == (self.min is None):
+            raise ValueError("give exactly one of max or min")
+        return self
+
+    @property
+    def key(self) -> str:
+        return f"slo:{self.metric}<={self.max}" if self.max is not None else f"slo:{self.metric}>={self.min}"
+
+
+class Budget(_Strict):
+    trials: int | None = Field(default=20, ge=1)
+    wall_time_s: float | None = Field(default=None, gt=0)
+
+
+class SamplerSpec(_Strict):
+    name: Literal["tpe", "nsga2", "gp", "random", "grid"] = "tpe"
+    seed: int | None = 0
+    n_startup_trials: int | None = Field(default=None, ge=0)
+
+
+class TrackingSpec(_Strict):
+    uri: str | None = None
+    experiment: str | None = None
+    enabled: bool = True
+
+
+class PromotionSpec(_Strict):
+    policy: Literal["manual", "auto"] = "manual"
+    verify_runs: int = Field(default=3, ge=2)
+    min_improvement: float = Field(default=0.02, ge=0)
+    confidence: float = Field(default=0.95, gt=0.5, lt=1)
+    max_error_rate: float = Field(default=0.01, ge=0, le=1)
+    min_quality: float = Field(default=0.95, ge=0, le=1)
+    apply_command: list[str] | None = None
+
+
+_EVERY_RE = re.compile(r"^(\d+(\.\d+)?)(s|m|h|d)$")
+
+
+class ScheduleSpec(_Strict):
+    every: str | None = None
+    cron: str | None = None
+    trials_per_cycle: int | None = Field(default=None, ge=1)
+
+    @field_validator("every")
+    @classmethod
+    def _every(cls, v: str | None) -> str | None:
+        if v is not None and not _EVERY_RE.match(v):
+            raise ValueError("every must look like 30s, 15m, 6h or 1d")
+        return v
+
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, v: str | None) -> str | None:
+        if v is not None and len(v.split()) != 5:
+            raise ValueError("cron must have 5 fields: minute hour day month day_of_week")
+        return v
+
+    @model_validator(mode="after")
+    def _one(self) -> ScheduleSpec:
+        if self.every is not None and self.cron is not None:
+            raise ValueError("give every or cron, not both")
+        return self
+
+    @property
+    def every_s(self) -> float | None:
+        if self.every is None:
+            return None
+        m = _EVERY_RE.match(self.every)
+        assert m
+        return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(3)]
+
+
+class WatchSpec(_Strict):
+    url: str
+    interval_s: float = Field(default=60.0, gt=0)
+    window_s: float = Field(default=600.0, gt=0)
+    drift_threshold: float = Field(default=0.3, gt=0, description="relative change of mean prompt length")
+
+
+class TargetSpec(BaseModel):
+    """`kind` plus that kind's options (validated by the target's own options model)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    kind: str
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class AgentSpec(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    description: str = ""
+    target: TargetSpec
+    search_space: str | dict[str, Any]
+    workload: WorkloadSpec
+    objectives: list[Objective] = Field(min_length=1)
+    slos: list[SLO] = []
+    budget: Budget = Budget()
+    sampler: SamplerSpec = SamplerSpec()
+    storage: str | None = None
+    tracking: TrackingSpec = TrackingSpec()
+    promotion: PromotionSpec = PromotionSpec()
+    schedule: ScheduleSpec | None = None
+    watch: WatchSpec | None = None
+    gpus: list[int] | None = None
+    parallel_trials: int = Field(default=1, ge=1)
+
+    @field_validator("sampler", mode="before")
+    @classmethod
+    def _sampler_str(cls, v: Any) -> Any:
+        return {"name": v} if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _check(self) -> AgentSpec:
+        if self.sampler.name == "grid" and len(self.objectives) > 1:
+            pass  # grid handles several objectives too
+        if self.budget.trials is None and self.budget.wall_time_s is None:
+            raise ValueError("budget needs trials or wall_time_s")
+        return self
+
+
+class Agent(BaseModel):
+    """A loaded agent: its spec, where it came from and its resolved search space."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    spec: AgentSpec
+    path: Path
+    space: Any  # tuner.space.SearchSpace
+    target_options: Any  # the target kind's options model
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def resolve(self, rel: str) -> Path:
+        """A path named in the spec, relative to the agent file."""
+        p = Path(rel)
+        return p if p.is_absolute() else (self.path.parent / p)
+
+
+def load_agent(path: str | Path) -> Agent:
+    """Load and validate an agent spec and everything it names. Raises a located ConfigError."""
+    from tuner.space import load_space, parse_space
+    from tuner.targets.registry import validate_target_options
+
+    path = Path(path)
+    data, lines = load_yaml(path)
+    if not isinstance(data, dict):
+        raise ConfigError("an agent spec must be a YAML mapping", file=str(path), line=1)
+    try:
+        spec = AgentSpec.model_validate(data)
+    except ValidationError as exc:
+        raise pydantic_to_config_error(exc, str(path), lines) from None
+    target_options = validate_target_options(spec.target, file=str(path), lines=lines)
+    if isinstance(spec.search_space, str):
+        sp = Path(spec.search_space)
+        sp = sp if sp.is_absolute() else path.parent / sp
+        space = load_space(sp)
+    else:
+        space = parse_space(spec.search_space, file=str(path), lines=lines, prefix=("search_space",))
+    agent = Agent(spec=spec, path=path, space=space, target_options=target_options)
+    _check_files(agent, lines)
+    return agent
+
+
+def _check_files(agent: Agent, lines: dict[Loc, int]) -> None:
+    from tuner.yamlio import line_of
+
+    w = agent.spec.workload
+    for field, value in (("workload.dataset", w.dataset), ("workload.arrival.trace", w.arrival.trace)):
+        if value and not agent.resolve(value).is_file():
+            loc = tuple(field.split("."))
+            raise ConfigError(
+                f"file not found: {agent.resolve(value)}",
+                file=str(agent.path),
+                line=line_of(lines, loc),
+                field=field,
+            )

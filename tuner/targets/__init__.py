@@ -1,0 +1,1 @@
+"""Serving targets: deploy a configuration, measure it, tear it down. Targets never decide."""
