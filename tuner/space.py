@@ -12,6 +12,9 @@ File format (search_spaces/<target>.yaml):
     constraints:
       - "max_num_batched_tokens >= max_num_seqs"
     fixed: {dtype: bfloat16}        # optional: passed to every trial, never tuned
+    facts: {device: cpu}             # optional: facts about the host, readable in conditions and
+                                     # constraints, never passed to the target; the target supplies
+                                     # the real values (Target.facts()), these are defaults
 
 A parameter whose `when` is false is not sampled and not passed to the target (its own default
 applies). A sample that violates a constraint is never deployed: the study records it infeasible.
@@ -95,6 +98,7 @@ class _SpaceFile(BaseModel):
     params: dict[str, ParamSpec] = Field(min_length=1)
     constraints: list[str] = []
     fixed: dict[str, Any] = {}
+    facts: dict[str, Any] = {}
 
 
 class Param:
@@ -148,30 +152,40 @@ class SearchSpace:
     """Ordered parameters, constraints and fixed values. Conditions may only read earlier params."""
 
     def __init__(self, params: list[Param], constraints: list[Expr], fixed: Mapping[str, Any],
-                 target: str | None = None, source: str = "<inline>") -> None:
+                 target: str | None = None, source: str = "<inline>",
+                 facts: Mapping[str, Any] | None = None) -> None:
         self.params = params
+        self.facts = dict(facts or {})
         self.by_name = {p.name: p for p in params}
         self.constraints = constraints
         self.fixed = dict(fixed)
         self.target = target
         self.source = source
 
+    def bind_facts(self, facts: Mapping[str, Any]) -> SearchSpace:
+        """A copy whose facts take the target's real values (only declared facts are taken)."""
+        merged = {**self.facts, **{k: v for k, v in facts.items() if k in self.facts}}
+        return SearchSpace(self.params, self.constraints, self.fixed, self.target, self.source, merged)
+
+    def _env(self, chosen: Mapping[str, Any]) -> dict[str, Any]:
+        return {**self.facts, **self.fixed, **_missing(self, chosen), **chosen}
+
     def defaults(self) -> dict[str, Any]:
         """The baseline: every active parameter at its default (conditions applied)."""
         out: dict[str, Any] = {}
         for p in self.params:
-            if p.when is None or p.when({**self.fixed, **out, **_missing(self, out)}):
+            if p.when is None or p.when(self._env(out)):
                 out[p.name] = p.default
         return out
 
     def active(self, param: Param, chosen: Mapping[str, Any]) -> bool:
         if param.when is None:
             return True
-        return bool(param.when({**self.fixed, **_missing(self, chosen), **chosen}))
+        return bool(param.when(self._env(chosen)))
 
     def violations(self, params: Mapping[str, Any]) -> list[str]:
         """Constraints that `params` violate (by source text)."""
-        env = {**self.fixed, **_missing(self, params), **params}
+        env = self._env(params)
         bad = []
         for c in self.constraints:
             try:
@@ -203,7 +217,7 @@ def parse_space(data: Any, *, file: str, lines: dict[Loc, int] | None = None, pr
         raise pydantic_to_config_error(exc, file, lines, prefix=prefix) from None
     params: list[Param] = []
     seen: set[str] = set()
-    names = set(sf.params) | set(sf.fixed)
+    names = set(sf.params) | set(sf.fixed) | set(sf.facts)
     for name, ps in sf.params.items():
         loc = (*prefix, "params", name, "when")
         when = None
@@ -217,7 +231,7 @@ def parse_space(data: Any, *, file: str, lines: dict[Loc, int] | None = None, pr
             if unknown:
                 raise ConfigError(f"condition names unknown parameter(s) {sorted(unknown)}", file=file,
                                   line=line_of(lines, loc), field=".".join(map(str, loc)))
-            later = when.names - seen - set(sf.fixed)
+            later = when.names - seen - set(sf.fixed) - set(sf.facts)
             if later:
                 raise ConfigError(f"condition reads {sorted(later)}, which must be declared before {name!r}",
                                   file=file, line=line_of(lines, loc), field=".".join(map(str, loc)))
@@ -236,7 +250,7 @@ def parse_space(data: Any, *, file: str, lines: dict[Loc, int] | None = None, pr
             raise ConfigError(f"constraint names unknown parameter(s) {sorted(unknown)}", file=file,
                               line=line_of(lines, loc), field=".".join(map(str, loc)))
         constraints.append(expr)
-    space = SearchSpace(params, constraints, sf.fixed, target=sf.target, source=file)
+    space = SearchSpace(params, constraints, sf.fixed, target=sf.target, source=file, facts=sf.facts)
     bad = space.violations(space.defaults())
     if bad:
         raise ConfigError(f"the defaults (baseline) violate constraint(s) {bad}", file=file,

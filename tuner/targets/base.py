@@ -72,6 +72,10 @@ class Target(ABC):
         """Engine version and hardware, for MLflow tags and for detecting a changed target."""
         return {"kind": self.kind}
 
+    def facts(self) -> dict[str, Any]:
+        """Facts about the host for the search space's conditions (e.g. {"device": "cpu"})."""
+        return {}
+
     def gpus_needed(self, params: Mapping[str, Any]) -> int:
         """How many GPUs of the pool a trial with these params claims (0: none)."""
         return 0
