@@ -1,0 +1,296 @@
+"""One tuning cycle: Plan (ask Optuna), Do (deploy + measure), record (tell + MLflow).
+
+Check and Act (verification and promotion) are composed on top by the daemon and `tuner promote`.
+A failing trial is recorded with its classified cause and the loop goes on; a stop request ends the
+cycle after tearing the running deployment down and recording the running trial as interrupted.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tuner.errors import InfeasibleConfig, Interrupted, TrialError
+from tuner.measure.measurement import Measurement
+from tuner.objectives import Evaluation, evaluate, failed_evaluation, goodput_thresholds_ms
+from tuner.spec import Agent
+from tuner.study import TunerStudy, default_storage
+from tuner.targets.base import Target, TrialContext
+from tuner.targets.registry import make_target
+from tuner.tracking import Tracker, records_csv, resolve_tracking_uri
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrialOutcome:
+    number: int
+    params: dict[str, Any]
+    values: list[float]
+    feasible: bool
+    cause: str | None = None
+    error: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    overhead_s: float = 0.0  # the tuner's own time (ask, tell, tracking, bookkeeping)
+    duration_s: float = 0.0
+    gpus: tuple[int, ...] = ()
+    interrupted: bool = False
+
+
+@dataclass
+class CycleResult:
+    cycle: int
+    run_id: str | None
+    outcomes: list[TrialOutcome]
+    interrupted: bool
+    wall_s: float
+
+
+@dataclass
+class Session:
+    """Everything a cycle needs, built once: agent, target, study, tracker, state dir."""
+
+    agent: Agent
+    state_dir: Path
+    target: Target
+    study: TunerStudy
+    tracker: Tracker
+
+    @property
+    def agent_dir(self) -> Path:
+        d = self.state_dir / self.agent.name
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+
+def state_dir_for(state_dir: Path | None) -> Path:
+    import os
+
+    d = Path(state_dir or os.environ.get("TUNER_STATE_DIR") or ".tuner")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def open_session(agent: Agent, state_dir: Path, *, target: Target | None = None,
+                 study_name: str | None = None, tracker: Tracker | None = None) -> Session:
+    """Build the target (or take the one passed in), bind host facts, open study and tracker."""
+    spec = agent.spec
+    if target is None:
+        target = make_target(spec.target.kind, agent.target_options, agent.path.parent)
+    space = agent.space.bind_facts(target.facts())
+    target.check_space(space)
+    agent = agent.model_copy(update={"space": space})
+    storage = spec.storage or default_storage(state_dir)
+    study = TunerStudy(spec, space, storage_url=storage, study_name=study_name)
+    if tracker is None:
+        tracker = Tracker(resolve_tracking_uri(spec.tracking.uri, state_dir),
+                          spec.tracking.experiment or spec.name,
+                          artifact_dir=state_dir / "mlartifacts", enabled=spec.tracking.enabled)
+    return Session(agent=agent, state_dir=state_dir, target=target, study=study, tracker=tracker)
+
+
+def reap(session: Session) -> None:
+    """Before new trials: kill orphan servers of a killed tuner, fail its RUNNING trials, queue baseline."""
+    try:
+        from tuner.targets.process import reap_orphans
+    except ImportError:  # pragma: no cover - process lifecycle not installed
+        pass
+    else:
+        reap_orphans(session.state_dir)
+    session.study.reap_stale()
+    session.study.ensure_baseline()
+
+
+def run_cycle(
+    session: Session,
+    *,
+    trials: int | None = None,
+    wall_time_s: float | None = None,
+    stop_event: threading.Event | None = None,
+    on_trial: Callable[[TrialOutcome], None] | None = None,
+    gpu_pool: Any = None,
+    parallel: int | None = None,
+) -> CycleResult:
+    """Run up to `trials` trials (default: the agent's budget) as one cycle under an MLflow parent run."""
+    spec = session.agent.spec
+    stop = stop_event or threading.Event()
+    n_trials = trials if trials is not None else (spec.schedule.trials_per_cycle if spec.schedule and
+                                                  spec.schedule.trials_per_cycle else spec.budget.trials)
+    wall = wall_time_s if wall_time_s is not None else spec.budget.wall_time_s
+    reap(session)
+    study = session.study.study
+    cycle = int(study.user_attrs.get("cycles", 0)) + 1
+    study.set_user_attr("cycles", cycle)
+    desc = session.target.describe()
+    run_id = session.tracker.start_run(
+        f"cycle-{cycle}",
+        tags={"kind": "cycle", "cycle": cycle, "agent": spec.name, "study": session.study.name,
+              **{f"target.{k}": v for k, v in desc.items()}},
+        params={"trials_planned": n_trials, "sampler": spec.sampler.name,
+                "objectives": ",".join(f"{o.metric}:{o.direction}" for o in spec.objectives),
+                "slos": ",".join(s.key for s in spec.slos) or "none",
+                "workload": yaml.safe_dump(spec.workload.model_dump(mode="json"), sort_keys=True)[:5000]},
+    )
+    if gpu_pool is None:
+        from tuner.gpupool import GpuPool
+
+        gpu_pool = GpuPool(spec.gpus)
+    workers = parallel or spec.parallel_trials
+    t0 = time.monotonic()
+    outcomes: list[TrialOutcome] = []
+    lock = threading.Lock()
+    budget = {"left": n_trials}
+
+    def take() -> bool:
+        with lock:
+            if stop.is_set():
+                return False
+            if wall is not None and time.monotonic() - t0 >= wall:
+                return False
+            if budget["left"] is not None:
+                if budget["left"] <= 0:
+                    return False
+                budget["left"] -= 1
+            return True
+
+    def worker() -> None:
+        while take():
+            outcome = run_trial(session, run_id, stop, gpu_pool)
+            with lock:
+                outcomes.append(outcome)
+            if on_trial is not None:
+                on_trial(outcome)
+
+    if workers <= 1:
+        worker()
+    else:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trial") as ex:
+            futures = [ex.submit(worker) for _ in range(workers)]
+            for f in futures:
+                f.result()
+    interrupted = stop.is_set()
+    wall_s = time.monotonic() - t0
+    best = session.study.best()
+    summary: dict[str, float] = {"trials_run": len(outcomes),
+                                 "trials_feasible": sum(o.feasible for o in outcomes),
+                                 "trials_failed": sum(o.cause is not None for o in outcomes),
+                                 "cycle_wall_s": wall_s}
+    if best:
+        for i, v in enumerate(best[0].values):
+            summary[f"best_value_{i}"] = v
+        session.tracker.log(run_id, tags={"best_trial": best[0].number})
+    session.tracker.log(run_id, metrics=summary, tags={"interrupted": interrupted})
+    session.tracker.end_run(run_id, "KILLED" if interrupted else "FINISHED")
+    study.set_user_attr("last_cycle", {"cycle": cycle, "run_id": run_id, "trials": len(outcomes),
+                                       "interrupted": interrupted, "wall_s": round(wall_s, 3),
+                                       "ended_at": time.time()})
+    return CycleResult(cycle=cycle, run_id=run_id, outcomes=sorted(outcomes, key=lambda o: o.number),
+                       interrupted=interrupted, wall_s=wall_s)
+
+
+def measure_config(session: Session, config: dict[str, Any], ctx: TrialContext) -> tuple[Measurement, Any]:
+    """Deploy `config`, measure the agent's workload once, tear down. Returns (measurement, log path)."""
+    spec = session.agent.spec
+    goodput = goodput_thresholds_ms(spec.slos)
+    with session.target.deploy(config, ctx) as dep:
+        m = dep.measure(spec.workload, goodput_ms=goodput, seed=ctx.seed)
+        return m, dep.log_path
+
+
+def run_trial(session: Session, parent_run_id: str | None, stop: threading.Event, gpu_pool: Any) -> TrialOutcome:
+    spec = session.agent.spec
+    space = session.agent.space
+    ts = time.monotonic()
+    trial, params = session.study.ask()
+    overhead = time.monotonic() - ts
+    number = trial.number
+    config = space.full_config(params)
+    baseline = bool(trial.user_attrs.get("baseline"))
+    attrs: dict[str, Any] = {"config": config, "label": f"trial-{number}"}
+    m: Measurement | None = None
+    log_path = None
+    gpus: tuple[int, ...] = ()
+    cause = error = None
+    t_run = time.monotonic()
+    try:
+        bad = space.violations(params)
+        if bad:
+            raise InfeasibleConfig(f"violates constraint(s): {'; '.join(bad)}")
+        need = session.target.gpus_needed(config)
+        ctx = TrialContext(trial_number=number, state_dir=session.state_dir, seed=spec.workload.seed + number,
+                           stop_event=stop, label=f"trial-{number}")
+        if need > 0 and gpu_pool is not None and gpu_pool.total > 0:
+            with gpu_pool.claim(need, stop, label=f"trial-{number}") as claimed:
+                gpus = tuple(claimed)
+                ctx.gpus = gpus
+                m, log_path = measure_config(session, config, ctx)
+        else:
+            m, log_path = measure_config(session, config, ctx)
+        if stop.is_set() and m is None:
+            raise Interrupted("stopped")
+    except Interrupted as exc:
+        session.study.tell_interrupted(trial)
+        log.warning("trial %d interrupted: %s", number, exc)
+        return TrialOutcome(number, params, [], False, cause="interrupted", error=str(exc), interrupted=True)
+    except TrialError as exc:
+        cause, error = exc.cause, str(exc)
+        if exc.log_tail:
+            attrs["log_tail"] = exc.log_tail[-2000:]
+        log.info("trial %d failed (%s): %s", number, cause, error)
+    except Exception as exc:  # noqa: BLE001 - a bug in a target must not kill the loop
+        cause, error = "internal_error", f"{type(exc).__name__}: {exc}"
+        log.exception("trial %d raised an unexpected error", number)
+    run_s = time.monotonic() - t_run
+    ts = time.monotonic()
+    if m is not None:
+        ev: Evaluation = evaluate(m, spec.objectives, spec.slos)
+        metrics = m.metrics()
+        attrs["metrics"] = metrics
+    else:
+        ev = failed_evaluation(spec)
+        metrics = {}
+        attrs["cause"] = cause
+        attrs["error"] = (error or "")[:2000]
+    if gpus:
+        attrs["gpus"] = list(gpus)
+    attrs["duration_s"] = round(run_s, 4)
+    session.study.tell(trial, ev, attrs=attrs)
+    _track_trial(session, parent_run_id, number, baseline, config, ev, metrics, m, cause, error, log_path, gpus)
+    overhead += time.monotonic() - ts
+    return TrialOutcome(number, params, ev.values, ev.feasible, cause=cause, error=error, metrics=metrics,
+                        overhead_s=overhead, duration_s=run_s, gpus=gpus)
+
+
+def _track_trial(session: Session, parent: str | None, number: int, baseline: bool, config: dict[str, Any],
+                 ev: Evaluation, metrics: dict[str, float], m: Measurement | None, cause: str | None,
+                 error: str | None, log_path: Any, gpus: tuple[int, ...]) -> None:
+    tr = session.tracker
+    if not tr.enabled:
+        return
+    spec = session.agent.spec
+    tags = {"kind": "trial", "trial": number, "baseline": baseline, "state": "COMPLETE",
+            "feasible": ev.feasible, "failure_cause": cause or "", "agent": spec.name,
+            **{f"target.{k}": v for k, v in session.target.describe().items()}}
+    if error:
+        tags["error"] = error[:1000]
+    if gpus:
+        tags["gpus"] = ",".join(map(str, gpus))
+    run_id = tr.start_run(f"trial-{number}", parent_run_id=parent, tags=tags, params=config)
+    vals = {f"objective_{i}_{o.metric}": v for i, (o, v) in enumerate(zip(spec.objectives, ev.values,
+                                                                           strict=True))}
+    cons = {f"violation_{k.replace(':', '_').replace('.', '_')}": v for k, v in ev.constraints.items()}
+    tr.log(run_id, metrics={**metrics, **vals, **cons})
+    tr.log_text(run_id, yaml.safe_dump({"trial": number, "config": config}, sort_keys=True), "config.yaml")
+    if m is not None and m.records:
+        tr.log_text(run_id, records_csv(m.records), "requests.csv")
+    if log_path is not None:
+        tr.log_file(run_id, Path(log_path))
+    tr.end_run(run_id, "FINISHED" if cause is None else "FAILED")

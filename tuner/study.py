@@ -1,0 +1,198 @@
+"""The Optuna study of an agent: sampler, storage, baseline, reaping, ask/tell with constraints.
+
+Optuna's storage is the source of truth for trials. Trial user attributes written here:
+`baseline` (bool), `feasible` (bool), `cause` (failure cause, absent when measured), `error` (message),
+`metrics` (the measurement's numbers), `config` (what the target received), `label`, `gpus`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, Trial, TrialState
+
+from tuner.errors import ConfigError
+from tuner.objectives import Evaluation
+from tuner.space import SearchSpace
+from tuner.spec import AgentSpec
+
+log = logging.getLogger(__name__)
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+
+def default_storage(state_dir: Path) -> str:
+    return f"sqlite:///{(state_dir / 'optuna.db').resolve()}"
+
+
+def make_sampler(spec: AgentSpec, space: SearchSpace) -> optuna.samplers.BaseSampler:
+    s = spec.sampler
+    n_startup = s.n_startup_trials
+    if s.name == "tpe":
+        kw: dict[str, Any] = {"seed": s.seed}
+        if n_startup is not None:
+            kw["n_startup_trials"] = n_startup
+        return optuna.samplers.TPESampler(**kw)
+    if s.name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=s.seed)
+    if s.name == "gp":
+        kw = {"seed": s.seed}
+        if n_startup is not None:
+            kw["n_startup_trials"] = n_startup
+        return optuna.samplers.GPSampler(**kw)
+    if s.name == "random":
+        return optuna.samplers.RandomSampler(seed=s.seed)
+    grid = {p.name: p.grid() for p in space.params}
+    return optuna.samplers.GridSampler(grid, seed=s.seed)
+
+
+def _storage(url: str) -> optuna.storages.BaseStorage:
+    if url.startswith("sqlite:"):
+        return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 30}})
+    return optuna.storages.RDBStorage(url)
+
+
+class TunerStudy:
+    """Wraps an Optuna study for one agent (thread-safe enough for parallel workers: one storage)."""
+
+    def __init__(self, spec: AgentSpec, space: SearchSpace, *, storage_url: str,
+                 study_name: str | None = None) -> None:
+        self.spec = spec
+        self.space = space
+        self.storage_url = storage_url
+        self.name = study_name or spec.name
+        directions = [o.direction for o in spec.objectives]
+        try:
+            self.study = optuna.create_study(
+                storage=_storage(storage_url), sampler=make_sampler(spec, space), study_name=self.name,
+                directions=directions, load_if_exists=True,
+            )
+        except (ValueError, ImportError) as exc:
+            raise ConfigError(f"cannot open the Optuna storage {storage_url!r}: {exc}", field="storage") from None
+        if list(self.study.directions) != [optuna.study.StudyDirection[d.upper()] for d in directions]:
+            raise ConfigError(
+                f"study {self.name!r} in {storage_url} has other objective directions; "
+                "use another storage or study name", field="objectives")
+
+    # ------------------------------------------------------------ lifecycle
+    def reap_stale(self) -> list[int]:
+        """Tell FAIL (reason "interrupted") every trial left RUNNING by a killed process."""
+        reaped = []
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            self.study._storage.set_trial_user_attr(t._trial_id, "cause", "interrupted")
+            self.study._storage.set_trial_user_attr(t._trial_id, "feasible", False)
+            self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+            reaped.append(t.number)
+        if reaped:
+            log.warning("reaped %d trial(s) left RUNNING by an earlier process: %s", len(reaped), reaped)
+        return reaped
+
+    def ensure_baseline(self) -> None:
+        """Enqueue the baseline (all defaults) unless it already ran or waits."""
+        for t in self.study.get_trials(deepcopy=False):
+            if t.user_attrs.get("baseline") and t.state in (TrialState.COMPLETE, TrialState.WAITING,
+                                                             TrialState.RUNNING):
+                return
+        self.study.enqueue_trial(self.space.defaults(), user_attrs={"baseline": True})
+
+    # ------------------------------------------------------------ ask / tell
+    def ask(self) -> tuple[Trial, dict[str, Any]]:
+        """A new trial and its sampled active parameters (define-by-run, conditions applied)."""
+        trial = self.study.ask()
+        chosen: dict[str, Any] = {}
+        for p in self.space.params:
+            if not self.space.active(p, chosen):
+                continue
+            s = p.spec
+            if s.type == "int":
+                assert s.low is not None and s.high is not None
+                v: Any = trial.suggest_int(p.name, int(s.low), int(s.high), step=int(s.step or 1), log=s.log)
+            elif s.type == "float":
+                assert s.low is not None and s.high is not None
+                v = trial.suggest_float(p.name, float(s.low), float(s.high), step=s.step, log=s.log)
+            elif s.type == "bool":
+                v = trial.suggest_categorical(p.name, [False, True])
+            else:
+                assert s.choices is not None
+                v = trial.suggest_categorical(p.name, list(s.choices))
+            chosen[p.name] = v
+        return trial, chosen
+
+    def tell(self, trial: Trial, ev: Evaluation, *, attrs: Mapping[str, Any]) -> FrozenTrial:
+        for key, value in ev.constraints.items():
+            trial.set_constraint(key, float(value))
+        for key, value in attrs.items():
+            trial.set_user_attr(key, _jsonable(value))
+        trial.set_user_attr("feasible", ev.feasible)
+        return self.study.tell(trial, ev.values)
+
+    def tell_interrupted(self, trial: Trial, reason: str = "interrupted") -> None:
+        trial.set_user_attr("cause", reason)
+        trial.set_user_attr("feasible", False)
+        self.study.tell(trial, state=TrialState.FAIL)
+
+    # ------------------------------------------------------------ queries
+    def trials(self) -> list[FrozenTrial]:
+        return self.study.get_trials(deepcopy=False)
+
+    def counts(self) -> dict[str, int]:
+        c = Counter(t.state.name for t in self.trials())
+        done = [t for t in self.trials() if t.state == TrialState.COMPLETE]
+        out = {state.name: c.get(state.name, 0) for state in TrialState}
+        out["FEASIBLE"] = sum(1 for t in done if t.user_attrs.get("feasible"))
+        out["INFEASIBLE"] = len(done) - out["FEASIBLE"]
+        return out
+
+    def baseline(self) -> FrozenTrial | None:
+        for t in self.trials():
+            if t.user_attrs.get("baseline") and t.state == TrialState.COMPLETE:
+                return t
+        return None
+
+    def best(self) -> list[FrozenTrial]:
+        """Best feasible trial(s): one for a single objective, the Pareto front for several."""
+        feasible = [t for t in self.trials() if t.state == TrialState.COMPLETE and t.user_attrs.get("feasible")]
+        if not feasible:
+            return []
+        if len(self.spec.objectives) == 1:
+            sign = 1 if self.spec.objectives[0].direction == "maximize" else -1
+            return [max(feasible, key=lambda t: (sign * t.values[0], -t.number))]
+        return [t for t in self.study.best_trials if t.user_attrs.get("feasible")]
+
+    def trial(self, number: int) -> FrozenTrial:
+        for t in self.trials():
+            if t.number == number:
+                return t
+        raise ConfigError(f"study {self.name!r} has no trial {number}")
+
+
+def trial_summary(t: FrozenTrial | None) -> dict[str, Any] | None:
+    if t is None:
+        return None
+    return {
+        "number": t.number,
+        "state": t.state.name,
+        "params": dict(t.params),
+        "values": list(t.values) if t.values is not None else None,
+        "feasible": bool(t.user_attrs.get("feasible")),
+        "cause": t.user_attrs.get("cause"),
+        "metrics": t.user_attrs.get("metrics", {}),
+    }
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_jsonable(x) for x in v]
+    return v

@@ -1,0 +1,169 @@
+"""MLflow logging: one experiment per agent, a parent run per cycle, a nested run per trial.
+
+The only module that imports mlflow. Tracking failures are logged and retried, never raised into the
+loop: Optuna's storage stays the source of truth, so a lost MLflow write never loses a trial.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tuner import __version__
+from tuner.measure.records import RequestRecord
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+RECORD_FIELDS = ("index", "scheduled_s", "sent_s", "first_token_s", "done_s", "prompt_tokens",
+                 "output_tokens", "status", "error", "error_detail", "warmup", "ttft_ms", "e2el_ms", "tpot_ms")
+SECRET_MARKERS = ("key", "token", "secret", "password", "passwd", "auth")
+
+
+def default_tracking_uri(state_dir: Path) -> str:
+    return f"sqlite:///{(state_dir / 'mlflow.db').resolve()}"
+
+
+def resolve_tracking_uri(spec_uri: str | None, state_dir: Path) -> str:
+    """The spec's URI, else MLFLOW_TRACKING_URI, else a SQLite store in the state dir."""
+    return spec_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(state_dir)
+
+
+def redact(mapping: Mapping[str, Any]) -> dict[str, Any]:
+    """Hide values whose names look secret (api keys, tokens...) before they reach MLflow."""
+    out = {}
+    for k, v in mapping.items():
+        out[k] = "***" if any(m in k.lower() for m in SECRET_MARKERS) else v
+    return out
+
+
+def records_csv(records: Iterable[RequestRecord]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(RECORD_FIELDS)
+    for r in records:
+        w.writerow([r.index, r.scheduled_s, r.sent_s, r.first_token_s, r.done_s, r.prompt_tokens,
+                    r.output_tokens, r.status, r.error or "", r.error_detail, int(r.warmup), r.ttft_ms,
+                    r.e2el_ms, r.tpot_ms])
+    return buf.getvalue()
+
+
+class Tracker:
+    """Thin wrapper over MlflowClient (safe across threads: no fluent active-run stack)."""
+
+    def __init__(self, uri: str, experiment: str, *, artifact_dir: Path | None = None,
+                 retries: int = 3, enabled: bool = True) -> None:
+        self.uri = uri
+        self.experiment_name = experiment
+        self.enabled = enabled
+        self.retries = retries
+        self.artifact_dir = artifact_dir
+        self._client: Any = None
+        self._experiment_id: str | None = None
+
+    # ------------------------------------------------------------ plumbing
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            logging.getLogger("alembic").setLevel(logging.WARNING)
+            from mlflow.tracking import MlflowClient
+
+            self._client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
+        return self._client
+
+    @property
+    def experiment_id(self) -> str:
+        if self._experiment_id is None:
+            exp = self.client.get_experiment_by_name(self.experiment_name)
+            if exp is None:
+                location = None
+                if self.artifact_dir is not None:
+                    self.artifact_dir.mkdir(parents=True, exist_ok=True)
+                    location = self.artifact_dir.resolve().as_uri()
+                self._experiment_id = self.client.create_experiment(self.experiment_name,
+                                                                     artifact_location=location)
+            else:
+                self._experiment_id = exp.experiment_id
+        return self._experiment_id
+
+    def _retry(self, what: str, fn: Callable[[], T]) -> T | None:
+        if not self.enabled:
+            return None
+        delay = 0.2
+        for attempt in range(1, self.retries + 1):
+            try:
+                return fn()
+            except Exception as exc:  # noqa: BLE001 - tracking must never break the loop
+                if attempt == self.retries:
+                    log.warning("MLflow %s failed after %d tries: %s", what, attempt, exc)
+                    return None
+                time.sleep(delay)
+                delay *= 2
+        return None
+
+    def _log_batch(self, run_id: str, *, params: Mapping[str, Any] | None = None,
+                   metrics: Mapping[str, float] | None = None, tags: Mapping[str, Any] | None = None) -> None:
+        from mlflow.entities import Metric, Param, RunTag
+
+        now = int(time.time() * 1000)
+        ps = [Param(k, str(v)[:6000]) for k, v in redact(params or {}).items()]
+        ms = [Metric(k, float(v), now, 0) for k, v in (metrics or {}).items()
+              if isinstance(v, int | float) and v == v and abs(v) != float("inf")]
+        ts = [RunTag(k, str(v)[:5000]) for k, v in redact(tags or {}).items()]
+        for i in range(0, max(len(ms), 1), 900):
+            self.client.log_batch(run_id, metrics=ms[i:i + 900], params=ps if i == 0 else [],
+                                  tags=ts if i == 0 else [])
+
+    def _log_text(self, run_id: str, text: str, name: str) -> None:
+        with tempfile.TemporaryDirectory() as d:
+            p = Path(d) / name
+            p.write_text(text, encoding="utf-8")
+            self.client.log_artifact(run_id, str(p))
+
+    # ------------------------------------------------------------ runs
+    def start_run(self, name: str, *, parent_run_id: str | None = None, tags: Mapping[str, Any] | None = None,
+                  params: Mapping[str, Any] | None = None) -> str | None:
+        def go() -> str:
+            all_tags = {"tuner.version": __version__, **(tags or {})}
+            if parent_run_id:
+                all_tags["mlflow.parentRunId"] = parent_run_id
+            run = self.client.create_run(self.experiment_id, run_name=name,
+                                         tags={k: str(v) for k, v in redact(all_tags).items()})
+            if params:
+                self._log_batch(run.info.run_id, params=params)
+            return str(run.info.run_id)
+
+        return self._retry(f"start run {name}", go)
+
+    def log(self, run_id: str | None, *, params: Mapping[str, Any] | None = None,
+            metrics: Mapping[str, float] | None = None, tags: Mapping[str, Any] | None = None) -> None:
+        if run_id is None:
+            return
+        self._retry("log", lambda: self._log_batch(run_id, params=params, metrics=metrics, tags=tags))
+
+    def log_text(self, run_id: str | None, text: str, name: str) -> None:
+        if run_id is None:
+            return
+        self._retry(f"artifact {name}", lambda: self._log_text(run_id, text, name))
+
+    def log_file(self, run_id: str | None, path: Path) -> None:
+        if run_id is None or not path.is_file():
+            return
+        self._retry(f"artifact {path.name}", lambda: self.client.log_artifact(run_id, str(path)))
+
+    def end_run(self, run_id: str | None, status: str = "FINISHED") -> None:
+        if run_id is None:
+            return
+        self._retry("end run", lambda: self.client.set_terminated(run_id, status=status))
+
+    # ------------------------------------------------------------ queries (for tests, history)
+    def runs(self, filter_string: str = "") -> list[Any]:
+        return list(self.client.search_runs([self.experiment_id], filter_string=filter_string,
+                                            max_results=5000))
