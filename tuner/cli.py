@@ -1,0 +1,262 @@
+"""The `tuner` command line. Thin: parse, call, print; maps TunerError to one line and an exit code."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tuner import __version__
+from tuner.errors import TunerError
+
+app = typer.Typer(
+    name="tuner",
+    help="Auto-tuning agent for LLM serving stacks: Optuna proposes, the target measures, MLflow records.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console(stderr=False)
+err_console = Console(stderr=True)
+
+AgentArg = Annotated[Path, typer.Argument(help="Agent spec YAML (see agents/).", show_default=False)]
+StateDirOpt = Annotated[
+    Path | None,
+    typer.Option("--state-dir", help="State directory (Optuna and MLflow stores, logs). "
+                 "Default: $TUNER_STATE_DIR or .tuner/", show_default=False),
+]
+
+
+def _setup_logging(verbose: bool = False) -> None:
+    from rich.logging import RichHandler
+
+    level = logging.DEBUG if verbose else logging.INFO
+    logging.basicConfig(level=level, format="%(message)s", datefmt="[%X]",
+                        handlers=[RichHandler(console=err_console, show_path=False, rich_tracebacks=False)])
+    for noisy in ("alembic", "mlflow", "urllib3", "httpx", "aiohttp.access", "optuna"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def fail(exc: TunerError) -> typer.Exit:
+    err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+    return typer.Exit(exc.exit_code)
+
+
+@app.callback()
+def _main(
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+) -> None:
+    if version:
+        console.print(f"tuner {__version__}")
+        raise typer.Exit(0)
+    _setup_logging(verbose)
+
+
+# ---------------------------------------------------------------- run
+@app.command()
+def run(
+    agent_path: AgentArg,
+    trials: Annotated[int | None, typer.Option("--trials", "-n", min=1,
+                                               help="Trials in this cycle (default: the agent's budget).")] = None,
+    state_dir: StateDirOpt = None,
+) -> None:
+    """Run one cycle of tuning: baseline first, then Optuna's proposals, each deployed and measured."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from tuner.loop import TrialOutcome, open_session, run_cycle, state_dir_for
+    from tuner.spec import load_agent
+
+    try:
+        agent = load_agent(agent_path)
+        sd = state_dir_for(state_dir)
+        session = open_session(agent, sd)
+        spec = agent.spec
+        n = trials or (spec.budget.trials or 0)
+        stop = threading.Event()
+        _install_stop_handlers(stop)
+        console.print(f"[bold]{spec.name}[/]: target [cyan]{spec.target.kind}[/], {n or 'unbounded'} trial(s), "
+                      f"state in {sd}")
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TextColumn("{task.fields[last]}"), console=console, transient=False) as progress:
+            task = progress.add_task("trials", total=n or None, last="")
+
+            def on_trial(o: TrialOutcome) -> None:
+                if o.cause:
+                    last = f"#{o.number}: {o.cause}"
+                else:
+                    last = f"#{o.number}: {spec.objectives[0].metric}={o.values[0]:.4g}" + (
+                        "" if o.feasible else " (violates SLO)")
+                progress.update(task, advance=1, last=last)
+
+            result = run_cycle(session, trials=trials, stop_event=stop, on_trial=on_trial)
+        _print_best(session)
+        if result.interrupted:
+            console.print("[yellow]stopped early: the running trial was recorded as interrupted[/]")
+        if result.run_id:
+            console.print(f"MLflow: experiment [cyan]{session.tracker.experiment_name}[/], "
+                          f"cycle run {result.run_id} ({session.tracker.uri}); `tuner ui` to browse")
+    except TunerError as exc:
+        raise fail(exc) from None
+
+
+def _install_stop_handlers(stop: threading.Event) -> None:
+    import signal
+
+    def handler(signum: int, _frame: Any) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        err_console.print("[yellow]stopping: no new trials; tearing the running deployment down[/]")
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
+
+
+def _print_best(session: Any) -> None:
+    study = session.study
+    spec = session.agent.spec
+    base = study.baseline()
+    best = study.best()
+    table = Table(title=f"best feasible trial(s) of {study.name}")
+    table.add_column("trial", justify="right")
+    for o in spec.objectives:
+        table.add_column(f"{o.metric} ({o.direction[:3]})", justify="right")
+    table.add_column("vs baseline", justify="right")
+    table.add_column("params")
+    from tuner.objectives import improvement
+
+    rows = ([base] if base else []) + [b for b in best if not base or b.number != base.number]
+    for t in rows[:8]:
+        vs = ""
+        if base and base.values and t.values and t is not base:
+            vs = f"{improvement(t.values[0], base.values[0], spec.objectives[0].direction):+.1%}"
+        label = f"{t.number}{' (baseline)' if t.user_attrs.get('baseline') else ''}"
+        params = ", ".join(f"{k}={v}" for k, v in t.params.items())
+        table.add_row(label, *[f"{v:.4g}" for v in t.values], vs, params)
+    if not best:
+        console.print("[yellow]no feasible trial yet (every trial failed or broke an SLO)[/]")
+    console.print(table)
+
+
+# ---------------------------------------------------------------- validate
+@app.command()
+def validate(
+    agent_paths: Annotated[list[Path], typer.Argument(help="Agent spec YAML files.", show_default=False)],
+    show_command: Annotated[bool, typer.Option("--show-command",
+                                               help="Print the argv and environment of the baseline trial.")] = False,
+) -> None:
+    """Validate agent specs and their search spaces: exit 0, or exit 2 with the located error."""
+    from tuner.spec import load_agent
+
+    for p in agent_paths:
+        try:
+            agent = load_agent(p)
+            if show_command:
+                from tuner.targets.process import show_command as _show
+
+                console.print(_show(agent), highlight=False, soft_wrap=True)
+        except TunerError as exc:
+            raise fail(exc) from None
+        console.print(f"[green]ok[/] {p}: agent {agent.name!r}, target {agent.spec.target.kind}, "
+                      f"{len(agent.space.params)} parameter(s), {len(agent.space.constraints)} constraint(s)")
+
+
+# ---------------------------------------------------------------- status
+@app.command()
+def status(
+    agent_path: AgentArg,
+    state_dir: StateDirOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Trial counts, the baseline, the best feasible trial(s), the champion and any pending candidate."""
+    from tuner.loop import state_dir_for
+    from tuner.spec import load_agent
+    from tuner.study import TunerStudy, default_storage, trial_summary
+
+    try:
+        agent = load_agent(agent_path)
+        sd = state_dir_for(state_dir)
+        study = TunerStudy(agent.spec, agent.space, storage_url=agent.spec.storage or default_storage(sd))
+        data: dict[str, Any] = {
+            "agent": agent.name,
+            "study": study.name,
+            "trials": study.counts(),
+            "baseline": trial_summary(study.baseline()),
+            "best": [trial_summary(t) for t in study.best()],
+            "champion": None,
+            "pending": None,
+            "last_cycle": study.study.user_attrs.get("last_cycle"),
+        }
+        if importlib.util.find_spec("tuner.promote") is not None:
+            promote = importlib.import_module("tuner.promote")
+            if hasattr(promote, "champion_summary"):
+                data["champion"] = promote.champion_summary(sd, agent.name)
+            if hasattr(promote, "pending_summary"):
+                data["pending"] = promote.pending_summary(sd, agent.name)
+    except TunerError as exc:
+        raise fail(exc) from None
+    if as_json:
+        console.print_json(json.dumps(data, default=str))
+        return
+    c = data["trials"]
+    console.print(f"[bold]{agent.name}[/] (study {study.name}): {c['COMPLETE']} finished "
+                  f"({c['FEASIBLE']} feasible, {c['INFEASIBLE']} infeasible), {c['FAIL']} failed/interrupted, "
+                  f"{c['RUNNING']} running, {c['WAITING']} waiting")
+    for label, t in [("baseline", data["baseline"])] + [("best", b) for b in data["best"]]:
+        if t:
+            console.print(f"  {label}: trial {t['number']} values={t['values']} params={t['params']}",
+                          highlight=False)
+    console.print(f"  champion: {data['champion'] or 'none yet'}", highlight=False)
+    if data["pending"]:
+        console.print(f"  pending candidate: {data['pending']}", highlight=False)
+    if data["last_cycle"]:
+        console.print(f"  last cycle: {data['last_cycle']}", highlight=False)
+
+
+# ---------------------------------------------------------------- ui
+@app.command()
+def ui(
+    state_dir: StateDirOpt = None,
+    port: Annotated[int, typer.Option(help="Port of the MLflow UI.")] = 5000,
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+) -> None:
+    """Start the MLflow UI on the tuner's tracking store."""
+    from tuner.loop import state_dir_for
+    from tuner.tracking import resolve_tracking_uri
+
+    sd = state_dir_for(state_dir)
+    uri = resolve_tracking_uri(None, sd)
+    argv = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
+            "--default-artifact-root", (sd / "mlartifacts").resolve().as_uri(), "--host", host, "--port", str(port)]
+    console.print(f"MLflow UI on http://{host}:{port} (store {uri}); Ctrl-C to stop")
+    try:
+        raise typer.Exit(subprocess.call(argv, env=os.environ.copy()))
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+
+
+# ---------------------------------------------------------------- commands from other modules
+for _module in ("tuner.bench", "tuner.engine.cli", "tuner.cli_ops"):
+    if importlib.util.find_spec(_module) is not None:
+        importlib.import_module(_module).register(app)
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
