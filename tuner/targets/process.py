@@ -300,6 +300,7 @@ class ServerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at: float | None = None
         self._registry_path: Path | None = None
+        self._log_offset = 0
         self._stopped = False
         self._lock = threading.Lock()
 
@@ -334,6 +335,7 @@ class ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log.info("starting server: %s (log %s)", shlex.join(self.argv), self.log_path)
         with open(self.log_path, "ab") as logf:
+            self._log_offset = logf.tell()  # the tail of *this* run only (the file may hold earlier ones)
             logf.write(f"$ {shlex.join(self.argv)}\n".encode())
             logf.flush()
             try:
@@ -414,7 +416,7 @@ class ServerProcess:
             with open(self.log_path, "rb") as f:
                 f.seek(0, os.SEEK_END)
                 size = f.tell()
-                f.seek(max(0, size - max_bytes))
+                f.seek(max(self._log_offset, size - max_bytes))
                 data = f.read().decode("utf-8", errors="replace")
         except OSError:
             return ""
@@ -577,6 +579,7 @@ class ProcessTarget(Target):
         host = self.host()
         url_host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
         last: TrialError | None = None
+        reap_orphans(ctx.state_dir)  # servers a killed tuner left behind (live owners are spared)
         for attempt in range(self.port_retries):
             if ctx.stop_event.is_set():
                 raise Interrupted("stop requested before the server started")
