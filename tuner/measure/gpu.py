@@ -1,0 +1,249 @@
+"""GPU telemetry through NVML (nvidia-ml-py, `import pynvml`): a background sampler thread.
+
+Imports nothing else of the tuner (the GPU-host experiment loads this file by path, without pydantic).
+No GPU or no driver: the sampler records nothing and logs that once; it never fails a run.
+
+Result (`GpuSampler.result()`), unit-suffixed floats; utilisations are averaged over the sampled GPUs,
+power, energy and memory are totals over them:
+gpu_count, gpu_samples, gpu_util_pct_mean/max, gpu_mem_busy_pct_mean (NVML's memory duty cycle, not
+bandwidth), gpu_memory_used_mb_mean/max, gpu_power_w_mean/max, gpu_energy_j (from
+nvmlDeviceGetTotalEnergyConsumption), gpu_sm_clock_mhz_mean/min, gpu_throttle_power_frac,
+gpu_throttle_thermal_frac, gpu_throttle_hw_frac (share of samples with such clocks-event reasons),
+gpu_clocks_event_reasons_mask (OR of every reason seen), and where GPM is supported (Hopper and newer):
+gpu_dram_bw_util_pct_mean/max, gpu_sm_util_pct_mean, gpu_sm_occupancy_pct_mean, gpu_tensor_util_pct_mean.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+log = logging.getLogger(__name__)
+_warned = False
+
+# GPM metric ids (nvml.h): DRAM_BW_UTIL=10, SM_UTIL=2, SM_OCCUPANCY=3, ANY_TENSOR_UTIL=5
+_GPM = {10: "dram_bw_util_pct", 2: "sm_util_pct", 3: "sm_occupancy_pct", 5: "tensor_util_pct"}
+_GPM_MIN_GAP_S = 0.1
+
+
+def _warn_once(msg: str, *args: Any) -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        log.warning(msg, *args)
+
+
+def _mean(x: list[float]) -> float:
+    return sum(x) / len(x)
+
+
+class GpuSampler:
+    """Sample the given GPU indices every `interval_s` seconds on a daemon thread.
+
+    Use as a context manager or call start()/stop(); then result().
+    """
+
+    def __init__(self, indices: Sequence[int], interval_s: float = 0.2) -> None:
+        self.indices = list(indices)
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._nv: Any = None
+        self._handles: list[Any] = []
+        self._gpm: dict[int, Any] = {}  # position -> previous GPM sample
+        self._energy0: list[float | None] = []
+        self._energy1: list[float | None] = []
+        self._t0 = 0.0
+        self._t1 = 0.0
+        # per tick aggregates
+        self.util: list[float] = []
+        self.mem_busy: list[float] = []
+        self.mem_mb: list[float] = []
+        self.power_w: list[float] = []
+        self.sm_mhz: list[float] = []
+        self.reasons: list[int] = []
+        self.gpm: dict[str, list[float]] = {v: [] for v in _GPM.values()}
+
+    # ------------------------------------------------------------- lifecycle
+    def start(self) -> GpuSampler:
+        if not self.indices or not self._init():
+            return self
+        self._t0 = time.monotonic()
+        self._energy0 = [self._energy(h) for h in self._handles]
+        for pos, h in enumerate(self._handles):
+            self._gpm_init(pos, h)
+        self._thread = threading.Thread(target=self._loop, name="gpu-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join(5.0)
+        self._thread = None
+        self._t1 = time.monotonic()
+        self._energy1 = [self._energy(h) for h in self._handles]
+        nv = self._nv
+        for s in self._gpm.values():
+            try:
+                nv.nvmlGpmSampleFree(s)
+            except Exception:  # noqa: BLE001 - best effort
+                pass
+        self._gpm.clear()
+        try:
+            nv.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def __enter__(self) -> GpuSampler:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------- NVML
+    def _init(self) -> bool:
+        try:
+            import pynvml as nv
+        except ImportError:
+            _warn_once("nvidia-ml-py is not installed: no GPU telemetry")
+            return False
+        try:
+            nv.nvmlInit()
+            count = nv.nvmlDeviceGetCount()
+            bad = [i for i in self.indices if i < 0 or i >= count]
+            if bad:
+                _warn_once("GPU indices %s not present (%d GPUs): no GPU telemetry", bad, count)
+                nv.nvmlShutdown()
+                return False
+            self._handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in self.indices]
+        except Exception as exc:  # noqa: BLE001 - NVMLError and driver library errors alike
+            _warn_once("NVML unavailable (%s): no GPU telemetry", exc)
+            return False
+        self._nv = nv
+        return True
+
+    def _energy(self, h: Any) -> float | None:
+        try:
+            return float(self._nv.nvmlDeviceGetTotalEnergyConsumption(h))  # mJ
+        except Exception:  # noqa: BLE001 - not supported on this device
+            return None
+
+    def _gpm_init(self, pos: int, h: Any) -> None:
+        nv = self._nv
+        try:
+            if not nv.nvmlGpmQueryDeviceSupport(h).isSupportedDevice:
+                return
+            s = nv.nvmlGpmSampleAlloc()
+            nv.nvmlGpmSampleGet(h, s)
+            self._gpm[pos] = s
+        except Exception as exc:  # noqa: BLE001
+            log.info("GPM not available on GPU %d: %s", self.indices[pos], exc)
+
+    def _gpm_read(self, pos: int, h: Any) -> dict[str, float]:
+        nv = self._nv
+        prev = self._gpm.get(pos)
+        if prev is None:
+            return {}
+        cur = nv.nvmlGpmSampleAlloc()
+        try:
+            nv.nvmlGpmSampleGet(h, cur)
+            req = nv.c_nvmlGpmMetricsGet_t()
+            req.version = nv.NVML_GPM_METRICS_GET_VERSION
+            req.sample1, req.sample2 = prev, cur
+            ids = list(_GPM)
+            req.numMetrics = len(ids)
+            for i, m in enumerate(ids):
+                req.metrics[i].metricId = m
+            nv.nvmlGpmMetricsGet(req)
+            out = {_GPM[req.metrics[i].metricId]: float(req.metrics[i].value)
+                   for i in range(req.numMetrics) if req.metrics[i].nvmlReturn == nv.NVML_SUCCESS}
+        except Exception as exc:  # noqa: BLE001
+            log.info("GPM read failed on GPU %d: %s", self.indices[pos], exc)
+            nv.nvmlGpmSampleFree(cur)
+            return {}
+        nv.nvmlGpmSampleFree(prev)
+        self._gpm[pos] = cur
+        return out
+
+    def _tick(self, gpm_due: bool) -> None:
+        nv = self._nv
+        util, busy, mem, power, sm, gpm_vals = [], [], [], [], [], []
+        reasons = 0
+        for pos, h in enumerate(self._handles):
+            try:
+                u = nv.nvmlDeviceGetUtilizationRates(h)
+                util.append(float(u.gpu))
+                busy.append(float(u.memory))
+                mem.append(nv.nvmlDeviceGetMemoryInfo(h).used / 2**20)
+                power.append(nv.nvmlDeviceGetPowerUsage(h) / 1000.0)
+                sm.append(float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)))
+                reasons |= int(nv.nvmlDeviceGetCurrentClocksEventReasons(h))
+            except Exception as exc:  # noqa: BLE001
+                _warn_once("NVML read failed on GPU %d: %s", self.indices[pos], exc)
+            if gpm_due:
+                gpm_vals.append(self._gpm_read(pos, h))
+        if util:
+            self.util.append(_mean(util))
+            self.mem_busy.append(_mean(busy))
+            self.mem_mb.append(sum(mem))
+            self.power_w.append(sum(power))
+            self.sm_mhz.append(_mean(sm))
+            self.reasons.append(reasons)
+        for key in _GPM.values():
+            vals = [g[key] for g in gpm_vals if key in g]
+            if vals:
+                self.gpm[key].append(_mean(vals))
+
+    def _loop(self) -> None:
+        last_gpm = time.monotonic()
+        while not self._stop.wait(self.interval_s):
+            now = time.monotonic()
+            due = bool(self._gpm) and now - last_gpm >= _GPM_MIN_GAP_S
+            if due:
+                last_gpm = now
+            self._tick(due)
+
+    # ------------------------------------------------------------- result
+    def result(self) -> dict[str, float]:
+        if not self._handles:
+            return {}
+        out: dict[str, float] = {"gpu_count": float(len(self._handles)), "gpu_samples": float(len(self.util))}
+        if self._t1 > self._t0:
+            out["gpu_sampled_s"] = self._t1 - self._t0
+        if self.util:
+            out["gpu_util_pct_mean"] = _mean(self.util)
+            out["gpu_util_pct_max"] = max(self.util)
+            out["gpu_mem_busy_pct_mean"] = _mean(self.mem_busy)
+            out["gpu_memory_used_mb_mean"] = _mean(self.mem_mb)
+            out["gpu_memory_used_mb_max"] = max(self.mem_mb)
+            out["gpu_power_w_mean"] = _mean(self.power_w)
+            out["gpu_power_w_max"] = max(self.power_w)
+            out["gpu_sm_clock_mhz_mean"] = _mean(self.sm_mhz)
+            out["gpu_sm_clock_mhz_min"] = min(self.sm_mhz)
+            nv = self._nv
+            masks = {
+                "power": int(nv.nvmlClocksEventReasonSwPowerCap) | int(nv.nvmlClocksEventReasonHwPowerBrakeSlowdown),
+                "thermal": int(nv.nvmlClocksEventReasonSwThermalSlowdown)
+                | int(nv.nvmlClocksEventReasonHwThermalSlowdown),
+                "hw": int(nv.nvmlClocksEventReasonHwSlowdown),
+            }
+            for name, m in masks.items():
+                out[f"gpu_throttle_{name}_frac"] = sum(1 for r in self.reasons if r & m) / len(self.reasons)
+            mask = 0
+            for r in self.reasons:
+                mask |= r
+            out["gpu_clocks_event_reasons_mask"] = float(mask)
+        e0, e1 = self._energy0, self._energy1
+        if e0 and e1 and all(x is not None for x in e0 + e1):
+            out["gpu_energy_j"] = sum((b or 0.0) - (a or 0.0) for a, b in zip(e0, e1, strict=True)) / 1000.0
+        for key, vals in self.gpm.items():
+            if vals:
+                out[f"gpu_{key}_mean"] = _mean(vals)
+                if key == "dram_bw_util_pct":
+                    out[f"gpu_{key}_max"] = max(vals)
+        return out

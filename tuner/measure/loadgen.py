@@ -1,0 +1,519 @@
+"""Load generator: an asyncio (aiohttp) client for OpenAI-compatible /v1/completions and /v1/chat/completions.
+
+One request yields one RequestRecord (scheduled, sent, first token, every streamed chunk's arrival, token
+counts from `usage` when reported, HTTP status, error kind). Errors are counted, never dropped.
+
+Arrivals: closed loop (`concurrency` requests in flight) or open loop (constant, Poisson, gamma, trace)
+scheduled on the clock, so a slow server shows up as latency, not as a lower offered rate (an open loop with
+`concurrency` set caps requests in flight, as `vllm bench serve --max-concurrency`; the wait shows in
+`client_queue_ms`). Warm-up (plans marked warmup, requests scheduled before `warmup_s`) and cool-down
+(requests sent after the measured ones, to keep the load steady until they finish, at most `cooldown_s`)
+are marked `warmup` and left out of the summary.
+
+Entry point for other code: `measure_endpoint(...)` (sync; runs its own event loop, safe from worker threads).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import aiohttp
+import numpy as np
+
+from tuner.errors import ConfigError
+from tuner.measure.measurement import Measurement
+from tuner.measure.metrics import summarise
+from tuner.measure.records import RequestPlan, RequestRecord
+from tuner.measure.tokenize import Tokenizer, load_tokenizer
+from tuner.spec import WorkloadSpec
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int], None]
+_HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream, application/json"}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """How to drive one run against one endpoint."""
+
+    base_url: str
+    model: str
+    endpoint: Literal["completions", "chat"] = "completions"
+    stream: bool = True
+    ignore_eos: bool = True
+    timeout_s: float = 120.0
+    closed_loop: bool = True
+    concurrency: int | None = None  # closed loop: in flight; open loop: cap (None = no cap)
+    num_requests: int | None = None  # measured requests (None: bounded by duration_s)
+    duration_s: float | None = None  # measured window after warmup_s
+    warmup_s: float = 0.0
+    cooldown_s: float = 0.0
+    max_in_flight: int | None = None  # open loop: stop dispatching (saturated) beyond this backlog
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+    api_key: str | None = None
+    seed: int = 0
+
+    @property
+    def url(self) -> str:
+        path = "/v1/chat/completions" if self.endpoint == "chat" else "/v1/completions"
+        return self.base_url.rstrip("/") + path
+
+
+@dataclass
+class RunResult:
+    records: list[RequestRecord]
+    wall_s: float
+    saturated: bool = False
+    max_concurrent: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------------------------- requests
+def _body(cfg: RunConfig, plan: RequestPlan, prompt: str | list[int]) -> bytes:
+    if cfg.endpoint == "chat":
+        if not isinstance(prompt, str):
+            raise ConfigError("the chat endpoint needs text prompts (got token ids)")
+        body: dict[str, Any] = {"model": cfg.model, "messages": [{"role": "user", "content": prompt}],
+                                "max_completion_tokens": plan.output_tokens}
+    else:
+        body = {"model": cfg.model, "prompt": prompt, "max_tokens": plan.output_tokens}
+    body["stream"] = cfg.stream
+    if cfg.stream:
+        body["stream_options"] = {"include_usage": True}
+    if cfg.ignore_eos:
+        body["ignore_eos"] = True
+    body.update(cfg.extra_body)
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _error_kind(status: int) -> str:
+    if status == 503:
+        return "overload_503"
+    return "http_4xx" if 400 <= status < 500 else "http_5xx"
+
+
+class _Client:
+    """Sends one planned request and turns what happened into a RequestRecord."""
+
+    def __init__(self, cfg: RunConfig, session: aiohttp.ClientSession, tok: Tokenizer, t0: float) -> None:
+        self.cfg = cfg
+        self.session = session
+        self.tok = tok
+        self.t0 = t0
+        self.url = cfg.url
+        self.headers = dict(_HEADERS)
+        if cfg.api_key:
+            self.headers["Authorization"] = f"Bearer {cfg.api_key}"
+        self.timeout = aiohttp.ClientTimeout(total=cfg.timeout_s)
+        self.chat = cfg.endpoint == "chat"
+        self.key_base = (cfg.seed % 1000) * 10_000_000
+
+    def prompt(self, plan: RequestPlan) -> tuple[str | list[int], bool]:
+        """The prompt to send and whether plan.prompt_tokens is its exact token count."""
+        if plan.prompt is not None:
+            if isinstance(plan.prompt, list):
+                return plan.prompt, True
+            return plan.prompt, self.tok.exact
+        key = self.key_base + plan.index
+        if self.chat:
+            return self.tok.synth_text(plan.prompt_tokens, key), False  # the chat template adds tokens
+        return self.tok.synth(plan.prompt_tokens, key), self.tok.exact
+
+    async def send(self, plan: RequestPlan, scheduled_s: float, warmup: bool) -> RequestRecord:
+        prompt, exact = self.prompt(plan)
+        data = _body(self.cfg, plan, prompt)
+        clock = time.perf_counter
+        t0 = self.t0
+        sent = clock() - t0
+        times: list[float] = []
+        usage: dict[str, Any] | None = None
+        status: int | None = None
+        error: str | None = None
+        detail = ""
+        n_chunks = 0
+        try:
+            async with self.session.post(self.url, data=data, headers=self.headers,
+                                         timeout=self.timeout) as resp:
+                status = resp.status
+                if status != 200:
+                    error = _error_kind(status)
+                    detail = (await resp.text(errors="replace"))[:300]
+                elif self.cfg.stream:
+                    done = False
+                    buf = b""
+                    chat = self.chat
+                    loads = json.loads
+                    async for chunk in resp.content.iter_any():
+                        now = clock() - t0
+                        buf += chunk
+                        if b"\n\n" not in buf:
+                            continue
+                        events = buf.split(b"\n\n")
+                        buf = events.pop()
+                        for ev in events:
+                            ev = ev.strip()
+                            if not ev.startswith(b"data:"):
+                                continue  # comments / keep-alives
+                            payload = ev[5:].strip()
+                            if payload == b"[DONE]":
+                                done = True
+                                continue
+                            d = loads(payload)
+                            choices = d.get("choices")
+                            if choices:
+                                c = choices[0]
+                                text = (c.get("delta") or {}).get("content") if chat else c.get("text")
+                                if text:
+                                    times.append(now)
+                                    n_chunks += 1
+                            u = d.get("usage")
+                            if u:
+                                usage = u
+                            if "error" in d and not choices:
+                                error = "stream_broken"
+                                detail = str(d["error"])[:300]
+                    if not done and error is None:
+                        error = "stream_broken"
+                        detail = "stream ended without [DONE]"
+                else:
+                    d = json.loads(await resp.read())
+                    times.append(clock() - t0)
+                    usage = d.get("usage")
+                    n_chunks = 1
+        except TimeoutError:
+            error, detail = "timeout", f"no complete answer within {self.cfg.timeout_s} s"
+        except aiohttp.ClientConnectorError as exc:
+            error, detail = "connect", str(exc)[:300]
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
+            # disconnects and payload errors: before the status line it is a connection failure
+            error = "stream_broken" if status is not None else "connect"
+            detail = f"{type(exc).__name__}: {exc}"[:300]
+        done_s = clock() - t0
+        if usage is not None:
+            n_in = int(usage.get("prompt_tokens") or plan.prompt_tokens)
+            n_out = int(usage.get("completion_tokens") or 0)
+            exact = usage.get("prompt_tokens") is not None
+        else:
+            n_in = plan.prompt_tokens
+            n_out = n_chunks if self.cfg.stream else plan.output_tokens
+        return RequestRecord(
+            index=plan.index, scheduled_s=scheduled_s, sent_s=sent,
+            first_token_s=times[0] if times else None, done_s=done_s,
+            prompt_tokens=n_in, output_tokens=n_out, token_times_s=tuple(times), status=status,
+            error=error, error_detail=detail, warmup=warmup, prompt_tokens_exact=exact,
+        )
+
+
+# --------------------------------------------------------------------------------------------- arrivals
+def _cycle(plans: Sequence[RequestPlan], closed: bool) -> Iterator[RequestPlan]:
+    """The plans, then (for warm-up/cool-down fill and duration-bound runs) the same plans again, forever,
+    with fresh indices and arrival times continuing the pattern."""
+    if not plans:
+        return
+    n = len(plans)
+    span = plans[-1].arrival_s - plans[0].arrival_s
+    gap = span / max(1, n - 1) if n > 1 else 1.0
+    offset = 0.0
+    rnd = 0
+    while True:
+        for p in plans:
+            if rnd == 0:
+                yield p
+            else:
+                yield replace(p, index=p.index + rnd * n, arrival_s=p.arrival_s + offset, warmup=False)
+        rnd += 1
+        offset += span + (gap if not closed else 0.0)
+
+
+class _Run:
+    def __init__(self, cfg: RunConfig, client: _Client, plans: Sequence[RequestPlan],
+                 progress: Progress | None) -> None:
+        self.cfg = cfg
+        self.client = client
+        self.source = _cycle(plans, cfg.closed_loop)
+        self.records: list[RequestRecord] = []
+        self.progress = progress
+        self.in_flight = 0
+        self.max_concurrent = 0
+        self.measured_sent = 0
+        self.measured_done = 0
+        self.measuring_over = False  # no more measured requests will be sent
+        self.measure_end_s: float | None = None
+        self.stop_s = math.inf  # no requests at all after this (cool-down limit)
+        self.saturated = False
+        self.all_measured_done = asyncio.Event()
+        self._last_progress = 0.0
+        self.sem = asyncio.Semaphore(cfg.concurrency) if (not cfg.closed_loop and cfg.concurrency) else None
+        if cfg.num_requests is None and cfg.duration_s is None:
+            raise ConfigError("a run needs num_requests or duration_s")
+
+    def now(self) -> float:
+        return time.perf_counter() - self.client.t0
+
+    def _classify(self, plan: RequestPlan, sched: float) -> bool:
+        """Decide (at dispatch) whether this request is measured; returns warmup flag. Ends the window."""
+        cfg = self.cfg
+        if self.measuring_over:
+            return True
+        if plan.warmup or sched < cfg.warmup_s:
+            return True
+        if cfg.duration_s is not None and sched >= cfg.warmup_s + cfg.duration_s:
+            self._end_measuring(sched)
+            return True
+        self.measured_sent += 1
+        if cfg.num_requests is not None and self.measured_sent >= cfg.num_requests:
+            self._end_measuring(sched)
+        return False
+
+    def _end_measuring(self, t: float) -> None:
+        if not self.measuring_over:
+            self.measuring_over = True
+            self.measure_end_s = t
+            self.stop_s = t + self.cfg.cooldown_s
+            if self.measured_done >= self.measured_sent:
+                self.all_measured_done.set()
+
+    def finished(self) -> bool:
+        return self.measuring_over and (self.all_measured_done.is_set() or self.now() >= self.stop_s)
+
+    def _report(self, force: bool = False) -> None:
+        if self.progress is None:
+            return
+        now = time.perf_counter()
+        if not force and now - self._last_progress < 0.1:
+            return
+        self._last_progress = now
+        if self.cfg.num_requests is not None:
+            self.progress(self.measured_done, self.cfg.num_requests)
+        else:
+            assert self.cfg.duration_s is not None
+            total = int(self.cfg.warmup_s + self.cfg.duration_s)
+            self.progress(min(total, int(self.now())), total)
+
+    async def _one(self, plan: RequestPlan, sched: float, warmup: bool) -> None:
+        if self.sem is not None:
+            await self.sem.acquire()
+        self.in_flight += 1
+        if self.in_flight > self.max_concurrent:
+            self.max_concurrent = self.in_flight
+        try:
+            rec = await self.client.send(plan, sched, warmup)
+        finally:
+            self.in_flight -= 1
+            if self.sem is not None:
+                self.sem.release()
+        self.records.append(rec)
+        if not warmup:
+            self.measured_done += 1
+            if self.measuring_over and self.measured_done >= self.measured_sent:
+                self.all_measured_done.set()
+            self._report()
+
+    async def closed(self) -> None:
+        conc = self.cfg.concurrency or 1
+
+        async def worker() -> None:
+            while not self.finished():
+                if self.measuring_over and self.now() >= self.stop_s:
+                    return
+                plan = next(self.source)
+                sched = self.now()
+                warmup = self._classify(plan, sched)
+                await self._one(plan, sched, warmup)
+
+        await asyncio.gather(*(worker() for _ in range(conc)))
+
+    async def open(self) -> None:
+        tasks: set[asyncio.Task[None]] = set()
+        t0 = self.client.t0
+        clock = time.perf_counter
+        burst = 0
+        for plan in self.source:
+            target = plan.arrival_s
+            delay = target - (clock() - t0)
+            if delay > 0.0005:
+                burst = 0
+                if self.measuring_over:
+                    # sleep until the arrival, but wake as soon as the measured requests are done
+                    try:
+                        await asyncio.wait_for(self.all_measured_done.wait(), timeout=delay)
+                    except TimeoutError:
+                        pass
+                else:
+                    await asyncio.sleep(delay)
+            else:
+                burst += 1
+                if burst % 64 == 0:
+                    await asyncio.sleep(0)  # let responses be read while catching up
+            if self.finished() or (self.measuring_over and target >= self.stop_s):
+                break
+            if self.cfg.max_in_flight is not None and self.in_flight >= self.cfg.max_in_flight:
+                self.saturated = True
+                log.info("backlog of %d requests in flight: stopping the run (saturated)", self.in_flight)
+                self._end_measuring(target)
+                break
+            warmup = self._classify(plan, target)
+            task = asyncio.create_task(self._one(plan, target, warmup))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.gather(*tasks)
+
+
+def _pool_size(cfg: RunConfig) -> int:
+    if cfg.closed_loop:
+        return max(1, cfg.concurrency or 1)
+    return cfg.concurrency or 0  # 0: no limit (the open loop must not queue inside the pool)
+
+
+async def run_async(cfg: RunConfig, plans: Sequence[RequestPlan], *, tok: Tokenizer | None = None,
+                    progress: Progress | None = None) -> RunResult:
+    """Drive `plans` against cfg.base_url and return every request's record."""
+    tok = tok or load_tokenizer(None)
+    conn = aiohttp.TCPConnector(limit=_pool_size(cfg), limit_per_host=0, keepalive_timeout=60,
+                                enable_cleanup_closed=False, ttl_dns_cache=300)
+    async with aiohttp.ClientSession(connector=conn, auto_decompress=False,
+                                     timeout=aiohttp.ClientTimeout(total=None),
+                                     skip_auto_headers=("User-Agent",)) as session:
+        t0 = time.perf_counter()
+        run = _Run(cfg, _Client(cfg, session, tok, t0), plans, progress)
+        gc_was = gc.isenabled()
+        gc.disable()  # no collector pauses inside the timed section
+        try:
+            if cfg.closed_loop:
+                await run.closed()
+            else:
+                await run.open()
+        finally:
+            if gc_was:
+                gc.enable()
+        wall = time.perf_counter() - t0
+        run._report(force=True)
+    notes = []
+    if run.saturated:
+        notes.append(f"stopped early: more than {cfg.max_in_flight} requests in flight (saturated)")
+    return RunResult(records=sorted(run.records, key=lambda r: r.index), wall_s=wall,
+                     saturated=run.saturated, max_concurrent=run.max_concurrent, notes=notes)
+
+
+def run_sync(cfg: RunConfig, plans: Sequence[RequestPlan], *, tok: Tokenizer | None = None,
+             progress: Progress | None = None) -> RunResult:
+    """run_async on a fresh event loop (in a helper thread when this thread already runs a loop)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(run_async(cfg, plans, tok=tok, progress=progress))
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["r"] = asyncio.run(run_async(cfg, plans, tok=tok, progress=progress))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+            box["e"] = exc
+
+    t = threading.Thread(target=target, name="loadgen")
+    t.start()
+    t.join()
+    if "e" in box:
+        raise box["e"]
+    return box["r"]  # type: ignore[no-any-return]
+
+
+# --------------------------------------------------------------------------------------------- summary
+def client_summary(records: Sequence[RequestRecord], result: RunResult) -> dict[str, float]:
+    """Extra summary keys about the client side: max concurrency, scheduling lag, offered rate."""
+    meas = [r for r in records if not r.warmup]
+    out: dict[str, float] = {"max_concurrent_requests": float(result.max_concurrent),
+                             "saturated": float(result.saturated)}
+    if meas:
+        lag = np.array([(r.sent_s - r.scheduled_s) * 1000.0 for r in meas])
+        out["client_queue_ms_mean"] = float(lag.mean())
+        out["client_queue_ms_p99"] = float(np.percentile(lag, 99))
+        s = sorted(r.scheduled_s for r in meas)
+        if len(s) > 1 and s[-1] > s[0]:
+            out["offered_rate_per_s"] = (len(s) - 1) / (s[-1] - s[0])
+    return out
+
+
+def config_for(spec: WorkloadSpec, base_url: str, model: str) -> RunConfig:
+    a = spec.arrival
+    closed = a.kind == "closed"
+    return RunConfig(
+        base_url=base_url, model=model, endpoint=spec.endpoint, stream=spec.stream, ignore_eos=spec.ignore_eos,
+        timeout_s=spec.timeout_s, closed_loop=closed, concurrency=a.concurrency,
+        num_requests=spec.num_requests, duration_s=spec.duration_s, warmup_s=spec.warmup_s,
+        cooldown_s=spec.cooldown_s, seed=spec.seed,
+    )
+
+
+def measure_endpoint(base_url: str, *, model: str, workload: WorkloadSpec, goodput_ms: Mapping[str, float],
+                     seed: int, base_dir: Path | None = None, tokenizer: str | None = None,
+                     metrics_url: str | None = None, gpu_indices: Sequence[int] = (),
+                     progress: Callable[[int, int], None] | None = None,
+                     max_in_flight: int | None = None) -> Measurement:
+    """Run `workload` against an OpenAI-compatible server at `base_url` and summarise it.
+
+    Sync (own event loop; safe from worker threads). `base_dir` resolves relative dataset/trace paths;
+    `tokenizer` is "byte", a local Hugging Face tokenizer dir, or None (approximate prompt lengths);
+    `metrics_url` is scraped before/during/after (server_* telemetry); `gpu_indices` are sampled with NVML
+    (gpu_* telemetry). `progress(done, total)` gets measured requests done (or seconds elapsed for
+    duration-bound runs). cold_start_s is left 0 for the caller to fill in.
+    """
+    from tuner.measure.datasets import plans_for
+    from tuner.measure.gpu import GpuSampler
+    from tuner.measure.scrape import scrape, telemetry
+
+    tok = load_tokenizer(tokenizer, base_dir=base_dir, seed=seed)
+    plans, notes = plans_for(workload, seed=seed, tok=tok, base_dir=base_dir)
+    cfg = replace(config_for(workload, base_url, model), seed=seed, max_in_flight=max_in_flight)
+    if workload.arrival.kind == "trace":
+        # a trace is replayed once: its own length bounds the run
+        n_meas = sum(1 for p in plans if not p.warmup)
+        cfg = replace(cfg, num_requests=n_meas, duration_s=None)
+    before = scrape(metrics_url) if metrics_url else None
+    during: list[Any] = []
+    stop_poll = threading.Event()
+    poller: threading.Thread | None = None
+    if metrics_url:
+        def poll() -> None:
+            while not stop_poll.wait(1.0):
+                s = scrape(metrics_url, timeout_s=2.0)
+                if s is not None:
+                    during.append(s)
+
+        poller = threading.Thread(target=poll, name="metrics-poll", daemon=True)
+        poller.start()
+    sampler = GpuSampler(gpu_indices).start() if gpu_indices else None
+    try:
+        result = run_sync(cfg, plans, tok=tok, progress=progress)
+    finally:
+        if sampler is not None:
+            sampler.stop()
+        stop_poll.set()
+        if poller is not None:
+            poller.join(5.0)
+    after = scrape(metrics_url) if metrics_url else None
+    summary = summarise(result.records, goodput_ms=goodput_ms or None)
+    summary.update(client_summary(result.records, result))
+    tel: dict[str, float] = {}
+    if sampler is not None:
+        tel.update(sampler.result())
+        if "gpu_energy_j" in tel and summary.get("total_output_tokens", 0) > 0:
+            tel["gpu_energy_j_per_output_token"] = tel["gpu_energy_j"] / summary["total_output_tokens"]
+    if metrics_url:
+        tel.update(telemetry(before, after, during))
+    notes = list(notes) + result.notes
+    if summary.get("prompt_tokens_exact", 1.0) < 1.0:
+        notes.append(f"prompt token counts are approximate (tokenizer {tok.name}; the server reported no usage)")
+    return Measurement(summary=summary, records=tuple(result.records), telemetry=tel, notes=tuple(notes))

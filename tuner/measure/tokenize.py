@@ -1,0 +1,144 @@
+"""Tokenizers for building prompts of known length and counting prompt tokens.
+
+- `byte`: the reference engine's tokenizer, 1 token per UTF-8 byte, ids 0..255 (exact).
+- a local Hugging Face tokenizer directory (exact; loaded with local_files_only).
+- none: an approximation (~1 token per common English word, 4 bytes per token for counting) that says so
+  (`exact` is False; the records carry prompt_tokens_exact=False unless the server reports usage).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from tuner.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+# Short common words: each is one token (with its leading space) in the usual BPE vocabularies.
+_WORDS = (
+    "the of and to in is was for on that with as by at from his her an be this are or which had not but "
+    "it have one all were they new more has two first its also after who been time their year up other "
+    "into she when would can out him over there about only some we so most these three many may use no "
+    "then part city such made them game four five six like any each make"
+).split()
+
+
+class Tokenizer(Protocol):
+    name: str
+    exact: bool
+
+    def count(self, text: str) -> int: ...
+
+    def synth(self, n_tokens: int, key: int) -> str | list[int]:
+        """A prompt of `n_tokens` tokens, different for each `key` (defeats prefix caching)."""
+        ...
+
+    def synth_text(self, n_tokens: int, key: int) -> str:
+        """A text prompt of about `n_tokens` tokens (for the chat endpoint)."""
+        ...
+
+
+class ByteTokenizer:
+    """1 token per UTF-8 byte (the reference engine). Synthesised prompts are ASCII letters: exact."""
+
+    name = "byte"
+    exact = True
+
+    def __init__(self, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        letters = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz    ", dtype=np.uint8)
+        self._base = bytes(rng.choice(letters, size=1 << 17)).decode()
+
+    def count(self, text: str) -> int:
+        return len(text.encode())
+
+    def synth_text(self, n_tokens: int, key: int) -> str:
+        head = f"{key} "
+        if len(head) >= n_tokens:
+            return "x" * n_tokens
+        n = n_tokens - len(head)
+        off = (key * 7919) % (len(self._base) - 1)
+        body = (self._base[off:] + self._base) * (1 + n // len(self._base))
+        return head + body[:n]
+
+    def synth(self, n_tokens: int, key: int) -> str:
+        return self.synth_text(n_tokens, key)
+
+
+class ApproxTokenizer:
+    """No tokenizer: prompts of common words (~1 token each), counts ~4 bytes per token. Not exact."""
+
+    name = "approx"
+    exact = False
+
+    def __init__(self, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        self._base = [str(w) for w in rng.choice(_WORDS, size=1 << 15)]
+
+    def count(self, text: str) -> int:
+        return max(1, round(len(text.encode()) / 4))
+
+    def synth_text(self, n_tokens: int, key: int) -> str:
+        n = max(1, n_tokens - 1)
+        off = (key * 7919) % len(self._base)
+        words = (self._base[off:] + self._base) * (1 + n // len(self._base))
+        return f"{key} " + " ".join(words[:n])
+
+    def synth(self, n_tokens: int, key: int) -> str:
+        return self.synth_text(n_tokens, key)
+
+
+class HFTokenizer:
+    """A local Hugging Face tokenizer directory. Synthesised prompts are token ids (exact on /v1/completions)."""
+
+    exact = True
+
+    def __init__(self, path: str, seed: int = 0) -> None:
+        try:
+            from transformers import AutoTokenizer
+        except ImportError as exc:  # pragma: no cover - transformers is in the test extra
+            raise ConfigError(f"tokenizer {path!r}: transformers is not installed") from exc
+        try:
+            self._tok: Any = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"tokenizer {path!r} could not be loaded: {exc}") from None
+        self.name = str(path)
+        special = set(getattr(self._tok, "all_special_ids", []) or [])
+        vocab = int(getattr(self._tok, "vocab_size", 0) or len(self._tok))
+        rng = np.random.default_rng(seed)
+        ids = rng.integers(0, vocab, size=1 << 16)
+        if special:
+            ids = ids[~np.isin(ids, list(special))]
+        self._base = ids.tolist()
+
+    def count(self, text: str) -> int:
+        return len(self._tok.encode(text, add_special_tokens=False))
+
+    def _ids(self, n_tokens: int, key: int) -> list[int]:
+        off = (key * 7919) % len(self._base)
+        ids = (self._base[off:] + self._base) * (1 + n_tokens // len(self._base))
+        return ids[:n_tokens]
+
+    def synth(self, n_tokens: int, key: int) -> list[int]:
+        return self._ids(n_tokens, key)
+
+    def synth_text(self, n_tokens: int, key: int) -> str:
+        return str(self._tok.decode(self._ids(n_tokens, key)))
+
+
+def load_tokenizer(spec: str | None, *, base_dir: Path | None = None, seed: int = 0) -> Tokenizer:
+    """`None` or "approx": approximate; "byte": byte-level; otherwise a local Hugging Face tokenizer dir."""
+    if spec is None or spec == "approx":
+        return ApproxTokenizer(seed)
+    if spec == "byte":
+        return ByteTokenizer(seed)
+    p = Path(spec)
+    if not p.is_absolute() and base_dir is not None and (base_dir / p).exists():
+        p = base_dir / p
+    if not p.exists():
+        raise ConfigError(f"tokenizer {spec!r}: not 'byte', 'approx' or an existing local directory")
+    return HFTokenizer(str(p), seed)
