@@ -196,12 +196,18 @@ def run_cycle(
                        interrupted=interrupted, wall_s=wall_s)
 
 
-def measure_config(session: Session, config: dict[str, Any], ctx: TrialContext) -> tuple[Measurement, Any]:
-    """Deploy `config`, measure the agent's workload once, tear down. Returns (measurement, log path)."""
+def measure_config(session: Session, config: dict[str, Any], ctx: TrialContext, *,
+                   on_deployment: Callable[[Any], None] | None = None) -> tuple[Measurement, Any]:
+    """Deploy `config`, measure the agent's workload once, tear down. Returns (measurement, log path).
+
+    `on_deployment(dep)` runs after the measurement, before teardown (verification reads the quality probe).
+    """
     spec = session.agent.spec
     goodput = goodput_thresholds_ms(spec.slos)
     with session.target.deploy(config, ctx) as dep:
         m = dep.measure(spec.workload, goodput_ms=goodput, seed=ctx.seed)
+        if on_deployment is not None:
+            on_deployment(dep)
         return m, dep.log_path
 
 

@@ -167,3 +167,63 @@ class Tracker:
     def runs(self, filter_string: str = "") -> list[Any]:
         return list(self.client.search_runs([self.experiment_id], filter_string=filter_string,
                                             max_results=5000))
+
+    # ------------------------------------------------------------ series and registry (promotion)
+    def log_steps(self, run_id: str | None, series: Mapping[str, Iterable[float]]) -> None:
+        """Log each key's values as steps 0, 1, 2... of one metric (e.g. per verification run)."""
+        if run_id is None:
+            return
+
+        def go() -> None:
+            from mlflow.entities import Metric
+
+            now = int(time.time() * 1000)
+            ms = [Metric(k, float(v), now, i) for k, vs in series.items() for i, v in enumerate(vs)
+                  if isinstance(v, int | float) and v == v and abs(v) != float("inf")]
+            for i in range(0, len(ms), 900):
+                self.client.log_batch(run_id, metrics=ms[i:i + 900])
+
+        self._retry("log steps", go)
+
+    def register_config(self, model_name: str, config: Mapping[str, Any], *, source_run_id: str | None = None,
+                        tags: Mapping[str, Any] | None = None) -> str | None:
+        """Register a serving configuration as a model version (external LoggedModel). Returns the version."""
+
+        def go() -> str:
+            import mlflow
+
+            mlflow.set_tracking_uri(self.uri)
+            mlflow.set_registry_uri(self.uri)
+            lm = mlflow.create_external_model(
+                name=model_name, source_run_id=source_run_id, experiment_id=self.experiment_id,
+                params={k: str(v)[:6000] for k, v in redact(config).items()},
+                tags={k: str(v) for k, v in (tags or {}).items()}, model_type="serving-config")
+            mv = mlflow.register_model(f"models:/{lm.model_id}", model_name,
+                                       tags={k: str(v) for k, v in (tags or {}).items()})
+            return str(mv.version)
+
+        return self._retry(f"register {model_name}", go)
+
+    def set_alias(self, model_name: str, alias: str, version: str | None) -> None:
+        """Point `alias` at `version`; None deletes the alias."""
+
+        def go() -> None:
+            if version is None:
+                try:
+                    self.client.delete_registered_model_alias(model_name, alias)
+                except Exception as exc:  # noqa: BLE001 - absent alias
+                    if "RESOURCE_DOES_NOT_EXIST" not in str(exc) and "not found" not in str(exc).lower():
+                        raise
+            else:
+                self.client.set_registered_model_alias(model_name, alias, version)
+
+        self._retry(f"alias {model_name}@{alias}", go)
+
+    def alias_version(self, model_name: str, alias: str) -> str | None:
+        """The version `alias` points at, or None (also when MLflow cannot be reached)."""
+        if not self.enabled:
+            return None
+        try:
+            return str(self.client.get_model_version_by_alias(model_name, alias).version)
+        except Exception:  # noqa: BLE001 - absent alias or model
+            return None
