@@ -641,7 +641,8 @@ def show_command(agent: Agent) -> str:
     from tuner.targets.registry import make_target
 
     target = make_target(agent.spec.target.kind, agent.target_options, agent.path.parent)
-    params = agent.space.full_config(agent.space.defaults())
+    space = agent.space.bind_facts(target.facts())
+    params = space.full_config(space.defaults())
     n = target.gpus_needed(params)
     pool = list(agent.spec.gpus) if agent.spec.gpus else list(range(n))
     with tempfile.TemporaryDirectory(prefix="tuner-preview-") as tmp:

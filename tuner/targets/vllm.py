@@ -1,0 +1,546 @@
+"""The vLLM target (kind `vllm`): a trial's parameters become one `vllm serve MODEL ...` for vLLM 0.33.
+
+FLAGS below is the single source of the mapping (parameter name -> how vLLM 0.33 spells it):
+
+- plain flags:        max_num_seqs=256            -> --max-num-seqs 256
+- booleans:           enable_prefix_caching=False -> --no-enable-prefix-caching   (argparse BooleanOptionalAction)
+- store-true flags:   disable_log_stats=True      -> --disable-log-stats          (False: nothing)
+- compilation config: cudagraph_mode=FULL         -> -cc.cudagraph_mode=FULL      (dotted sub-key, one argument)
+- optimization level: optimization_level=3        -> -O 3
+- None (or "auto" where vLLM has no auto value): the flag is left out and vLLM's own default applies.
+
+Removed flags (REMOVED_FLAGS) are never emitted and are refused in `extra_args`; every setting is emitted at
+most once (a parameter and an extra argument for the same setting is a ConfigError; the top-level and `-cc`
+spellings of the same compilation setting are one setting). See /work/shared/reference/apis.md section 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import importlib.util
+import logging
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from tuner.errors import ConfigError, InfeasibleConfig
+from tuner.targets.base import TrialContext
+from tuner.targets.process import ProcessTarget
+
+log = logging.getLogger(__name__)
+
+VLLM_VERSION = "0.33"  # the flag table below is for this release
+
+Kind = Literal["int", "float", "bool", "store_true", "choice", "str", "cc", "opt_level", "int_or_auto"]
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How one parameter reaches `vllm serve`."""
+
+    name: str  # parameter name (EngineArgs field spelling)
+    kind: Kind
+    flag: str = ""  # CLI flag; for kind "cc": the CompilationConfig key
+    choices: tuple[Any, ...] | None = None
+    low: float | None = None
+    high: float | None = None
+    help: str = ""
+
+    @property
+    def setting(self) -> str:
+        """The setting this flag controls, shared by all of its spellings (for the at-most-once rule)."""
+        if self.kind == "cc":
+            return f"cc.{self.flag}"
+        if self.kind == "opt_level":
+            return "optimization-level"
+        return self.flag.lstrip("-")
+
+
+CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+KV_CACHE_DTYPES = (
+    "auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "nvfp4_ds_mla",
+    "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "octave_k3v4",
+    "octave_k3v3", "octave_k3v3_compact", "ultraquant_4bit", "int4_per_token_head", "int8_per_token_head",
+    "fp8_per_token_head", "nvfp4", "nvfp4_4over6",
+)
+
+_TABLE: tuple[Flag, ...] = (
+    # scheduler
+    Flag("max_num_seqs", "int", "--max-num-seqs", low=1, help="sequences per step (per DP rank)"),
+    Flag("max_num_batched_tokens", "int", "--max-num-batched-tokens", low=1, help="tokens per step"),
+    Flag("max_num_scheduled_tokens", "int", "--max-num-scheduled-tokens", low=1),
+    Flag("max_num_active_seqs", "int", "--max-num-active-seqs", low=1),
+    Flag("max_num_queued_reqs", "int", "--max-num-queued-reqs", low=1),
+    Flag("max_num_queued_tokens", "int", "--max-num-queued-tokens", low=1),
+    Flag("enable_chunked_prefill", "bool", "--enable-chunked-prefill"),
+    Flag("long_prefill_token_threshold", "int", "--long-prefill-token-threshold", low=0),
+    Flag("long_prefill_token_threshold_adaptive", "bool", "--long-prefill-token-threshold-adaptive"),
+    Flag("scheduling_policy", "choice", "--scheduling-policy", choices=("fcfs", "priority")),
+    Flag("async_scheduling", "bool", "--async-scheduling"),
+    Flag("prefill_schedule_interval", "int", "--prefill-schedule-interval", low=1),
+    Flag("stream_interval", "int", "--stream-interval", low=1),
+    Flag("watermark", "float", "--watermark", low=0.0, high=0.999),
+    Flag("scheduler_reserve_full_isl", "bool", "--scheduler-reserve-full-isl"),
+    # cache
+    Flag("gpu_memory_utilization", "float", "--gpu-memory-utilization", low=0.01, high=1.0),
+    Flag("kv_cache_memory_bytes", "int", "--kv-cache-memory-bytes", low=1),
+    Flag("block_size", "int", "--block-size", low=1),
+    Flag("kv_cache_dtype", "choice", "--kv-cache-dtype", choices=KV_CACHE_DTYPES),
+    Flag("enable_prefix_caching", "bool", "--enable-prefix-caching"),
+    Flag("prefix_caching_hash_algo", "choice", "--prefix-caching-hash-algo",
+         choices=("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")),
+    # compilation and CUDA graphs
+    Flag("optimization_level", "opt_level", "-O", choices=(0, 1, 2, 3)),
+    Flag("enforce_eager", "bool", "--enforce-eager"),
+    Flag("performance_mode", "choice", "--performance-mode", choices=("balanced", "interactivity", "throughput")),
+    Flag("cudagraph_mode", "cc", "cudagraph_mode", choices=CUDAGRAPH_MODES),
+    Flag("max_cudagraph_capture_size", "cc", "max_cudagraph_capture_size", low=1),
+    Flag("compilation_mode", "cc", "mode", choices=(0, 1, 2, 3)),
+    Flag("cudagraph_num_of_warmups", "cc", "cudagraph_num_of_warmups", low=0),
+    # parallelism
+    Flag("tensor_parallel_size", "int", "--tensor-parallel-size", low=1),
+    Flag("data_parallel_size", "int", "--data-parallel-size", low=1),
+    Flag("pipeline_parallel_size", "int", "--pipeline-parallel-size", low=1),
+    # model
+    Flag("max_model_len", "int_or_auto", "--max-model-len", low=1),
+    Flag("dtype", "choice", "--dtype", choices=("auto", "half", "float16", "bfloat16", "float", "float32")),
+    Flag("quantization", "str", "--quantization"),
+    # logging
+    Flag("disable_log_stats", "store_true", "--disable-log-stats"),
+    Flag("enable_log_requests", "bool", "--enable-log-requests"),
+)
+FLAGS: dict[str, Flag] = {f.name: f for f in _TABLE}
+
+# flag -> replacement, for every flag that vLLM 0.33 no longer accepts
+REMOVED_FLAGS: dict[str, str] = {
+    "--swap-space": "none (V1 preempts by recompute)",
+    "--cuda-graph-sizes": "-cc.cudagraph_capture_sizes (or --cudagraph-capture-sizes)",
+    "--max-seq-len-to-capture": "--max-cudagraph-capture-size (parameter max_cudagraph_capture_size)",
+    "--max-num-partial-prefills": "--long-prefill-token-threshold",
+    "--max-long-partial-prefills": "--long-prefill-token-threshold",
+    "--disable-log-requests": "none (requests are not logged by default; --enable-log-requests logs them)",
+    "--preemption-mode": "none (V1 preempts by recompute)",
+    "--num-scheduler-steps": "none (async scheduling is on by default)",
+    "--task": "--runner pooling / --convert embed|classify|reward",
+}
+REMOVED_PARAMS = {f.lstrip("-").replace("-", "_"): why for f, why in REMOVED_FLAGS.items()}
+REMOVED_CC_KEYS = {"level": "mode (0-3) or -O"}
+
+# other spellings of table settings, as they may appear in extra_args
+_ALIASES = {
+    "tp": "tensor-parallel-size", "dp": "data-parallel-size", "pp": "pipeline-parallel-size",
+    "q": "quantization", "O": "optimization-level", "device-memory-utilization": "gpu-memory-utilization",
+    "max-cudagraph-capture-size": "cc.max_cudagraph_capture_size",
+    "cudagraph-capture-sizes": "cc.cudagraph_capture_sizes",
+}
+_PREFIXES_FOR_CC = ("cc.", "compilation-config.")
+
+
+def setting_of(arg: str) -> str | None:
+    """The setting an argv element names (None for a value). `--no-x` and `--x=v` name setting x."""
+    if not arg.startswith("-") or _is_number(arg):
+        return None
+    body = arg.lstrip("-").split("=", 1)[0]
+    if arg.startswith("-O") and not arg.startswith("--"):
+        return "optimization-level"
+    for p in _PREFIXES_FOR_CC:
+        if body.startswith(p):
+            return "cc." + body[len(p):].replace("-", "_")
+    body = body.replace("_", "-")
+    if body.startswith("no-"):
+        body = body[3:]
+    return _ALIASES.get(body, body)
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
+
+
+def removed_flag(arg: str) -> str | None:
+    """The removed flag (or -cc key) that `arg` spells, if any."""
+    st = setting_of(arg)
+    if st is None:
+        return None
+    if st.startswith("cc."):
+        return f"-cc.{st[3:]}" if st[3:] in REMOVED_CC_KEYS else None
+    return f"--{st}" if f"--{st}" in REMOVED_FLAGS else None
+
+
+# ---------------------------------------------------------------- options
+class VllmOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(description="Hugging Face name, or a local path (relative to the agent file if it "
+                                   "starts with ./ or ../)")
+    served_model_name: str | None = None
+    load_format: str | None = Field(default=None, description="e.g. dummy: random weights, performance only")
+    extra_args: list[str] = Field(default_factory=list, description="fixed flags appended to every trial")
+    env: dict[str, str] = Field(default_factory=dict)
+    startup_timeout_s: float = Field(default=900.0, gt=0)
+    host: str = "127.0.0.1"
+    gpus_per_node: int | None = Field(default=None, ge=1, description="default: the GPUs NVML sees")
+    executable: list[str] = Field(default_factory=lambda: ["vllm"], min_length=1,
+                                  description="how to run the vllm CLI (before `serve`)")
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_removed(cls, v: list[str]) -> list[str]:
+        for arg in v:
+            bad = removed_flag(arg)
+            if bad:
+                why = REMOVED_FLAGS.get(bad) or REMOVED_CC_KEYS.get(bad.split(".", 1)[-1], "")
+                raise ValueError(f"{bad} was removed in vLLM {VLLM_VERSION}; use {why}")
+            if arg in ("--port", "--host") or arg.startswith(("--port=", "--host=")):
+                raise ValueError(f"{arg} is set by the tuner (use the host option for the bind address)")
+        seen: dict[str, str] = {}
+        for arg in v:
+            st = setting_of(arg)
+            if st is None:
+                continue
+            if st in seen:
+                raise ValueError(f"{arg} sets {st!r} a second time (already set by {seen[st]})")
+            seen[st] = arg
+        return v
+
+
+# ---------------------------------------------------------------- mapping
+def _check_value(f: Flag, value: Any) -> None:
+    if f.kind in ("bool", "store_true"):
+        if not isinstance(value, bool):
+            raise InfeasibleConfig(f"{f.name}: must be true or false (got {value!r})")
+        return
+    if f.choices is not None and value not in f.choices:
+        if not (f.kind == "choice" and isinstance(value, str) and value.upper() in f.choices):
+            raise InfeasibleConfig(f"{f.name}: {value!r} is not one of {list(f.choices)}")
+    if f.kind in ("int", "float", "int_or_auto") or (f.kind == "cc" and f.choices is None):
+        if f.kind == "int_or_auto" and value == "auto":
+            return
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise InfeasibleConfig(f"{f.name}: must be a number (got {value!r})")
+        if f.kind != "float" and float(value) != int(value):
+            raise InfeasibleConfig(f"{f.name}: must be an integer (got {value!r})")
+        if f.low is not None and value < f.low:
+            raise InfeasibleConfig(f"{f.name}: must be >= {f.low:g} (got {value!r})")
+        if f.high is not None and value > f.high:
+            raise InfeasibleConfig(f"{f.name}: must be <= {f.high:g} (got {value!r})")
+
+
+def _fmt(f: Flag, value: Any) -> str:
+    if f.kind == "float":
+        return repr(float(value))
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if f.name == "cudagraph_mode":
+        return str(value).upper()
+    return str(value)
+
+
+def flag_args(f: Flag, value: Any) -> list[str]:
+    """The argv elements for one parameter value (empty: leave vLLM's default)."""
+    if value is None:
+        return []
+    _check_value(f, value)
+    if f.kind == "bool":
+        return [f.flag if value else "--no-" + f.flag[2:]]
+    if f.kind == "store_true":
+        return [f.flag] if value else []
+    if f.kind == "cc":
+        return [f"-cc.{f.flag}={_fmt(f, value)}"]
+    if f.kind == "opt_level":
+        return ["-O", str(int(value))]
+    return [f.flag, _fmt(f, value)]
+
+
+def conflicts(params: Mapping[str, Any]) -> list[str]:
+    """Settings that contradict each other (vLLM would refuse them or silently drop one)."""
+    p = {k: v for k, v in params.items() if v is not None}
+    bad = []
+    mode = str(p.get("cudagraph_mode", "")).upper()
+    if p.get("enforce_eager") and mode and mode != "NONE":
+        bad.append(f"enforce_eager disables CUDA graphs, but cudagraph_mode is {mode}")
+    if p.get("enforce_eager") and "max_cudagraph_capture_size" in p:
+        bad.append("enforce_eager disables CUDA graphs, but max_cudagraph_capture_size is set")
+    if p.get("enforce_eager") and p.get("optimization_level", 0) != 0:
+        bad.append(f"enforce_eager means -O 0, but optimization_level is {p['optimization_level']}")
+    if p.get("optimization_level") == 0 and "PIECEWISE" in mode:
+        bad.append(f"-O 0 turns compilation off, which cudagraph_mode {mode} needs")
+    if p.get("compilation_mode") == 0 and "PIECEWISE" in mode:
+        bad.append(f"compilation_mode 0 turns compilation off, which cudagraph_mode {mode} needs")
+    if mode == "NONE" and "max_cudagraph_capture_size" in p:
+        bad.append("cudagraph_mode NONE captures no graphs, but max_cudagraph_capture_size is set")
+    if "kv_cache_memory_bytes" in p and "gpu_memory_utilization" in p:
+        bad.append("kv_cache_memory_bytes overrides gpu_memory_utilization: set one of them")
+    seqs, toks = p.get("max_num_seqs"), p.get("max_num_batched_tokens")
+    if isinstance(seqs, int) and isinstance(toks, int) and toks < seqs:
+        bad.append(f"max_num_batched_tokens ({toks}) must be >= max_num_seqs ({seqs})")
+    act = p.get("max_num_active_seqs")
+    if isinstance(seqs, int) and isinstance(act, int) and act > seqs:
+        bad.append(f"max_num_active_seqs ({act}) must be <= max_num_seqs ({seqs})")
+    if p.get("async_scheduling") is True and int(p.get("pipeline_parallel_size", 1)) > 1:
+        bad.append("async_scheduling cannot be forced on with pipeline_parallel_size > 1")
+    return bad
+
+
+def unknown_param_error(name: str) -> str:
+    hint = ""
+    if name in REMOVED_PARAMS:
+        hint = f" (its flag was removed in vLLM {VLLM_VERSION}; use {REMOVED_PARAMS[name]})"
+    return (f"unknown vLLM parameter {name!r}{hint}; valid parameters: {', '.join(sorted(FLAGS))}")
+
+
+def engine_args(params: Mapping[str, Any], extra_args: Sequence[str] = ()) -> list[str]:
+    """The flags (after `vllm serve MODEL`) for a trial's parameters plus the fixed extra arguments.
+
+    Raises ConfigError for an unknown parameter and InfeasibleConfig for a value or combination that
+    vLLM 0.33 would refuse.
+    """
+    out: list[str] = []
+    owner: dict[str, str] = {}
+    for name, value in params.items():
+        f = FLAGS.get(name)
+        if f is None:
+            raise ConfigError(unknown_param_error(name), field=name)
+        args = flag_args(f, value)
+        if args:
+            owner[f.setting] = name
+        out += args
+    for arg in extra_args:
+        st = setting_of(arg)
+        if st is not None and st in owner:
+            raise ConfigError(f"extra_args {arg!r} sets {st!r}, which parameter {owner[st]!r} already sets",
+                              field="target.extra_args")
+    bad = conflicts(params)
+    if bad:
+        raise InfeasibleConfig("; ".join(bad))
+    out += list(extra_args)
+    for arg in out:  # belt and braces: the table never holds one, extra_args were checked at load
+        if removed_flag(arg):
+            raise ConfigError(f"{arg} was removed in vLLM {VLLM_VERSION}", field="target.extra_args")
+    return out
+
+
+# ---------------------------------------------------------------- hardware and version
+def vllm_version() -> str | None:
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def gpu_inventory() -> tuple[str, int]:
+    """(GPU model, count) from NVML, or ("unknown", 0)."""
+    try:
+        import pynvml
+    except ImportError:
+        return "unknown", 0
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no driver
+        return "unknown", 0
+    try:
+        n = int(pynvml.nvmlDeviceGetCount())
+        if n == 0:
+            return "unknown", 0
+        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+        return (name.decode() if isinstance(name, bytes) else str(name)), n
+    except Exception:  # noqa: BLE001
+        return "unknown", 0
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
+def _version_tuple(v: str) -> tuple[int, int]:
+    parts = v.split("+")[0].split(".")
+    try:
+        return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
+    except (IndexError, ValueError):
+        return 0, 0
+
+
+def installed_vllm_parser() -> Any:
+    """The `vllm serve` argument parser of the installed vLLM (raises ImportError if unavailable)."""
+    from vllm.entrypoints.openai.cli_args import make_arg_parser  # type: ignore[import-not-found]
+
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser  # type: ignore[import-not-found]
+    except ImportError:  # older layout
+        from vllm.utils import FlexibleArgumentParser  # type: ignore[import-not-found,no-redef]
+    return make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+
+
+# ---------------------------------------------------------------- the target
+class VllmTarget(ProcessTarget):
+    kind = "vllm"
+    Options = VllmOptions
+    health_path = "/health"
+    metrics_path = "/metrics"
+    grace_s = 30.0
+
+    options: VllmOptions
+
+    def __init__(self, options: BaseModel, *, agent_dir: Path) -> None:
+        super().__init__(options, agent_dir=agent_dir)
+        assert isinstance(options, VllmOptions)
+
+    # -- model and command
+    def model_path(self) -> str:
+        m = self.options.model
+        if m.startswith(("./", "../")):
+            return str((self.agent_dir / m).resolve())
+        return m
+
+    def model_name(self, params: Mapping[str, Any]) -> str:
+        return self.options.served_model_name or self.model_path()
+
+    def executable(self) -> list[str]:
+        exe = list(self.options.executable)
+        if exe == ["vllm"] and shutil.which("vllm") is None:
+            beside = Path(sys.executable).with_name("vllm")
+            if beside.exists():
+                exe = [str(beside)]
+        return exe
+
+    def build_command(self, params: Mapping[str, Any], ctx: TrialContext, port: int
+                      ) -> tuple[list[str], dict[str, str]]:
+        argv = [*self.executable(), "serve", self.model_path(), "--host", self.options.host, "--port", str(port)]
+        if self.options.served_model_name:
+            argv += ["--served-model-name", self.options.served_model_name]
+        if self.options.load_format:
+            argv += ["--load-format", self.options.load_format]
+        argv += engine_args(params, self.options.extra_args)
+        env = dict(self.options.env)
+        return argv, env
+
+    # -- GPUs and facts
+    def gpus_needed(self, params: Mapping[str, Any]) -> int:
+        sizes = {"tensor-parallel-size": 1, "data-parallel-size": 1, "pipeline-parallel-size": 1}
+        extra = list(self.options.extra_args)
+        for i, arg in enumerate(extra):
+            st = setting_of(arg)
+            if st in sizes:
+                val = arg.split("=", 1)[1] if "=" in arg else (extra[i + 1] if i + 1 < len(extra) else "1")
+                with contextlib.suppress(ValueError):
+                    sizes[st] = int(val)
+        for name, key in (("tensor_parallel_size", "tensor-parallel-size"),
+                          ("data_parallel_size", "data-parallel-size"),
+                          ("pipeline_parallel_size", "pipeline-parallel-size")):
+            if params.get(name) is not None:
+                sizes[key] = int(params[name])
+        n = 1
+        for v in sizes.values():
+            n *= v
+        return n
+
+    def node_gpus(self) -> int:
+        if self.options.gpus_per_node:
+            return self.options.gpus_per_node
+        return gpu_inventory()[1]
+
+    def facts(self) -> dict[str, Any]:
+        n = self.node_gpus()
+        return {"node_gpus": n} if n > 0 else {}
+
+    def describe(self) -> dict[str, str]:
+        model, count = gpu_inventory()
+        return {"kind": self.kind, "vllm_version": vllm_version() or "not installed", "gpu_model": model,
+                "gpu_count": str(count) if count else "unknown", "model": self.options.model}
+
+    # -- validation before a study starts
+    def check_space(self, space: Any) -> None:
+        file = getattr(space, "source", None)
+        names = [p.name for p in space.params] + list(getattr(space, "fixed", {}))
+        for name in names:
+            if name not in FLAGS:
+                raise ConfigError(unknown_param_error(name), file=file, field=f"params.{name}")
+        for p in space.params:
+            f = FLAGS[p.name]
+            for v in _values_to_check(p):
+                try:
+                    flag_args(f, v)
+                except InfeasibleConfig as exc:
+                    raise ConfigError(str(exc), file=file, field=f"params.{p.name}") from None
+        for name, v in getattr(space, "fixed", {}).items():
+            try:
+                flag_args(FLAGS[name], v)
+            except InfeasibleConfig as exc:
+                raise ConfigError(str(exc), file=file, field=f"fixed.{name}") from None
+        owned = {FLAGS[n].setting: n for n in names}
+        for arg in self.options.extra_args:
+            st = setting_of(arg)
+            if st is not None and st in owned:
+                raise ConfigError(f"extra_args {arg!r} sets {st!r}, which the search space's "
+                                  f"{owned[st]!r} also sets", file=file, field="target.extra_args")
+        try:
+            engine_args(space.full_config(space.defaults()), self.options.extra_args)
+        except InfeasibleConfig as exc:
+            raise ConfigError(f"the baseline is not a valid vLLM configuration: {exc}", file=file) from None
+        self.check_against_installed_vllm(space)
+
+    def check_against_installed_vllm(self, space: Any) -> None:
+        """When vLLM is installed here, parse the baseline and every value with its own parser."""
+        version = vllm_version()
+        if version is None:
+            log.info("vLLM is not installed here: skipping the check against its argument parser")
+            return
+        file = getattr(space, "source", None)
+        if _version_tuple(version) < _version_tuple(VLLM_VERSION):
+            raise ConfigError(f"installed vLLM {version} is older than {VLLM_VERSION}, which this target's "
+                              f"flag table is for", file=file, field="target.kind")
+        try:
+            parser = installed_vllm_parser()
+        except Exception as exc:  # noqa: BLE001 - a changed layout: say so, but do not block
+            log.warning("cannot build vLLM %s's argument parser (%s): skipping the check", version, exc)
+            return
+        base = space.full_config(space.defaults())
+        trials = [base] + [{**base, p.name: v} for p in space.params for v in _values_to_check(p)]
+        for params in trials:
+            try:
+                args = engine_args(params, self.options.extra_args)
+            except InfeasibleConfig:
+                continue  # a conflicting combination is refused before vLLM sees it
+            bad = _parse_error(parser, [self.model_path(), *args])
+            if bad:
+                changed = [k for k in params if params[k] != base.get(k)] or ["(baseline)"]
+                raise ConfigError(f"vLLM {version} rejects {' '.join(args)}: {bad}", file=file,
+                                  field=f"params.{changed[0]}")
+
+
+def _values_to_check(p: Any) -> list[Any]:
+    s = p.spec
+    if s.type in ("categorical", "bool"):
+        return list(p.grid())
+    vals = [s.low, s.high, s.default]
+    if s.type == "int":
+        return [int(v) for v in vals if v is not None]
+    return [float(v) for v in vals if v is not None]
+
+
+def _parse_error(parser: Any, argv: list[str]) -> str | None:
+    import contextlib as _cl
+    import io
+
+    err = io.StringIO()
+    try:
+        with _cl.redirect_stderr(err):
+            parser.parse_args(argv)
+    except SystemExit:
+        return err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else "argument error"
+    except Exception as exc:  # noqa: BLE001
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+__all__ = ["FLAGS", "REMOVED_FLAGS", "VllmOptions", "VllmTarget", "engine_args", "flag_args", "setting_of"]
