@@ -1,0 +1,200 @@
+"""Operator commands: `tuner daemon`, `check`, `promote`, `rollback`, `history`.
+
+`register(app)` adds them to the lead's typer app. `python -m tuner.cli_ops ...` runs them alone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from tuner.errors import TunerError
+
+
+def _fail(exc: TunerError) -> typer.Exit:
+    typer.echo(f"error: {exc}", err=True)
+    return typer.Exit(getattr(exc, "exit_code", 1))
+
+
+def _logging() -> None:
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                            stream=sys.stderr)
+
+
+def current_study_name(state_dir: Path, agent_name: str) -> str:
+    """The study the daemon continues for this agent (a suffixed one after a target/workload change)."""
+    p = state_dir / agent_name / "daemon_study.json"
+    if p.is_file():
+        try:
+            return str(json.loads(p.read_text())["study"])
+        except (OSError, ValueError, KeyError):
+            pass
+    return agent_name
+
+
+def _session(agent_path: Path, state_dir: Path | None) -> Any:
+    from tuner.loop import open_session, state_dir_for
+    from tuner.spec import load_agent
+
+    agent = load_agent(agent_path)
+    sd = state_dir_for(state_dir)
+    return open_session(agent, sd, study_name=current_study_name(sd, agent.name))
+
+
+def _fmt_time(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def daemon(agents: list[Path] = typer.Argument(..., help="agent spec files"),
+           state_dir: Path | None = typer.Option(None, "--state-dir", help="state directory (default .tuner)"),
+           port: int = typer.Option(8787, "--port", help="health/metrics port on 127.0.0.1 (0: any free, -1: off)"),
+           grace_s: float = typer.Option(30.0, "--grace-s", help="seconds to tear down on SIGTERM")) -> None:
+    """Run PDCA cycles on each agent's schedule until SIGTERM."""
+    from tuner.daemon import run_daemon
+    from tuner.loop import state_dir_for
+
+    _logging()
+    try:
+        rc = run_daemon(agents, state_dir_for(state_dir), port=None if port < 0 else port, grace_s=grace_s)
+    except TunerError as exc:
+        raise _fail(exc) from None
+    raise typer.Exit(rc)
+
+
+def check(url: str | None = typer.Option(None, "--url", help="the daemon's endpoint, e.g. http://127.0.0.1:8787"),
+          state_dir: Path | None = typer.Option(None, "--state-dir"),
+          max_age_s: float | None = typer.Option(None, "--max-age-s", help="oldest acceptable heartbeat")) -> None:
+    """Exit 0 when the daemon is alive and its last cycle did not fail, 1 otherwise."""
+    from tuner.daemon import check_alive
+    from tuner.loop import state_dir_for
+
+    ok, why = check_alive(url=url, state_dir=state_dir_for(state_dir) if url is None else None,
+                          max_age_s=max_age_s)
+    typer.echo(("ok: " if ok else "not ok: ") + why, err=not ok)
+    raise typer.Exit(0 if ok else 1)
+
+
+def promote(agent: Path = typer.Argument(..., help="agent spec file"),
+            trial: int | None = typer.Option(None, "--trial", help="trial number (default: pending, else best)"),
+            yes: bool = typer.Option(False, "--yes", "-y", help="do not ask for confirmation"),
+            skip_verify: bool = typer.Option(False, "--skip-verify", help="promote without A/B verification"),
+            reverify: bool = typer.Option(False, "--reverify", help="verify even a verified pending candidate"),
+            reason: str = typer.Option("", "--reason", help="recorded in the audit log"),
+            state_dir: Path | None = typer.Option(None, "--state-dir")) -> None:
+    """Verify a candidate against the champion, then make it the champion (file, apply, MLflow, audit)."""
+    from tuner.promote import promote_trial
+
+    _logging()
+    try:
+        session = _session(agent, state_dir)
+        if skip_verify:
+            typer.secho("WARNING: promoting WITHOUT verification (--skip-verify); this is recorded in the audit "
+                        "log", fg=typer.colors.RED, err=True, bold=True)
+
+        def confirm(msg: str) -> bool:
+            typer.echo(msg)
+            return yes or typer.confirm("Promote?", default=False)
+
+        res = promote_trial(session, trial=trial, skip_verify=skip_verify, reverify=reverify, confirm=confirm,
+                            reason=reason)
+    except TunerError as exc:
+        raise _fail(exc) from None
+    r = res.record
+    typer.echo(f"promoted trial {r.trial} of {r.agent} as champion #{r.seq}"
+               + (f" (MLflow {r.model_name} v{r.model_version})" if r.model_version else "")
+               + f": {session.state_dir / r.agent / 'champion.yaml'}")
+
+
+def rollback(agent: Path = typer.Argument(..., help="agent spec file"),
+             yes: bool = typer.Option(False, "--yes", "-y"),
+             reason: str = typer.Option("operator rollback", "--reason"),
+             state_dir: Path | None = typer.Option(None, "--state-dir")) -> None:
+    """Restore the previous champion (file, apply command, MLflow aliases, audit)."""
+    from tuner.champion import ChampionStore
+    from tuner.loop import state_dir_for
+    from tuner.promote import rollback as do_rollback
+    from tuner.spec import load_agent
+    from tuner.tracking import Tracker, resolve_tracking_uri
+
+    _logging()
+    try:
+        a = load_agent(agent)
+        sd = state_dir_for(state_dir)
+        store = ChampionStore(sd, a.name)
+        cur = store.champion()
+        if cur is None or cur.previous_seq is None:
+            raise TunerError(f"{a.name} has no previous champion to restore")
+        if not yes and not typer.confirm(f"Replace champion #{cur.seq} (trial {cur.trial}) of {a.name} by "
+                                         f"#{cur.previous_seq}?", default=False):
+            raise TunerError("rollback cancelled")
+        spec = a.spec
+        tracker = Tracker(resolve_tracking_uri(spec.tracking.uri, sd), spec.tracking.experiment or spec.name,
+                          artifact_dir=sd / "mlartifacts", enabled=spec.tracking.enabled)
+        res = do_rollback(store, tracker, apply_command=spec.promotion.apply_command, cwd=a.path.parent,
+                          reason=reason)
+    except TunerError as exc:
+        raise _fail(exc) from None
+    typer.echo(f"rolled back {a.name}: champion #{res.record.seq} (trial {res.record.trial}) restored")
+
+
+def history(agent: Path = typer.Argument(..., help="agent spec file"),
+            as_json: bool = typer.Option(False, "--json", help="one JSON object: cycles, verifications, promotions"),
+            state_dir: Path | None = typer.Option(None, "--state-dir")) -> None:
+    """List the agent's cycles, verifications and promotions."""
+    from tuner.loop import state_dir_for
+    from tuner.promote import history as get_history
+    from tuner.spec import load_agent
+    from tuner.tracking import Tracker, resolve_tracking_uri
+
+    try:
+        a = load_agent(agent)
+        sd = state_dir_for(state_dir)
+        spec = a.spec
+        tracker = Tracker(resolve_tracking_uri(spec.tracking.uri, sd), spec.tracking.experiment or spec.name,
+                          artifact_dir=sd / "mlartifacts", enabled=spec.tracking.enabled)
+        h = get_history(sd, a.name, tracker)
+    except TunerError as exc:
+        raise _fail(exc) from None
+    if as_json:
+        typer.echo(json.dumps(h, indent=2, sort_keys=True, default=str))
+        return
+    typer.echo(f"{a.name}: {len(h['cycles'])} cycle(s), {len(h['verifications'])} verification(s), "
+               f"{len(h['promotions'])} promotion event(s)")
+    typer.echo("cycles:")
+    for c in h["cycles"]:
+        typer.echo(f"  #{c.get('cycle')}  {_fmt_time(c.get('start_time'))}  {c.get('status', c.get('outcome'))}"
+                   f"  trials={c.get('trials_run', len(c.get('trials', []) or []))}  best={c.get('best_value')}")
+    typer.echo("verifications:")
+    for v in h["verifications"]:
+        typer.echo(f"  {_fmt_time(v.get('time'))}  trial {v.get('trial')} vs {v.get('reference')}: "
+                   f"{'PASS' if v.get('passed') else 'FAIL'}  {v.get('reason')}")
+    typer.echo("promotions:")
+    for p in h["promotions"]:
+        typer.echo(f"  {_fmt_time(p.get('time'))}  {p.get('action')}  #{p.get('seq')} trial {p.get('trial')} "
+                   f"by {p.get('user')}: {p.get('reason')}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the operator commands to `app`."""
+    app.command("daemon")(daemon)
+    app.command("check")(check)
+    app.command("promote")(promote)
+    app.command("rollback")(rollback)
+    app.command("history")(history)
+
+
+def main() -> None:
+    app = typer.Typer(add_completion=False, no_args_is_help=True)
+    register(app)
+    app()
+
+
+if __name__ == "__main__":
+    main()
