@@ -187,8 +187,8 @@ def register(app: typer.Typer) -> None:
         model: Annotated[str | None, typer.Option("--model", help="Model name (default: first of /v1/models)")]
         = None,
         endpoint: Annotated[str | None, typer.Option("--endpoint", help="completions or chat")] = None,
-        concurrency: Annotated[int | None, typer.Option("--concurrency", min=1,
-                                                        help="Closed loop: requests in flight (with --rate: the cap on them)")] = None,
+        concurrency: Annotated[int | None, typer.Option(
+            "--concurrency", min=1, help="Closed loop: requests in flight (with --rate: the cap on them)")] = None,
         rate: Annotated[float | None, typer.Option("--rate", min=0.0, help="Open loop: requests per second")]
         = None,
         arrival: Annotated[str, typer.Option("--arrival", help="Open-loop process: poisson, constant, gamma")]
