@@ -220,7 +220,7 @@ def _check_value(f: Flag, value: Any) -> None:
             raise InfeasibleConfig(f"{f.name}: must be true or false (got {value!r})")
         return
     if f.choices is not None and value not in f.choices:
-        if not (f.kind == "choice" and isinstance(value, str) and value.upper() in f.choices):
+        if not (f.name == "cudagraph_mode" and isinstance(value, str) and value.upper() in f.choices):
             raise InfeasibleConfig(f"{f.name}: {value!r} is not one of {list(f.choices)}")
     if f.kind in ("int", "float", "int_or_auto") or (f.kind == "cc" and f.choices is None):
         if f.kind == "int_or_auto" and value == "auto":
@@ -378,7 +378,10 @@ def installed_vllm_parser() -> Any:
         from vllm.utils.argparse_utils import FlexibleArgumentParser  # type: ignore[import-not-found]
     except ImportError:  # older layout
         from vllm.utils import FlexibleArgumentParser  # type: ignore[import-not-found,no-redef]
-    return make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    with contextlib.suppress(Exception):  # `vllm serve MODEL`: the serve subcommand adds the positional
+        parser.add_argument("model_tag", type=str, nargs="?")
+    return parser
 
 
 # ---------------------------------------------------------------- the target
@@ -504,6 +507,12 @@ class VllmTarget(ProcessTarget):
         except Exception as exc:  # noqa: BLE001 - a changed layout: say so, but do not block
             log.warning("cannot build vLLM %s's argument parser (%s): skipping the check", version, exc)
             return
+        self.check_against_parser(space, parser, label=f"vLLM {version}")
+
+    def check_against_parser(self, space: Any, parser: Any, *, label: str = "vLLM") -> None:
+        """Parse the baseline and each parameter's extreme values and choices with `parser` (an argparse
+        parser of `vllm serve`); raise a located ConfigError for the first argv it rejects."""
+        file = getattr(space, "source", None)
         base = space.full_config(space.defaults())
         trials = [base] + [{**base, p.name: v} for p in space.params for v in _values_to_check(p)]
         for params in trials:
@@ -514,7 +523,7 @@ class VllmTarget(ProcessTarget):
             bad = _parse_error(parser, [self.model_path(), *args])
             if bad:
                 changed = [k for k in params if params[k] != base.get(k)] or ["(baseline)"]
-                raise ConfigError(f"vLLM {version} rejects {' '.join(args)}: {bad}", file=file,
+                raise ConfigError(f"{label} rejects {' '.join(args)}: {bad}", file=file,
                                   field=f"params.{changed[0]}")
 
 
