@@ -69,10 +69,11 @@ def parse(text: str) -> Snapshot:
                     snap.gauges[key] = snap.gauges.get(key, 0.0) + float(s.value)
                     if key == "kv_cache_usage_frac":
                         kv_n += 1
-        elif name in _COUNTERS:
-            key = _COUNTERS[name]
+        elif name in _COUNTERS or name.removesuffix("_total") in _COUNTERS:
+            base = name.removesuffix("_total")
+            key = _COUNTERS[base]
             for s in fam.samples:
-                if s.name == name + "_total":
+                if s.name == base + "_total":
                     snap.counters[key] = snap.counters.get(key, 0.0) + float(s.value)
         elif name in _HISTOGRAMS:
             h = snap.hists.setdefault(_HISTOGRAMS[name], Hist())

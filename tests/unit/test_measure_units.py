@@ -1,0 +1,237 @@
+"""Unit tests of the measurement helpers: metrics definitions, /metrics parsing, capacity search,
+tokenizers, datasets and traces, GPU sampler without a GPU."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tuner.errors import ConfigError
+from tuner.measure.capacity import find_capacity
+from tuner.measure.datasets import load_dataset, load_trace, plans_for
+from tuner.measure.gpu import GpuSampler
+from tuner.measure.measurement import Measurement
+from tuner.measure.metrics import summarise
+from tuner.measure.records import RequestRecord
+from tuner.measure.scrape import histogram_quantile, parse, telemetry
+from tuner.measure.tokenize import ApproxTokenizer, ByteTokenizer, load_tokenizer
+from tuner.spec import Arrival, LengthDist, WorkloadSpec
+
+
+# ------------------------------------------------------------------ metrics (vllm bench serve definitions)
+def rec(i: int, sent: float, first: float | None, times: tuple[float, ...], done: float, n_out: int,
+        error: str | None = None, warmup: bool = False) -> RequestRecord:
+    return RequestRecord(index=i, scheduled_s=sent, sent_s=sent, first_token_s=first, done_s=done,
+                         prompt_tokens=10, output_tokens=n_out, token_times_s=times, error=error,
+                         status=200 if error is None else 500, warmup=warmup)
+
+
+def test_summary_follows_vllm_definitions() -> None:
+    recs = [
+        rec(0, 0.0, 0.1, (0.1, 0.2, 0.4), 0.4, 3),          # ttft 100, tpot (400-100)/2 = 150, itl 100, 200
+        rec(1, 0.5, 0.55, (0.55,), 0.55, 1),                 # one token: no tpot, counts as tpot 0 for goodput
+        rec(2, 0.6, None, (), 0.7, 0, error="http_5xx"),     # failed: counted apart
+        rec(3, 0.0, 0.01, (0.01,), 0.02, 1, warmup=True),    # warm-up: left out
+    ]
+    s = summarise(recs, goodput_ms={"ttft": 60.0, "tpot": 10.0})
+    assert s["completed"] == 2 and s["failed"] == 1
+    assert s["errors_http_5xx"] == 1 and s["error_rate"] == pytest.approx(1 / 3)
+    assert s["duration"] == pytest.approx(0.7)
+    assert s["total_input_tokens"] == 20 and s["total_output_tokens"] == 4
+    assert s["request_throughput"] == pytest.approx(2 / 0.7)
+    assert s["output_throughput"] == pytest.approx(4 / 0.7)
+    assert s["mean_ttft_ms"] == pytest.approx(75.0)
+    assert s["mean_tpot_ms"] == pytest.approx(150.0)  # only requests with > 1 output token
+    assert s["mean_itl_ms"] == pytest.approx(150.0)
+    assert s["median_e2el_ms"] == pytest.approx(225.0)
+    # good: request 1 only (ttft 50 <= 60, tpot counts 0); request 0 has ttft 100 > 60
+    assert s["request_goodput"] == pytest.approx(1 / 0.7)
+
+
+# ------------------------------------------------------------------ /metrics
+METRICS = """\
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.7
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 3
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{engine="0",model_name="m"} %(pre)s
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1",model_name="m"} %(b1)s
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.2",model_name="m"} %(b2)s
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="m"} %(b2)s
+vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} %(b2)s
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} %(sum)s
+"""
+
+
+def test_scrape_deltas_and_bucket_percentiles() -> None:
+    before = parse(METRICS % {"pre": 2, "b1": 10, "b2": 10, "sum": 0.5})
+    after = parse(METRICS % {"pre": 7, "b1": 60, "b2": 110, "sum": 15.5})
+    assert before.gauges["kv_cache_usage_frac"] == pytest.approx(0.6)  # averaged over engines
+    t = telemetry(before, after)
+    assert t["server_preemptions"] == 5
+    # 100 new observations: 50 in (0, 0.1], 50 in (0.1, 0.2]; p50 = 0.1 s, p99 = 0.198 s
+    assert t["server_ttft_ms_p50"] == pytest.approx(100.0)
+    assert t["server_ttft_ms_p99"] == pytest.approx(198.0)
+    assert t["server_ttft_ms_mean"] == pytest.approx(150.0)
+    assert t["server_num_requests_waiting_max"] == 3
+    assert telemetry(None, None) == {}
+
+
+def test_histogram_quantile_edges() -> None:
+    assert math.isnan(histogram_quantile(0.5, {}))
+    assert histogram_quantile(0.99, {1.0: 0, 2.0: 0, math.inf: 5}) == 2.0  # all in +Inf: highest finite bound
+
+
+# ------------------------------------------------------------------ capacity search
+def fake_run(capacity: float):
+    """A server whose p99 TTFT is 50 ms below `capacity` req/s and grows fast above it."""
+    calls: list[float] = []
+
+    def run(rate: float) -> Measurement:
+        calls.append(rate)
+        ttft = 50.0 if rate <= capacity else 50.0 + 2000.0 * (rate / capacity - 1.0)
+        return Measurement(summary={"p99_ttft_ms": ttft, "error_rate": 0.0, "completed": 10 * rate,
+                                    "duration": 10.0, "median_e2el_ms": 0.0, "offered_rate_per_s": rate})
+
+    return run, calls
+
+
+@pytest.mark.parametrize("capacity", [37.0, 250.0, 1000.0])
+def test_capacity_search_converges(capacity: float) -> None:
+    run, calls = fake_run(capacity)
+    res = find_capacity(run, {"ttft_ms.p99": 100.0, "error_rate": 0.01}, start_rate_per_s=10.0,
+                        rel_tol=0.05, max_runs=15)
+    threshold = capacity * 1.025  # where p99 TTFT crosses 100 ms
+    assert res.converged
+    assert 0.95 * threshold <= res.rate_per_s <= threshold
+    assert res.upper_rate_per_s is not None and threshold < res.upper_rate_per_s <= threshold * 1.06
+    assert len(calls) <= 15 and all(s.ok == (s.rate_per_s <= threshold) for s in res.steps)
+
+
+def test_capacity_search_fails_when_server_cannot_keep_up() -> None:
+    def run(rate: float) -> Measurement:  # latency fine, but only 20 req/s get through
+        return Measurement(summary={"p99_ttft_ms": 10.0, "completed": min(rate, 20.0) * 10, "duration": 10.0,
+                                    "median_e2el_ms": 0.0, "offered_rate_per_s": rate})
+
+    res = find_capacity(run, {"ttft_ms.p99": 100.0}, start_rate_per_s=5.0, rel_tol=0.1)
+    assert 18.0 <= res.rate_per_s <= 22.3
+
+
+# ------------------------------------------------------------------ tokenizers
+def test_byte_tokenizer_prompts_are_exact_and_distinct() -> None:
+    tok = ByteTokenizer()
+    for n in (1, 3, 256, 16384):
+        p = tok.synth(n, key=12345)
+        assert tok.count(p) == n and p.isascii()
+    assert tok.synth(64, 1) != tok.synth(64, 2)
+    assert tok.exact and not ApproxTokenizer().exact
+    assert load_tokenizer("byte").name == "byte" and load_tokenizer(None).name == "approx"
+    with pytest.raises(ConfigError, match="tokenizer"):
+        load_tokenizer("/no/such/tokenizer")
+
+
+def test_hf_tokenizer_from_a_local_dir(tmp_path: Path) -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate("the of and to in is was for on that".split())}}
+    t = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    t.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=t, unk_token="[UNK]")
+    fast.save_pretrained(str(tmp_path))
+    tok = load_tokenizer(str(tmp_path))
+    assert tok.exact and tok.count("the of and") == 3
+    ids = tok.synth(100, key=7)
+    assert isinstance(ids, list) and len(ids) == 100 and 0 not in ids  # no special tokens
+
+
+# ------------------------------------------------------------------ datasets and traces
+def test_sharegpt_and_jsonl_datasets(tmp_path: Path) -> None:
+    tok = ByteTokenizer()
+    sg = tmp_path / "sg.json"
+    sg.write_text(json.dumps([
+        {"conversations": [{"from": "human", "value": "hello"}, {"from": "gpt", "value": "hi there"}]},
+        {"conversations": [{"from": "human", "value": "only one turn"}]},
+    ]))
+    s = load_dataset(sg, tok)
+    assert [(x.prompt, x.prompt_tokens, x.output_tokens) for x in s] == [("hello", 5, 8)]
+    jl = tmp_path / "d.jsonl"
+    jl.write_text('{"prompt": "abc", "output_tokens": 7}\n\n{"prompt": [1, 2, 3, 4], "max_tokens": 2}\n')
+    s = load_dataset(jl, tok)
+    assert [(x.prompt_tokens, x.output_tokens) for x in s] == [(3, 7), (4, 2)]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a"}\n{oops\n')
+    with pytest.raises(ConfigError, match=r"bad.jsonl:2"):
+        load_dataset(bad, tok)
+    spec = WorkloadSpec(dataset="d.jsonl", num_requests=6, arrival=Arrival(kind="closed", concurrency=2))
+    plans, notes = plans_for(spec, seed=0, tok=tok, base_dir=tmp_path)
+    assert len(plans) == 6 and {p.prompt_tokens for p in plans} <= {3, 4} and not notes
+    plans, notes = plans_for(spec, seed=0, tok=ApproxTokenizer(), base_dir=tmp_path)
+    assert notes and "approximate" in notes[0]
+
+
+def test_trace_replay_plans(tmp_path: Path) -> None:
+    tr = tmp_path / "t.jsonl"
+    tr.write_text("\n".join(json.dumps(d) for d in [
+        {"timestamp": 100.5, "prompt_tokens": 30, "output_tokens": 4},
+        {"timestamp": 100.0, "prompt": "abcd", "output_tokens": 2},
+        {"timestamp_ms": 101500, "prompt_tokens": 8, "output_tokens": 1},
+    ]) + "\n")
+    rows = load_trace(tr, ByteTokenizer())
+    assert [r[0] for r in rows] == [0.0, 0.5, 1.5] and rows[0][2] == 4
+    spec = WorkloadSpec(arrival=Arrival(kind="trace", trace="t.jsonl"), num_requests=10)
+    plans, _ = plans_for(spec, seed=0, tok=ByteTokenizer(), base_dir=tmp_path)
+    assert [(p.arrival_s, p.prompt_tokens, p.output_tokens) for p in plans] == [
+        (0.0, 4, 2), (0.5, 30, 4), (1.5, 8, 1)]
+    (tmp_path / "bad.jsonl").write_text('{"prompt_tokens": 3, "output_tokens": 1}\n')
+    with pytest.raises(ConfigError, match="timestamp"):
+        load_trace(tmp_path / "bad.jsonl", ByteTokenizer())
+
+
+def test_lengths_span_256_to_16k() -> None:
+    from tuner.measure.workload import build_plans
+
+    spec = WorkloadSpec(num_requests=500, prompt_tokens=LengthDist(dist="lognormal", mean=2000, sigma=1.0,
+                                                                     min=256, max=16384))
+    lens = np.array([p.prompt_tokens for p in build_plans(spec, seed=0)])
+    assert lens.min() >= 256 and lens.max() <= 16384 and lens.max() > 8000
+
+
+# ------------------------------------------------------------------ GPU sampler
+def test_gpu_sampler_without_gpu_records_nothing() -> None:
+    pytest.importorskip("pynvml")
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("a GPU is present")
+    except ImportError:
+        pass
+    with GpuSampler([0], interval_s=0.05) as s:
+        pass
+    assert s.result() == {}
+    assert GpuSampler([]).start().result() == {}
+
+
+@pytest.mark.gpu
+def test_gpu_sampler_on_a_gpu() -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    import time
+
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    with GpuSampler([0], interval_s=0.1) as s:
+        t = time.monotonic()
+        while time.monotonic() - t < 2.0:
+            a @ a
+        torch.cuda.synchronize()
+    r = s.result()
+    assert r["gpu_samples"] >= 5 and r["gpu_util_pct_max"] > 50
+    assert r["gpu_power_w_mean"] > 0 and r.get("gpu_energy_j", 1.0) > 0
