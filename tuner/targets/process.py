@@ -489,8 +489,10 @@ class HttpDeployment(Deployment):
         metrics_url: str | None,
         cold_start_s: float,
         max_server_error_frac: float,
+        tokenizer: str | None = None,
     ) -> None:
         self.server = server
+        self.base_url = endpoint
         self.endpoint = endpoint
         self.model = model
         self.ctx = ctx
@@ -499,6 +501,7 @@ class HttpDeployment(Deployment):
         self.cold_start_s = cold_start_s
         self.log_path = server.log_path
         self.max_server_error_frac = max_server_error_frac
+        self.tokenizer = tokenizer
 
     @property
     def pid(self) -> int | None:
@@ -512,12 +515,13 @@ class HttpDeployment(Deployment):
         if not self.server.alive():
             raise classify_failure(self.server.log_tail(), self.server.returncode, phase="run")
         m = measure_endpoint(
-            self.endpoint,
+            self.base_url,
             model=self.model,
             workload=workload,
             goodput_ms=goodput_ms,
             seed=seed,
             base_dir=self.agent_dir,
+            tokenizer=self.tokenizer,
             metrics_url=self.metrics_url,
             gpu_indices=self.ctx.gpus,
         )
@@ -526,6 +530,10 @@ class HttpDeployment(Deployment):
 
     def check_after_run(self, m: Measurement) -> None:
         """Raise a classified error if the server died during the run or answered too many 5xx."""
+        broken = m.summary.get("errors_connect", 0) + m.summary.get("errors_stream_broken", 0)
+        if broken and self.server.proc is not None:  # a dying server may take a moment to be reaped
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.server.proc.wait(timeout=2.0)
         if not self.server.alive():
             raise classify_failure(self.server.log_tail(), self.server.returncode, phase="run")
         n5xx = int(m.summary.get("errors_http_5xx", 0))
@@ -543,8 +551,8 @@ class ProcessTarget(Target):
     startup_timeout_s() and host().
     """
 
-    health_path: ClassVar[str] = "/health"
-    metrics_path: ClassVar[str | None] = "/metrics"
+    health_path: str = "/health"  # plain attributes: an instance may set its own (from options)
+    metrics_path: str | None = "/metrics"
     grace_s: ClassVar[float] = 10.0
     max_server_error_frac: ClassVar[float] = 0.05  # above this share of 5xx answers the trial fails
     port_retries: ClassVar[int] = 3  # free_port() races: retry on "Address already in use"
@@ -563,6 +571,14 @@ class ProcessTarget(Target):
 
     def host(self) -> str:
         return str(getattr(self.options, "host", None) or "127.0.0.1")
+
+    def tokenizer(self, params: Mapping[str, Any]) -> str | None:
+        """What measure_endpoint counts prompt tokens with ("byte", a tokenizer dir, or None: approximate)."""
+        return None
+
+    def server_cwd(self) -> Path | None:
+        """The working directory of the server process (None: the tuner's)."""
+        return None
 
     def command_preview(
         self, params: Mapping[str, Any], ctx: TrialContext
@@ -593,6 +609,7 @@ class ProcessTarget(Target):
                 gpus=ctx.gpus if ctx.gpus else None,
                 state_dir=ctx.state_dir,
                 health_url=base + self.health_path,
+                cwd=self.server_cwd(),
                 grace_s=self.grace_s,
             )
             try:
@@ -619,6 +636,7 @@ class ProcessTarget(Target):
                     metrics_url=(base + self.metrics_path) if self.metrics_path else None,
                     cold_start_s=cold_start_s,
                     max_server_error_frac=self.max_server_error_frac,
+                    tokenizer=self.tokenizer(params),
                 )
             finally:
                 server.stop()

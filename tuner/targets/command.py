@@ -1,0 +1,178 @@
+"""The command target (kind `command`): any OpenAI-compatible server started from an argument-list template.
+
+    target:
+      kind: command
+      command: ["{python}", "server.py", "--port", "{port}", "--batch", "{max_batch}", "--gpus={gpus}"]
+      model: my-model
+      gpus_per_trial: 1            # or the name of a parameter that gives it, e.g. tensor_parallel_size
+
+Each template element becomes exactly one argument after substitution; nothing is re-split or read by a
+shell. Placeholders: {port} (a free port), {gpus} (the claimed GPU ids, comma-separated), {host}, {model},
+{python} (the tuner's interpreter) and {<param>} for any parameter or fixed value of the search space.
+`{{` and `}}` are literal braces. Relative paths in the template are relative to the agent file's folder
+(the server's working directory).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from tuner.errors import ConfigError, InfeasibleConfig
+from tuner.targets.base import TrialContext
+from tuner.targets.process import ProcessTarget
+
+_PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}|\{|\}")
+BUILTIN_PLACEHOLDERS = ("port", "gpus", "host", "model", "python")
+
+
+def placeholders(element: str) -> list[str]:
+    """The names an element refers to. Raises ValueError on a stray brace or an unnamed placeholder."""
+    names = []
+    for m in _PLACEHOLDER.finditer(element):
+        tok = m.group(0)
+        if tok in ("{{", "}}"):
+            continue
+        if m.group(1) is None:
+            raise ValueError(f"stray {tok!r} in {element!r} (write {{{{ or }}}} for a literal brace, "
+                             "or {name} for a placeholder)")
+        names.append(m.group(1))
+    return names
+
+
+def render(element: str, values: Mapping[str, str]) -> str:
+    """Substitute placeholders in one element; KeyError names a missing value."""
+    def sub(m: re.Match[str]) -> str:
+        tok = m.group(0)
+        if tok == "{{":
+            return "{"
+        if tok == "}}":
+            return "}"
+        return values[m.group(1)]
+
+    return _PLACEHOLDER.sub(sub, element)
+
+
+def fmt_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)
+
+
+class CommandOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    command: list[str] = Field(min_length=1, description="argument-list template, one element per argument")
+    model: str = Field(default="default", description="the model name requests carry")
+    host: str = "127.0.0.1"
+    health_path: str = "/health"
+    metrics_path: str | None = Field(default=None, description="Prometheus endpoint to scrape, if any")
+    startup_timeout_s: float = Field(default=300.0, gt=0)
+    env: dict[str, str] = Field(default_factory=dict)
+    gpus_per_trial: int | str = Field(default=0, description="GPUs per trial, or a parameter giving it")
+    tokenizer: str | None = Field(default=None, description='"byte" or a local tokenizer dir')
+
+    @field_validator("command")
+    @classmethod
+    def _template(cls, v: list[str]) -> list[str]:
+        for el in v:
+            placeholders(el)  # raises ValueError on a malformed element
+        if "port" not in {n for el in v for n in placeholders(el)}:
+            raise ValueError("the command must pass {port} to the server (the tuner picks a free port)")
+        return v
+
+    @field_validator("health_path", "metrics_path")
+    @classmethod
+    def _path(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise ValueError(f"must start with / (got {v!r})")
+        return v
+
+    @field_validator("gpus_per_trial")
+    @classmethod
+    def _gpus(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 0:
+            raise ValueError(f"must be >= 0 (got {v})")
+        return v
+
+
+class CommandTarget(ProcessTarget):
+    kind = "command"
+    Options = CommandOptions
+
+    options: CommandOptions
+
+    def __init__(self, options: BaseModel, *, agent_dir: Path) -> None:
+        super().__init__(options, agent_dir=agent_dir)
+        assert isinstance(options, CommandOptions)
+        self.health_path = options.health_path
+        self.metrics_path = options.metrics_path
+
+    def template_names(self) -> set[str]:
+        return {n for el in self.options.command for n in placeholders(el)} - set(BUILTIN_PLACEHOLDERS)
+
+    def build_command(self, params: Mapping[str, Any], ctx: TrialContext, port: int
+                      ) -> tuple[list[str], dict[str, str]]:
+        values = {k: fmt_value(v) for k, v in params.items()}
+        values.update(port=str(port), gpus=",".join(str(g) for g in ctx.gpus), host=self.options.host,
+                      model=self.options.model, python=sys.executable)
+        argv = []
+        for el in self.options.command:
+            try:
+                argv.append(render(el, values))
+            except KeyError as exc:
+                raise InfeasibleConfig(f"command element {el!r} needs {exc.args[0]!r}, which this trial "
+                                       "does not set") from None
+        return argv, dict(self.options.env)
+
+    def model_name(self, params: Mapping[str, Any]) -> str:
+        return self.options.model
+
+    def tokenizer(self, params: Mapping[str, Any]) -> str | None:
+        return self.options.tokenizer
+
+    def server_cwd(self) -> Path | None:
+        return self.agent_dir
+
+    def gpus_needed(self, params: Mapping[str, Any]) -> int:
+        g = self.options.gpus_per_trial
+        if isinstance(g, int):
+            return g
+        v = params.get(g)
+        if v is None:
+            raise InfeasibleConfig(f"gpus_per_trial names {g!r}, which this trial does not set")
+        return int(v)
+
+    def check_space(self, space: Any) -> None:
+        file = getattr(space, "source", None)
+        fixed = dict(getattr(space, "fixed", {}))
+        names = {p.name for p in space.params} | set(fixed)
+        used = self.template_names()
+        unknown = used - names
+        if unknown:
+            raise ConfigError(f"command template names unknown parameter(s) {sorted(unknown)}; the space has "
+                              f"{sorted(names)} and the built-ins are {list(BUILTIN_PLACEHOLDERS)}",
+                              field="target.command")
+        unused = [p.name for p in space.params if p.name not in used]
+        g = self.options.gpus_per_trial
+        if isinstance(g, str):
+            if g not in names:
+                raise ConfigError(f"gpus_per_trial names {g!r}, which is not a parameter of the space "
+                                  f"(valid: {sorted(names)})", field="target.gpus_per_trial")
+            unused = [n for n in unused if n != g]
+        if unused:
+            raise ConfigError(f"parameter(s) {unused} are not passed to the server: add {{name}} to the command "
+                              f"template (it uses {sorted(used) or 'none'})", file=file,
+                              field=f"params.{unused[0]}")
+        conditional = [p.name for p in space.params if p.when is not None and p.name in used]
+        if conditional:
+            raise ConfigError(f"parameter(s) {conditional} have a `when` condition, but a command template "
+                              "needs a value for every placeholder in every trial", file=file,
+                              field=f"params.{conditional[0]}")
