@@ -49,6 +49,7 @@ from typing import Any
 from aiohttp import web
 
 log = logging.getLogger(__name__)
+STATE: web.AppKey[Any] = web.AppKey("state", object)
 
 TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                   10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -313,7 +314,7 @@ def build_app(opts: FakeOptions) -> web.Application:
         return resp
 
     app = web.Application(client_max_size=64 * 1024 * 1024)
-    app["state"] = st
+    app[STATE] = st
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", metrics)
@@ -361,7 +362,7 @@ class FakeServer:
     def state(self) -> Any:
         """Counters of the running server (requests, peak_in_flight, success, ...)."""
         assert self._runner is not None
-        return self._runner.app["state"]
+        return self._runner.app[STATE]
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)

@@ -1,0 +1,196 @@
+"""The load generator against real local servers with known latencies (tests/support/fake_openai_server.py).
+
+Tolerances are loose enough for a loaded 2-core machine; what they check is that the client measures what
+the server does (TTFT, ITL, token counts, rates), counts every error by kind, and keeps open-loop arrivals
+on the clock when the server is slow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.support.fake_openai_server import free_port, spawn_fake_server, start_fake_server
+from tuner.measure.capacity import measure_capacity
+from tuner.measure.loadgen import RunConfig, measure_endpoint, run_sync
+from tuner.measure.records import RequestPlan
+from tuner.measure.tokenize import ByteTokenizer
+from tuner.spec import Arrival, LengthDist, WorkloadSpec
+
+
+def wl(**kw: object) -> WorkloadSpec:
+    base: dict[str, object] = {"arrival": Arrival(kind="closed", concurrency=4), "num_requests": 20,
+                               "prompt_tokens": LengthDist(value=64), "output_tokens": LengthDist(value=8)}
+    base.update(kw)
+    return WorkloadSpec.model_validate(base)
+
+
+@pytest.fixture(scope="module")
+def timed_server():  # type: ignore[no-untyped-def]
+    """A server in its own process: TTFT 40 ms, then one token every 10 ms."""
+    with spawn_fake_server(ttft_ms=40, itl_ms=10) as srv:
+        yield srv
+
+
+def test_measured_latencies_match_the_server(timed_server) -> None:  # type: ignore[no-untyped-def]
+    m = measure_endpoint(timed_server.url, model="fake", seed=0, goodput_ms={"ttft": 200.0}, tokenizer="byte",
+                         workload=wl(num_requests=40, output_tokens=LengthDist(value=16), warmup_requests=4),
+                         metrics_url=timed_server.url + "/metrics")
+    s = m.summary
+    assert s["completed"] == 40 and s["failed"] == 0
+    assert len(m.records) == 44 and sum(r.warmup for r in m.records) == 4
+    assert 40.0 <= s["median_ttft_ms"] <= 55.0
+    assert 9.0 <= s["median_itl_ms"] <= 14.0
+    assert 9.5 <= s["mean_tpot_ms"] <= 13.0
+    e2e_ms = 40.0 + 15 * 10.0
+    assert e2e_ms <= s["median_e2el_ms"] <= e2e_ms + 30.0
+    assert s["total_output_tokens"] == 40 * 16 and s["total_input_tokens"] == 40 * 64
+    assert s["prompt_tokens_exact"] == 1.0
+    # 4 in flight, ~190 ms each: ~21 req/s
+    assert 4 / (e2e_ms + 30.0) * 1000 <= s["request_throughput"] <= 4 / e2e_ms * 1000 * 1.05
+    assert s["request_goodput"] == pytest.approx(s["request_throughput"])
+    assert s["max_concurrent_requests"] == 4
+    rec = next(r for r in m.records if not r.warmup)
+    assert len(rec.token_times_s) == 16 and rec.status == 200
+    # the server's own view, scraped from /metrics
+    assert m.telemetry["server_generation_tokens"] == 44 * 16
+    assert m.telemetry["server_ttft_ms_mean"] == pytest.approx(40.0, abs=8.0)
+
+
+def test_chat_and_non_streaming(timed_server) -> None:  # type: ignore[no-untyped-def]
+    m = measure_endpoint(timed_server.url, model="fake", seed=0, goodput_ms={}, tokenizer="byte",
+                         workload=wl(endpoint="chat", num_requests=8))
+    assert m.summary["completed"] == 8 and m.summary["total_output_tokens"] == 64
+    assert m.summary["median_ttft_ms"] >= 40.0
+    m = measure_endpoint(timed_server.url, model="fake", seed=0, goodput_ms={}, tokenizer="byte",
+                         workload=wl(stream=False, num_requests=8))
+    s = m.summary
+    assert s["completed"] == 8 and s["total_output_tokens"] == 64
+    assert s["median_e2el_ms"] >= 40.0 + 7 * 10.0  # answered at once after the whole generation
+    # approximate tokenizer, but the server reports usage: counts are exact
+    m = measure_endpoint(timed_server.url, model="fake", seed=0, goodput_ms={}, workload=wl(num_requests=4))
+    assert m.summary["prompt_tokens_exact"] == 1.0 and not m.notes
+
+
+def errors_of(url: str, n: int = 12, **kw: object) -> dict[str, float]:
+    m = measure_endpoint(url, model="fake", seed=0, goodput_ms={}, tokenizer="byte", workload=wl(num_requests=n,
+                         **kw))
+    s = m.summary
+    assert s["completed"] + s["failed"] == n  # nothing dropped
+    assert len([r for r in m.records if not r.warmup]) == n
+    return {k[len("errors_"):]: v for k, v in s.items() if k.startswith("errors_") and v > 0}
+
+
+def test_every_error_kind_is_counted() -> None:
+    port = free_port()  # nothing listens there
+    assert errors_of(f"http://127.0.0.1:{port}", n=5) == {"connect": 5}
+    with start_fake_server(ttft_ms=1, itl_ms=1, error_status=422, error_every=3) as srv:
+        assert errors_of(srv.url) == {"http_4xx": 4}
+    with start_fake_server(ttft_ms=1, itl_ms=1, error_status=500, error_every=4) as srv:
+        assert errors_of(srv.url) == {"http_5xx": 3}
+    with start_fake_server(ttft_ms=1, itl_ms=1, error_status=503, error_every=1) as srv:
+        assert errors_of(srv.url) == {"overload_503": 12}
+    with start_fake_server(ttft_ms=1, itl_ms=1, break_every=2) as srv:
+        assert errors_of(srv.url) == {"stream_broken": 6}
+    with start_fake_server(ttft_ms=50, itl_ms=10, max_concurrency=1) as srv:
+        e = errors_of(srv.url, n=8)
+        assert set(e) == {"overload_503"} and e["overload_503"] >= 1
+    with start_fake_server(ttft_ms=2000, itl_ms=1) as srv:
+        assert errors_of(srv.url, n=4, timeout_s=0.3) == {"timeout": 4}
+
+
+def test_wrong_model_is_a_4xx(timed_server) -> None:  # type: ignore[no-untyped-def]
+    m = measure_endpoint(timed_server.url, model="nope", seed=0, goodput_ms={}, workload=wl(num_requests=3))
+    assert m.summary["errors_http_4xx"] == 3 and "not found" in m.records[0].error_detail
+
+
+def test_open_loop_keeps_the_clock_when_the_server_is_slow() -> None:
+    # capacity: 2 in flight x 1 / 50 ms = 40 req/s; offered 100 req/s
+    with spawn_fake_server(ttft_ms=50, itl_ms=0, max_concurrency=2, queue=True) as srv:
+        w = wl(arrival=Arrival(kind="constant", rate_per_s=100.0), num_requests=60,
+               output_tokens=LengthDist(value=1))
+        m = measure_endpoint(srv.url, model="fake", seed=0, goodput_ms={}, tokenizer="byte", workload=w)
+    s = m.summary
+    assert s["completed"] == 60
+    assert s["offered_rate_per_s"] == pytest.approx(100.0, rel=0.1)  # sends stay on schedule
+    assert s["client_queue_ms_p99"] < 20.0
+    assert s["request_throughput"] < 50.0  # the server's rate
+    assert s["p99_ttft_ms"] > 500.0  # ... and its slowness shows as latency
+
+
+def test_poisson_sends_have_the_rate_and_dispersion() -> None:
+    with spawn_fake_server(ttft_ms=2, itl_ms=1) as srv:
+        w = wl(arrival=Arrival(kind="poisson", rate_per_s=250.0), num_requests=1000,
+               output_tokens=LengthDist(value=2))
+        m = measure_endpoint(srv.url, model="fake", seed=3, goodput_ms={}, tokenizer="byte", workload=w)
+    sent = np.sort([r.sent_s for r in m.records])
+    assert m.summary["completed"] == 1000
+    assert (len(sent) - 1) / (sent[-1] - sent[0]) == pytest.approx(250.0, rel=0.1)
+    counts = np.bincount(((sent - sent[0]) // 0.2).astype(int))[:-1]
+    assert 0.7 < counts.var() / counts.mean() < 1.4
+
+
+def test_duration_warmup_and_cooldown(timed_server) -> None:  # type: ignore[no-untyped-def]
+    w = wl(arrival=Arrival(kind="constant", rate_per_s=40.0), num_requests=None, duration_s=1.0,
+           warmup_s=0.25, cooldown_s=0.5, output_tokens=LengthDist(value=4))
+    seen: list[tuple[int, int]] = []
+    m = measure_endpoint(timed_server.url, model="fake", seed=0, goodput_ms={}, tokenizer="byte", workload=w,
+                         progress=lambda d, t: seen.append((d, t)))
+    meas = [r for r in m.records if not r.warmup]
+    assert 38 <= len(meas) <= 42 and m.summary["completed"] == len(meas)
+    assert min(r.scheduled_s for r in meas) >= 0.25 and max(r.scheduled_s for r in meas) < 1.25
+    assert any(r.warmup and r.scheduled_s < 0.25 for r in m.records)
+    assert any(r.warmup and r.scheduled_s >= 1.25 for r in m.records)  # cool-down load was kept up
+    assert seen and seen[-1][1] == 1
+
+
+def test_trace_replay(tmp_path: Path, timed_server) -> None:  # type: ignore[no-untyped-def]
+    lines = [{"timestamp": 10.0 + 0.05 * i, "prompt_tokens": 20 + i, "output_tokens": 2} for i in range(10)]
+    lines.append({"timestamp": 11.0, "prompt": "hello", "output_tokens": 3})
+    (tmp_path / "trace.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    w = wl(arrival=Arrival(kind="trace", trace="trace.jsonl"), num_requests=100)
+    m = measure_endpoint(timed_server.url, model="fake", seed=0, goodput_ms={}, tokenizer="byte", workload=w,
+                         base_dir=tmp_path)
+    assert m.summary["completed"] == 11
+    assert [r.prompt_tokens for r in m.records] == [20 + i for i in range(10)] + [5]
+    sent = [r.sent_s for r in m.records]
+    assert sent[-1] - sent[0] == pytest.approx(1.0, abs=0.05)
+
+
+def test_safe_from_threads_and_running_loops(timed_server) -> None:  # type: ignore[no-untyped-def]
+    out: list[float] = []
+
+    def work() -> None:
+        m = measure_endpoint(timed_server.url, model="fake", seed=1, goodput_ms={}, workload=wl(num_requests=6))
+        out.append(m.summary["completed"])
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert out == [6.0, 6.0, 6.0]
+
+    async def inside_a_loop() -> float:
+        cfg = RunConfig(base_url=timed_server.url, model="fake", num_requests=3, concurrency=1)
+        plans = [RequestPlan(index=i, arrival_s=0.0, prompt_tokens=8, output_tokens=2) for i in range(3)]
+        return float(len(run_sync(cfg, plans, tok=ByteTokenizer()).records))
+
+    assert asyncio.run(inside_a_loop()) == 3.0
+
+
+def test_capacity_search_finds_a_known_capacity() -> None:
+    # 4 slots x 1 request / 20 ms = 200 req/s; above it the queue (and TTFT) grows without bound
+    with spawn_fake_server(ttft_ms=20, itl_ms=0, max_concurrency=4, queue=True) as srv:
+        w = wl(arrival=Arrival(kind="constant", rate_per_s=1.0), output_tokens=LengthDist(value=1))
+        res = measure_capacity(srv.url, model="fake", workload=w, slos={"ttft_ms.p99": 60.0}, seed=0,
+                               start_rate_per_s=60.0, run_s=1.5, warmup_s=0.2, rel_tol=0.1, tokenizer="byte")
+    assert res.converged
+    assert 140.0 <= res.rate_per_s <= 205.0
+    assert res.upper_rate_per_s is not None and res.upper_rate_per_s <= 260.0
+    assert any(not s.ok for s in res.steps)
