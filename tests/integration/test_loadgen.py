@@ -150,7 +150,8 @@ def test_duration_warmup_and_cooldown(timed_server) -> None:  # type: ignore[no-
 
 
 def test_trace_replay(tmp_path: Path, timed_server) -> None:  # type: ignore[no-untyped-def]
-    lines = [{"timestamp": 10.0 + 0.05 * i, "prompt_tokens": 20 + i, "output_tokens": 2} for i in range(10)]
+    lines: list[dict[str, object]] = [
+        {"timestamp": 10.0 + 0.05 * i, "prompt_tokens": 20 + i, "output_tokens": 2} for i in range(10)]
     lines.append({"timestamp": 11.0, "prompt": "hello", "output_tokens": 3})
     (tmp_path / "trace.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     w = wl(arrival=Arrival(kind="trace", trace="trace.jsonl"), num_requests=100)
