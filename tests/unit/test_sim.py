@@ -231,7 +231,8 @@ def test_records_pass_through_summarise_with_sane_latencies(tmp_path: Path) -> N
     assert s["p99_ttft_ms"] >= s["median_ttft_ms"]
     assert s["request_goodput"] > 0 and s["goodput_fraction"] == 1.0
     for r in m.records:
-        assert r.ok and r.status == 200 and r.scheduled_s <= r.sent_s < r.first_token_s <= r.done_s
+        assert r.ok and r.status == 200 and r.first_token_s is not None
+        assert r.scheduled_s <= r.sent_s < r.first_token_s <= r.done_s
         assert r.token_times_s[0] == r.first_token_s and r.token_times_s[-1] == r.done_s
         assert len(r.token_times_s) == r.output_tokens == 64
     assert [r.warmup for r in m.records] == [True] * 8 + [False] * 40
@@ -335,6 +336,14 @@ def test_stop_event_interrupts_measure(tmp_path: Path) -> None:
         c.stop_event.set()
         with pytest.raises(Interrupted):
             dep.measure(workload(), goodput_ms={}, seed=0)
+
+
+def test_configs_measured_with_one_seed_see_independent_noise(tmp_path: Path) -> None:
+    wl = workload(concurrency=4, n=8, output=8)
+    factors = {run(p, wl, tmp_path, seed=7, noise_cv=0.05).telemetry["sim_noise_factor"]
+               for p in ({}, {"max_num_seqs": 128}, {"gpu_memory_utilization": 0.9})}
+    assert len(factors) == 3
+    assert run({}, wl, tmp_path, seed=7, noise_cv=0.05).telemetry["sim_noise_factor"] in factors
 
 
 def test_rng_draws_are_independent_of_global_numpy_state(tmp_path: Path) -> None:

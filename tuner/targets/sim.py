@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -31,10 +32,16 @@ class SimDeployment(Deployment):
         self.options = options
         self.ctx = ctx
         self.cold_start_s = cfg.cold_start_s
+        # the configuration is part of the noise stream: two configurations measured with the same seed
+        # (an interleaved A/B verification) see independent machine noise, as on a real machine
+        self._config_key = int.from_bytes(hashlib.sha256(repr(cfg).encode()).digest()[:4], "little")
 
     def measure(self, workload: WorkloadSpec, *, goodput_ms: Mapping[str, float], seed: int) -> Measurement:
-        """Simulate `workload` once. Plans come from the workload's own seed (the same requests every run);
-        `seed` (with the target option `seed`) draws the machine noise, so noise_cv=0 gives identical runs."""
+        """Simulate `workload` once.
+
+        Plans come from the workload's own seed (the same requests every run); `seed`, the target option
+        `seed` and the configuration draw the machine noise, so noise_cv=0 gives identical runs.
+        """
         if self.ctx.stop_event.is_set():
             raise Interrupted("stop requested before the measurement")
         plans = build_plans(workload)
@@ -43,7 +50,8 @@ class SimDeployment(Deployment):
         stop = None
         if workload.duration_s is not None:
             stop = workload.warmup_s + workload.duration_s
-        rng = np.random.default_rng(np.random.SeedSequence([self.options.seed & _MASK, seed & _MASK]))
+        rng = np.random.default_rng(np.random.SeedSequence([self.options.seed & _MASK, seed & _MASK,
+                                                            self._config_key]))
         res = simulate(self.cfg, plans, concurrency=concurrency, timeout_s=workload.timeout_s,
                        noise_cv=self.options.noise_cv, rng=rng, stop_sending_s=stop, warmup_s=workload.warmup_s)
         st = res.stats
