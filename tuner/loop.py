@@ -83,6 +83,7 @@ def open_session(agent: Agent, state_dir: Path, *, target: Target | None = None,
                  study_name: str | None = None, tracker: Tracker | None = None) -> Session:
     """Build the target (or take the one passed in), bind host facts, open study and tracker."""
     spec = agent.spec
+    state_dir.mkdir(parents=True, exist_ok=True)
     if target is None:
         target = make_target(spec.target.kind, agent.target_options, agent.path.parent)
     space = agent.space.bind_facts(target.facts())
@@ -94,7 +95,9 @@ def open_session(agent: Agent, state_dir: Path, *, target: Target | None = None,
         tracker = Tracker(resolve_tracking_uri(spec.tracking.uri, state_dir),
                           spec.tracking.experiment or spec.name,
                           artifact_dir=state_dir / "mlartifacts", enabled=spec.tracking.enabled)
-    return Session(agent=agent, state_dir=state_dir, target=target, study=study, tracker=tracker)
+    session = Session(agent=agent, state_dir=state_dir, target=target, study=study, tracker=tracker)
+    reap(session)  # trial 0 is the baseline: queue it before anything else can be enqueued
+    return session
 
 
 def reap(session: Session) -> None:

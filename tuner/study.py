@@ -75,7 +75,7 @@ class TunerStudy:
                 storage=_storage(storage_url), sampler=make_sampler(spec, space), study_name=self.name,
                 directions=directions, load_if_exists=True,
             )
-        except (ValueError, ImportError) as exc:
+        except Exception as exc:  # noqa: BLE001 - bad URL, missing driver, unreachable database
             raise ConfigError(f"cannot open the Optuna storage {storage_url!r}: {exc}", field="storage") from None
         if list(self.study.directions) != [optuna.study.StudyDirection[d.upper()] for d in directions]:
             raise ConfigError(
