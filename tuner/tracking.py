@@ -6,13 +6,15 @@ loop: Optuna's storage stays the source of truth, so a lost MLflow write never l
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import logging
 import os
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -53,6 +55,35 @@ def records_csv(records: Iterable[RequestRecord]) -> str:
                     r.output_tokens, r.status, r.error or "", r.error_detail, int(r.warmup), r.ttft_ms,
                     r.e2el_ms, r.tpot_ms])
     return buf.getvalue()
+
+
+_FLUENT_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _fluent_uris(uri: str) -> Iterator[None]:
+    """Point MLflow's fluent API at `uri` for a moment, then restore its globals and environment.
+
+    mlflow.set_tracking_uri also exports MLFLOW_TRACKING_URI, which resolve_tracking_uri would then
+    pick up for every later agent of this process: the environment is restored exactly.
+    """
+    import mlflow.tracking._model_registry.utils as reg_utils
+    import mlflow.tracking._tracking_service.utils as trk_utils
+
+    with _FLUENT_LOCK:
+        env = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
+        saved = (trk_utils._tracking_uri, reg_utils._registry_uri)
+        try:
+            trk_utils.set_tracking_uri(uri)
+            reg_utils.set_registry_uri(uri)
+            yield
+        finally:
+            trk_utils._tracking_uri, reg_utils._registry_uri = saved
+            for k, v in env.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
 
 class Tracker:
@@ -192,14 +223,13 @@ class Tracker:
         def go() -> str:
             import mlflow
 
-            mlflow.set_tracking_uri(self.uri)
-            mlflow.set_registry_uri(self.uri)
-            lm = mlflow.create_external_model(
-                name=model_name, source_run_id=source_run_id, experiment_id=self.experiment_id,
-                params={k: str(v)[:6000] for k, v in redact(config).items()},
-                tags={k: str(v) for k, v in (tags or {}).items()}, model_type="serving-config")
-            mv = mlflow.register_model(f"models:/{lm.model_id}", model_name,
-                                       tags={k: str(v) for k, v in (tags or {}).items()})
+            with _fluent_uris(self.uri):
+                lm = mlflow.create_external_model(
+                    name=model_name, source_run_id=source_run_id, experiment_id=self.experiment_id,
+                    params={k: str(v)[:6000] for k, v in redact(config).items()},
+                    tags={k: str(v) for k, v in (tags or {}).items()}, model_type="serving-config")
+                mv = mlflow.register_model(f"models:/{lm.model_id}", model_name,
+                                           tags={k: str(v) for k, v in (tags or {}).items()})
             return str(mv.version)
 
         return self._retry(f"register {model_name}", go)
