@@ -321,7 +321,7 @@ def test_sigkilled_host_leaves_no_server_and_next_start_reaps(tmp_path: Path) ->
     state = tmp_path / "state"
     info = tmp_path / "info.json"
     child_file = tmp_path / "child.pid"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     host = subprocess.Popen([sys.executable, str(SUPPORT / "fault_host.py"), str(state), str(info),
                              "--mode", "spawn-child", "--child-pid-file", str(child_file)], env=env)
     try:
