@@ -16,6 +16,7 @@ shell. Placeholders: {port} (a free port), {gpus} (the claimed GPU ids, comma-se
 from __future__ import annotations
 
 import re
+import shlex
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -134,6 +135,9 @@ class CommandTarget(ProcessTarget):
 
     def model_name(self, params: Mapping[str, Any]) -> str:
         return self.options.model
+
+    def describe(self) -> dict[str, str]:
+        return {"kind": self.kind, "command": shlex.join(self.options.command)[:500], "model": self.options.model}
 
     def tokenizer(self, params: Mapping[str, Any]) -> str | None:
         return self.options.tokenizer

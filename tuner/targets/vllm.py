@@ -191,6 +191,8 @@ class VllmOptions(BaseModel):
     gpus_per_node: int | None = Field(default=None, ge=1, description="default: the GPUs NVML sees")
     executable: list[str] = Field(default_factory=lambda: ["vllm"], min_length=1,
                                   description="how to run the vllm CLI (before `serve`)")
+    tokenizer: str | None = Field(default=None, description="local tokenizer dir for exact prompt lengths "
+                                                            "(default: the model's dir when it is local)")
 
     @field_validator("extra_args")
     @classmethod
@@ -407,6 +409,13 @@ class VllmTarget(ProcessTarget):
 
     def model_name(self, params: Mapping[str, Any]) -> str:
         return self.options.served_model_name or self.model_path()
+
+    def tokenizer(self, params: Mapping[str, Any]) -> str | None:
+        if self.options.tokenizer:
+            t = self.options.tokenizer
+            return str((self.agent_dir / t).resolve()) if t.startswith(("./", "../")) else t
+        local = Path(self.model_path())
+        return str(local) if local.is_dir() and (local / "tokenizer_config.json").exists() else None
 
     def executable(self) -> list[str]:
         exe = list(self.options.executable)
