@@ -1,0 +1,199 @@
+"""Model presets and engine knobs. Pure Python: no torch import, so the tuner can read it cheaply.
+
+Every field of `EngineConfig` is one command-line flag of the server (`--kebab-case`); booleans take
+`--flag/--no-flag`. `validate(device)` rejects values that cannot apply on the device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class EngineConfigError(ValueError):
+    """A knob value that is invalid, or cannot apply on this device."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shapes of a Llama-architecture decoder."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    max_model_len: int = 2048
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = False
+    eos_token_id: int | None = 256
+    head_dim_override: int | None = None
+    # Llama-3 style frequency scaling: {"factor", "low_freq_factor", "high_freq_factor",
+    # "original_max_position_embeddings"}; None for plain RoPE.
+    rope_scaling: dict[str, float] | None = None
+
+    @property
+    def head_dim(self) -> int:
+        return self.head_dim_override or self.hidden_size // self.num_heads
+
+    def param_count(self) -> int:
+        d, f, hd = self.hidden_size, self.intermediate_size, self.head_dim
+        attn = d * hd * (self.num_heads * 2 + self.num_kv_heads * 2)
+        per_layer = attn + 3 * d * f + 2 * d
+        emb = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * per_layer + emb + d
+
+
+PRESETS: dict[str, ModelConfig] = {
+    # CPU tests: about 3.4 M parameters.
+    "tiny": ModelConfig(vocab_size=512, hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4,
+                        intermediate_size=768, max_model_len=512),
+    # about 110 M parameters.
+    "small": ModelConfig(vocab_size=32000, hidden_size=768, num_layers=12, num_heads=12, num_kv_heads=4,
+                         intermediate_size=2048, max_model_len=2048),
+    # 1.10 B parameters, the shapes of /work/shared/reference/h200.md.
+    "1b": ModelConfig(vocab_size=32000, hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8,
+                      intermediate_size=8192, max_model_len=2048),
+    # Llama-3-8B shapes (8.03 B parameters).
+    "8b": ModelConfig(vocab_size=128256, hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8,
+                      intermediate_size=14336, max_model_len=8192, rope_theta=500000.0,
+                      eos_token_id=128001),
+}
+
+DTYPES = ("float32", "bfloat16", "float16")
+BATCHING = ("static", "continuous")
+POLICIES = ("fcfs", "priority", "shortest-prompt-first")
+QUANTIZATION = ("none", "int8")
+STREAM_PRIORITY = ("normal", "high")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def _knob(default: Any, help: str, choices: tuple[str, ...] | None = None, minimum: float | None = None,
+          gpu_only: bool = False) -> Any:
+    return field(default=default, metadata={"help": help, "choices": choices, "min": minimum,
+                                            "gpu_only": gpu_only, "knob": True})
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What the engine runs and every tunable knob. Defaults are a plain, untuned server."""
+
+    preset: str = field(default="tiny", metadata={"help": "model shapes", "choices": tuple(PRESETS)})
+    weights: str | None = field(default=None, metadata={
+        "help": "directory of a Hugging Face Llama checkpoint (safetensors); random weights when unset"})
+    device: str = field(default="auto", metadata={"help": "auto picks cuda when available",
+                                                   "choices": DEVICES})
+    seed: int = field(default=0, metadata={"help": "seed of the random weights"})
+    max_model_len: int | None = field(default=None, metadata={
+        "help": "context length (prompt + output) per sequence; the preset's when unset", "min": 8})
+    # ---- knobs
+    dtype: str = _knob("float32", "weights and activations", DTYPES)
+    quantization: str = _knob("none", "int8: weight-only INT8 linear layers", QUANTIZATION)
+    kv_pool_mb: int = _knob(64, "size of the KV-cache pool; each sequence takes one max_model_len slot",
+                            minimum=1)
+    pre_allocate: bool = _knob(False, "allocate the whole KV pool at start-up (else grow on demand)")
+    batching: str = _knob("static", "static: collect a batch then run it to completion; "
+                          "continuous: requests join and leave at every iteration", BATCHING)
+    max_batch_size: int = _knob(8, "most sequences in one batch", minimum=1)
+    batch_timeout_ms: float = _knob(50.0, "static batching: longest wait for a batch to fill", minimum=0)
+    prefill_chunk_tokens: int = _knob(512, "prompt tokens per prefill chunk (and per iteration)",
+                                      minimum=1)
+    scheduling_policy: str = _knob("fcfs", "order of the waiting queue", POLICIES)
+    cuda_graphs: bool = _knob(False, "decode under CUDA graphs (needs pre_allocate)", gpu_only=True)
+    cuda_graph_max_batch: int = _knob(64, "largest decode batch captured in a graph", minimum=1)
+    compile: bool = _knob(False, "torch.compile the decode step")
+    async_output: bool = _knob(False, "non-blocking D2H copies of new tokens into pinned memory; the "
+                               "next step is scheduled while the GPU runs", gpu_only=True)
+    stream_priority: str = _knob("normal", "priority of the engine's CUDA stream", STREAM_PRIORITY,
+                                 gpu_only=True)
+    warmup: bool = _knob(False, "allocate, capture and run dummy batches before reporting ready")
+    cpu_threads: int | None = field(default=None, metadata={
+        "help": "torch intra-op threads (torch's default when unset)", "min": 1})
+
+    # ------------------------------------------------------------------ helpers
+    def model_config(self) -> ModelConfig:
+        base = PRESETS[self.preset]
+        if self.max_model_len is not None:
+            base = dataclasses.replace(base, max_model_len=self.max_model_len)
+        return base
+
+    def resolved_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def validate(self, device: str) -> None:
+        """Raise EngineConfigError naming the knob, its value and the rule."""
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            choices = f.metadata.get("choices")
+            if choices and v not in choices:
+                raise EngineConfigError(f"{f.name}={v!r} is not one of {', '.join(choices)}")
+            minimum = f.metadata.get("min")
+            if minimum is not None and v is not None and v < minimum:
+                raise EngineConfigError(f"{f.name}={v!r} must be >= {minimum}")
+            if f.metadata.get("gpu_only") and device != "cuda" and v != f.default:
+                raise EngineConfigError(
+                    f"{f.name}={v!r} cannot apply on device {device!r}: it needs a CUDA GPU")
+        if device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise EngineConfigError("device 'cuda' requested but torch sees no CUDA GPU")
+        if self.cuda_graphs and not self.pre_allocate:
+            raise EngineConfigError("cuda_graphs=True needs pre_allocate=True (graphs need fixed KV addresses)")
+        if device == "cpu" and self.dtype == "float16":
+            raise EngineConfigError("dtype='float16' is not supported on device 'cpu'; use float32 or bfloat16")
+        mc = self.model_config()
+        if mc.max_model_len < 8:
+            raise EngineConfigError(f"max_model_len={mc.max_model_len} must be >= 8")
+
+    def knobs(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("knob")}
+
+
+def knob_names() -> list[str]:
+    return [f.name for f in dataclasses.fields(EngineConfig) if f.metadata.get("knob")]
+
+
+def flag_name(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per EngineConfig field: --kebab-case, booleans as --flag/--no-flag."""
+    for f in dataclasses.fields(EngineConfig):
+        kw: dict[str, Any] = {"dest": f.name, "default": f.default, "help": f.metadata.get("help", "")}
+        if f.type in ("bool", bool):
+            parser.add_argument(flag_name(f.name), action=argparse.BooleanOptionalAction, **kw)
+            continue
+        if f.metadata.get("choices"):
+            kw["choices"] = list(f.metadata["choices"])
+        kind = {"int": int, "int | None": int, "float": float, "str": str, "str | None": str}[str(f.type)]
+        parser.add_argument(flag_name(f.name), type=kind, **kw)
+
+
+def config_from_namespace(ns: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(EngineConfig)})
+
+
+def to_argv(values: dict[str, Any]) -> list[str]:
+    """Flags for the given knob values (names as in EngineConfig)."""
+    names = {f.name: f for f in dataclasses.fields(EngineConfig)}
+    argv: list[str] = []
+    for k, v in values.items():
+        if k not in names:
+            raise EngineConfigError(f"unknown engine option {k!r}; valid: {', '.join(sorted(names))}")
+        if v is None:
+            continue
+        if isinstance(v, bool):
+            argv.append(flag_name(k) if v else "--no-" + k.replace("_", "-"))
+        else:
+            argv += [flag_name(k), str(v)]
+    return argv

@@ -1,0 +1,209 @@
+"""Model execution: prefill chunks, the decode step, CUDA graphs, torch.compile and sampling.
+
+Decode state lives on the device, one row per KV slot: `dec_tok[s]` (the token slot s feeds next)
+and `dec_pos[s]` (its position). The scheduler keeps decoding sequences in slots 0..n-1, so a decode
+step over n sequences reads rows and slots [0, b) with b >= n (b is a captured batch size when
+graphs or compile pad the batch; padded rows write to the scratch column and are discarded). The
+step updates dec_tok and dec_pos in place, so consecutive steps need no host round trip.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from tuner.engine.config import EngineConfig
+from tuner.engine.kv_pool import KVPool
+from tuner.engine.model import LlamaModel
+
+log = logging.getLogger(__name__)
+
+
+def batch_buckets(limit: int) -> list[int]:
+    """Batch sizes to capture or pad to: 1, 2, 4, 8, then every 8 to 64, then every 32."""
+    out = [1, 2, 4, 8]
+    b = 16
+    while b <= 64:
+        out.append(b)
+        b += 8
+    b = 96
+    while b <= 4096:
+        out.append(b)
+        b += 32
+    sizes = [s for s in out if s < limit] + [limit]
+    return sorted(set(sizes))
+
+
+class Runner:
+    def __init__(self, cfg: EngineConfig, model: LlamaModel, pool: KVPool, device: str) -> None:
+        self.cfg = cfg
+        self.model = model
+        self.pool = pool
+        self.device = device
+        self.is_cuda = device.startswith("cuda")
+        self.L = model.cfg.max_model_len  # scratch column index
+        self.max_rows = max(1, min(cfg.max_batch_size, pool.capacity))
+        self.pad = cfg.cuda_graphs or cfg.compile
+        self.buckets = batch_buckets(self.max_rows)
+        graph_limit = min(cfg.cuda_graph_max_batch, self.max_rows)
+        self.graph_sizes = [b for b in self.buckets if b <= graph_limit]
+        if cfg.cuda_graphs and graph_limit not in self.graph_sizes:
+            self.graph_sizes.append(graph_limit)
+        rows = max(pool.capacity, self.buckets[-1])
+        self.dec_tok = torch.zeros(rows, dtype=torch.long, device=device)
+        self.dec_pos = torch.zeros(rows, dtype=torch.long, device=device)
+        self.stream: Any = None
+        if self.is_cuda:
+            prio = -1 if cfg.stream_priority == "high" else 0
+            self.stream = torch.cuda.Stream(device=device, priority=prio)
+        self.graphs: dict[int, tuple[Any, torch.Tensor]] = {}
+        self.graph_pool: Any = None
+        self.capture_s = 0.0
+        self.compile_s = 0.0
+        self._compiled_sizes: set[int] = set()
+        self._decode_model: Callable[..., torch.Tensor] = model.decode
+        if cfg.compile:
+            from torch import _dynamo
+
+            _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 64)
+            self._decode_model = torch.compile(model.decode)
+
+    # ------------------------------------------------------------------ context
+    def stream_ctx(self) -> Any:
+        if self.stream is not None:
+            return torch.cuda.stream(self.stream)
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    # ------------------------------------------------------------------ prefill
+    @torch.inference_mode()
+    def prefill(self, tokens: list[int], start: int, slot: int) -> torch.Tensor:
+        t = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        return self.model.prefill(t, start, slot, self.pool.k, self.pool.v)
+
+    @torch.inference_mode()
+    def set_decode_state(self, slot: int, token: torch.Tensor, position: int) -> None:
+        self.dec_tok[slot] = token
+        self.dec_pos[slot] = position
+
+    @torch.inference_mode()
+    def swap_rows(self, a: int, b: int) -> None:
+        idx = torch.tensor([a, b], device=self.device)
+        rev = torch.tensor([b, a], device=self.device)
+        self.dec_tok[idx] = self.dec_tok[rev]
+        self.dec_pos[idx] = self.dec_pos[rev]
+
+    # ------------------------------------------------------------------ decode
+    def _step(self, b: int, attn_len: int) -> torch.Tensor:
+        tok = self.dec_tok[:b]
+        pos = self.dec_pos[:b]
+        logits = self._decode_model(tok, pos, self.pool.k, self.pool.v, attn_len)
+        self.dec_tok[:b] = logits.argmax(dim=-1)
+        self.dec_pos[:b] += 1
+        return logits
+
+    def padded_size(self, n: int) -> int:
+        if not self.pad:
+            return n
+        for b in self.buckets:
+            if b >= n:
+                return b
+        return n
+
+    @torch.inference_mode()
+    def decode(self, n: int, max_len: int) -> torch.Tensor:
+        """One decode step over slots [0, n). max_len: the longest row's length after this step.
+
+        Returns float32 logits of rows [0, n) (a view that the next step may overwrite).
+        """
+        b = self.padded_size(n)
+        if b > n:
+            self.dec_pos[n:b] = self.L  # padded rows write the scratch column
+        if self.cfg.cuda_graphs and b in self.graph_sizes:
+            if b not in self.graphs:
+                self.capture(b)
+            graph, logits = self.graphs[b]
+            graph.replay()
+            return logits[:n]
+        if self.pad:
+            attn_len = self.L + 1
+        else:
+            attn_len = min(self.L + 1, -(-max_len // 64) * 64)
+        if self.cfg.compile and b not in self._compiled_sizes:
+            t0 = time.perf_counter()
+            logits = self._step(b, attn_len)
+            self._sync()
+            self.compile_s += time.perf_counter() - t0
+            self._compiled_sizes.add(b)
+            return logits[:n]
+        return self._step(b, attn_len)[:n]
+
+    def _sync(self) -> None:
+        if self.is_cuda:
+            torch.cuda.synchronize(self.device)
+
+    @torch.inference_mode()
+    def capture(self, b: int) -> None:
+        """Capture the decode step for batch size b. Rows [0, b) keep their state."""
+        t0 = time.perf_counter()
+        saved_tok = self.dec_tok[:b].clone()
+        saved_pos = self.dec_pos[:b].clone()
+        if self.graph_pool is None:
+            self.graph_pool = torch.cuda.graph_pool_handle()
+        attn_len = self.L + 1
+        # warm-up runs on the side stream (compiles, and lets cuBLAS pick its kernels)
+        for _ in range(2):
+            self.dec_pos[:b] = self.L
+            self._step(b, attn_len)
+        self.dec_pos[:b] = self.L
+        self.stream.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.graph_pool, stream=self.stream):
+            logits = self._step(b, attn_len)
+        self.dec_tok[:b] = saved_tok
+        self.dec_pos[:b] = saved_pos
+        self.stream.synchronize()
+        self.graphs[b] = (graph, logits)
+        dt = time.perf_counter() - t0
+        self.capture_s += dt
+        log.debug("captured decode graph for batch %d in %.3f s", b, dt)
+
+    @torch.inference_mode()
+    def capture_all(self) -> None:
+        for b in sorted(self.graph_sizes, reverse=True):
+            if b not in self.graphs:
+                self.capture(b)
+
+    @torch.inference_mode()
+    def sample_rows(self, logits: torch.Tensor, rows: list[tuple[int, float, torch.Generator]]) -> None:
+        """Replace the greedy choice of the given rows by a sample at their temperature."""
+        for row, temperature, gen in rows:
+            probs = torch.softmax(logits[row] / temperature, dim=-1)
+            self.dec_tok[row] = torch.multinomial(probs, 1, generator=gen)[0]
+
+    @torch.inference_mode()
+    def warmup(self, prefill_tokens: int) -> None:
+        """Dummy prefill and decode batches on scratch state: caches, kernels, graphs, compilation."""
+        slot = self.pool.acquire()
+        if slot is None:
+            return
+        try:
+            n = max(1, min(prefill_tokens, self.L - 1))
+            self.prefill([1] * n, 0, slot)
+            sizes = self.graph_sizes if self.cfg.cuda_graphs else (
+                self.buckets if self.cfg.compile else sorted({1, self.max_rows}))
+            for b in sizes:
+                b = min(b, self.pool.allocated)
+                self.dec_pos[:b] = self.L - 1
+                self.dec_tok[:b] = 1
+                self.decode(b, self.L)
+            self.dec_pos.zero_()
+            self.dec_tok.zero_()
+            self._sync()
+        finally:
+            self.pool.release(slot)
