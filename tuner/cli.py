@@ -135,7 +135,7 @@ def _print_best(session: Any) -> None:
     for o in spec.objectives:
         table.add_column(f"{o.metric} ({o.direction[:3]})", justify="right")
     table.add_column("vs baseline", justify="right")
-    table.add_column("params")
+    table.add_column("params (changed from the baseline)")
     from tuner.objectives import improvement
 
     rows = ([base] if base else []) + [b for b in best if not base or b.number != base.number]
@@ -144,7 +144,10 @@ def _print_best(session: Any) -> None:
         if base and base.values and t.values and t is not base:
             vs = f"{improvement(t.values[0], base.values[0], spec.objectives[0].direction):+.1%}"
         label = f"{t.number}{' (baseline)' if t.user_attrs.get('baseline') else ''}"
-        params = ", ".join(f"{k}={v}" for k, v in t.params.items())
+        if base is not None and t is not base:  # only what differs from the baseline
+            params = ", ".join(f"{k}={v}" for k, v in t.params.items() if base.params.get(k) != v)
+        else:
+            params = "defaults"
         table.add_row(label, *[f"{v:.4g}" for v in t.values], vs, params)
     if not best:
         console.print("[yellow]no feasible trial yet (every trial failed or broke an SLO)[/]")

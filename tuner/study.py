@@ -56,7 +56,11 @@ def make_sampler(spec: AgentSpec, space: SearchSpace) -> optuna.samplers.BaseSam
 
 def _storage(url: str) -> optuna.storages.BaseStorage:
     if url.startswith("sqlite:"):
-        return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 30}})
+        from tuner.sqlite import tune_engine
+
+        storage = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 30}})
+        tune_engine(storage.engine)
+        return storage
     return optuna.storages.RDBStorage(url)
 
 

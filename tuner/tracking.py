@@ -104,9 +104,15 @@ class Tracker:
     def client(self) -> Any:
         if self._client is None:
             logging.getLogger("alembic").setLevel(logging.WARNING)
+            # usage telemetry would try the network from every call; the tuner's hosts often have none
+            os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
             from mlflow.tracking import MlflowClient
 
             self._client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
+            if self.uri.startswith("sqlite:"):
+                from tuner.sqlite import tune_engine
+
+                tune_engine(getattr(self._client._tracking_client.store, "engine", None))
         return self._client
 
     @property
