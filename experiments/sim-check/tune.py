@@ -59,18 +59,20 @@ def main() -> None:
         feasible = False
         if bad:
             status = "constraint"
-            for k in ("slo",):
-                trial.set_constraint(k, 1.0)
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            # never deployed: told as the worst value and infeasible, so that TPE learns to avoid the region
+            trial.set_constraint("slo", 1e12)
+            study.tell(trial, 0.0)
         else:
             try:
                 ctx = TrialContext(trial_number=i, state_dir=Path("/tmp/sim-check"), seed=i)
                 with target.deploy(agent.space.full_config(params), ctx) as dep:
                     m = dep.measure(spec.workload, goodput_ms={}, seed=i)
                 value = m.value(obj.metric)
-                viol = [m.value(s.metric) - s.max if s.max is not None
-                        else float(s.min or 0.0) - m.value(s.metric) for s in spec.slos]
-                worst = max(viol, default=-1.0)
+                # relative violations (value / limit - 1), so that no SLO dominates by its unit
+                viol = [m.value(s.metric) / s.max - 1 if s.max is not None
+                        else 1 - m.value(s.metric) / float(s.min or 1.0) for s in spec.slos]
+                worst = max((v if math.isfinite(v) else math.inf for v in viol), default=-1.0)
+                worst = min(worst, 1e12)  # NaN/inf (no completed request) -> a large violation
                 ttft, itl = m.value("ttft_ms.p99"), m.value("itl_ms.p99")
                 feasible = worst <= 0
                 trial.set_constraint("slo", worst)
@@ -78,8 +80,8 @@ def main() -> None:
                 status = "ok" if feasible else "slo"
             except TrialError as exc:
                 status = exc.cause
-                trial.set_constraint("slo", 1.0)
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                trial.set_constraint("slo", 1e12)
+                study.tell(trial, 0.0)
         el = time.perf_counter() - t0
         rows.append((i, params, value, feasible, status))
         g = "eager" if params.get("enforce_eager") else params.get("cudagraph_mode", "-")
