@@ -167,17 +167,24 @@ def warm_start(session: Any, old_study: str, k: int = WARM_START_TOP_K) -> list[
     """Enqueue the old study's k best feasible configurations into the (new, empty) session study."""
     from tuner.study import TunerStudy
 
-    if session.study.trials():
-        return []
+    mine = session.study.trials()
+    if any(t.user_attrs.get("warm_start_from") or t.state.name == "COMPLETE" for t in mine):
+        return []  # warm-started (or already running) before
     old = TunerStudy(session.agent.spec, session.agent.space, storage_url=session.study.storage_url,
                      study_name=old_study)
     sign = 1 if session.agent.spec.objectives[0].direction == "maximize" else -1
     feasible = [t for t in old.trials() if t.state.name == "COMPLETE" and t.user_attrs.get("feasible") and t.values]
     feasible.sort(key=lambda t: -sign * t.values[0])
     names = {p.name for p in session.agent.space.params}
-    enq = []
-    for t in feasible[:k]:
+    enq: list[int] = []
+    seen: list[dict[str, Any]] = []
+    for t in feasible:
         params = {kk: v for kk, v in t.params.items() if kk in names}
+        if params in seen:
+            continue  # the same configuration measured twice: one warm start
+        if len(enq) >= k:
+            break
+        seen.append(params)
         session.study.study.enqueue_trial(params, user_attrs={"warm_start_from": f"{old_study}#{t.number}"},
                                           skip_if_exists=True)
         enq.append(t.number)

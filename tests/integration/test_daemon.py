@@ -1,0 +1,165 @@
+"""The daemon as an operator runs it: a subprocess on a 5-second schedule, stopped by SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import optuna
+import typer
+import yaml
+from typer.testing import CliRunner
+
+from tuner import cli_ops
+from tuner.daemon import gpu_groups, run_agent_cycle
+from tuner.study import default_storage
+
+REPO = Path(__file__).resolve().parents[2]
+AGENT = """\
+name: {name}
+target: {{kind: sim, hardware: a100-80gb-sxm, model: llama-3-8b, num_gpus: 8, noise_cv: 0.02}}
+search_space:
+  params:
+    max_num_seqs: {{type: int, low: 8, high: 512, log: true, default: 16}}
+    max_num_batched_tokens: {{type: int, low: 256, high: 16384, log: true, default: 2048}}
+  constraints: ["max_num_batched_tokens >= max_num_seqs"]
+workload:
+  arrival: {{kind: closed, concurrency: {concurrency}}}
+  prompt_tokens: {{dist: fixed, value: 256}}
+  output_tokens: {{dist: fixed, value: 64}}
+  num_requests: 100
+objectives: [{{metric: output_throughput, direction: maximize}}]
+slos: [{{metric: ttft_ms.p99, max: 60000}}]
+sampler: {{name: random, seed: 0}}
+schedule: {{every: 5s, trials_per_cycle: 2}}
+promotion: {{verify_runs: 2, policy: {policy}}}
+"""
+
+
+def write_agent(d: Path, name: str = "dsim", *, concurrency: int = 64, policy: str = "manual") -> Path:
+    p = d / f"{name}.yaml"
+    p.write_text(AGENT.format(name=name, concurrency=concurrency, policy=policy))
+    return p
+
+
+def cycles(sd: Path, name: str) -> list[dict]:
+    p = sd / name / "cycles.jsonl"
+    return [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.is_file() else []
+
+
+def app() -> typer.Typer:
+    a = typer.Typer()
+    cli_ops.register(a)
+    return a
+
+
+def test_daemon_runs_cycles_on_schedule_serves_health_and_stops_on_sigterm(tmp_path: Path) -> None:
+    agent = write_agent(tmp_path)
+    sd = tmp_path / "state"
+    proc = subprocess.Popen([sys.executable, "-m", "tuner.cli_ops", "daemon", str(agent), "--state-dir", str(sd),
+                             "--port", "0", "--grace-s", "20"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while len(cycles(sd, "dsim")) < 3 and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            time.sleep(0.25)
+        done = cycles(sd, "dsim")
+        assert len(done) >= 3, done
+        assert all(c["outcome"] == "ok" for c in done), done
+        assert [c["trials"] for c in done[:3]] == [[0, 1], [2, 3], [4, 5]]  # 2 trials per cycle, resumed study
+        assert done[1]["start_time"] - done[0]["start_time"] >= 4  # on the 5 s schedule, not back to back
+
+        hb = json.loads((sd / "daemon" / "heartbeat.json").read_text())
+        url = f"http://127.0.0.1:{hb['port']}"
+        with urllib.request.urlopen(url + "/health", timeout=5) as r:
+            assert r.status == 200 and json.loads(r.read())["agents"]["dsim"]["last_ok"] is True
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+            text = r.read().decode()
+        assert 'tuner_cycles_total{agent="dsim",outcome="ok"}' in text
+        assert 'tuner_trials{agent="dsim",state="COMPLETE"}' in text and "tuner_best_objective" in text
+        run = CliRunner().invoke
+        assert run(app(), ["check", "--url", url]).exit_code == 0
+        assert run(app(), ["check", "--state-dir", str(sd)]).exit_code == 0
+
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0, out[-3000:]
+        assert "stopped cleanly" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # stopped: `tuner check` says so; the study holds only finished trials
+    assert CliRunner().invoke(app(), ["check", "--state-dir", str(sd)]).exit_code == 1
+    study = optuna.load_study(study_name="dsim", storage=default_storage(sd))
+    states = {t.state for t in study.trials}
+    assert optuna.trial.TrialState.RUNNING not in states and len(study.trials) >= 6
+    # one persistent job with a fixed id
+    with sqlite3.connect(sd / "jobs.db") as db:
+        assert [r[0] for r in db.execute("select id from apscheduler_jobs")] == ["cycle:dsim"]
+    # the cycles and verifications show up in `tuner history`
+    h = json.loads(CliRunner().invoke(app(), ["history", str(agent), "--json", "--state-dir", str(sd)]).output)
+    assert len(h["cycles"]) >= 3 and h["verifications"]
+
+
+def test_a_changed_workload_opens_a_new_study_warm_started_from_the_old_best(tmp_path: Path) -> None:
+    sd = tmp_path / "state"
+    sd.mkdir()
+    agent = write_agent(tmp_path, "plan")
+    first = run_agent_cycle(agent, sd, trials=4)
+    assert first["study"] == "plan" and first["trials"] == [0, 1, 2, 3]
+    again = run_agent_cycle(agent, sd, trials=1)
+    assert again["study"] == "plan" and again["trials"] == [4]
+    write_agent(tmp_path, "plan", concurrency=32)  # the workload changed
+    moved = run_agent_cycle(agent, sd, trials=3)
+    assert moved["study"].startswith("plan-") and moved["study"] != "plan"
+    assert len(moved["warm_started"]) == 3
+    old = optuna.load_study(study_name="plan", storage=default_storage(sd))
+    new = optuna.load_study(study_name=moved["study"], storage=default_storage(sd))
+    best_first: list[dict] = []
+    for t in sorted((t for t in old.trials if t.user_attrs.get("feasible")), key=lambda t: -t.values[0]):
+        if t.params not in best_first:
+            best_first.append(t.params)
+    warm = [t for t in new.trials if "warm_start_from" in t.user_attrs]
+    # (a warm start still WAITING holds its params as Optuna's fixed_params)
+    assert [t.params or t.system_attrs["fixed_params"] for t in warm] == best_first[:3]
+    assert [t.number for t in warm] == [1, 2, 3]  # tried right after the baseline
+    assert new.trials[0].user_attrs.get("baseline") and moved["trials"] == [0, 1, 2]
+
+
+def test_auto_policy_cycle_promotes_a_verified_candidate(tmp_path: Path) -> None:
+    sd = tmp_path / "state"
+    sd.mkdir()
+    agent = write_agent(tmp_path, "auto", policy="auto")
+    good = {"max_num_seqs": 128, "max_num_batched_tokens": 4096}  # ~2x the baseline's throughput
+    optuna.create_study(study_name="auto", storage=default_storage(sd), direction="maximize").enqueue_trial(good)
+    res = run_agent_cycle(agent, sd, trials=2)
+    check = res["check"]
+    assert check["candidate"] == 0 and check["verdict"]["passed"], check
+    assert check["action"] == "promoted"
+    champion = yaml.safe_load((sd / "auto" / "champion.yaml").read_text())
+    assert champion["config"] == good and champion["verified"] and champion["evidence"]
+    # the next cycle judges only new trials: the champion is not verified against itself
+    nxt = run_agent_cycle(agent, sd, trials=1)
+    assert nxt["check"].get("candidate") != 0
+
+
+def test_agents_sharing_gpus_share_a_lock_group() -> None:
+    g = gpu_groups({"a": [0, 1], "b": [1, 2], "c": [5], "d": [6, 7]})
+    assert g["a"] == g["b"] and len({g["a"], g["c"], g["d"]}) == 3
+    g = gpu_groups({"a": [0], "b": None, "c": [7]})  # None = every GPU: overlaps all
+    assert g["a"] == g["b"] == g["c"]
+
+
+def test_check_fails_without_a_daemon(tmp_path: Path) -> None:
+    r = CliRunner().invoke(app(), ["check", "--state-dir", str(tmp_path)])
+    assert r.exit_code == 1 and "no heartbeat" in r.output
+    r = CliRunner().invoke(app(), ["check", "--url", "http://127.0.0.1:9"])
+    assert r.exit_code == 1
