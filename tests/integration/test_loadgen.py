@@ -195,3 +195,62 @@ def test_capacity_search_finds_a_known_capacity() -> None:
     assert 140.0 <= res.rate_per_s <= 205.0
     assert res.upper_rate_per_s is not None and res.upper_rate_per_s <= 260.0
     assert any(not s.ok for s in res.steps)
+
+
+def sse_server(body: bytes):  # type: ignore[no-untyped-def]
+    """A plain HTTP server that answers every POST with `body` as an event stream."""
+    import http.server
+
+    class H(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_stream_formats_other_servers_send(endpoint: str) -> None:
+    """Role-only and empty chunks are not tokens; spaced JSON, keep-alive comments and usage are understood."""
+    if endpoint == "chat":
+        events = ['{"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}',
+                  '{"choices": [{"index": 0, "delta": {"content": "He"}}]}',
+                  '{"choices":[{"index":0,"delta":{"content":null},"finish_reason":null}]}',
+                  '{"choices": [{"index": 0, "delta": {"content": "llo \\"text\\": \\"\\""}}]}',
+                  '{"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}',
+                  '{"choices":[{"index":0,"delta":{"reasoning_content":"hmm","content":null}}]}']
+    else:
+        events = ['{"choices": [{"index": 0, "text": "He", "finish_reason": null}]}',
+                  '{"choices":[{"index":0,"text":""}]}',
+                  '{"choices":[{"index":0,"text":"llo \\"content\\":\\"\\"","finish_reason":"length"}]}']
+    events.append('{"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}}')
+    body = ": keep-alive\n\n" + "".join(f"data: {e}\n\n" for e in events) + "data: [DONE]\n\n"
+    srv = sse_server(body.encode())
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        m = measure_endpoint(url, model="m", seed=0, goodput_ms={}, workload=wl(num_requests=3, endpoint=endpoint))
+    finally:
+        srv.shutdown()
+    assert m.summary["completed"] == 3
+    for r in m.records:
+        assert len(r.token_times_s) == (3 if endpoint == "chat" else 2)  # reasoning chunks count, as vllm's
+        assert r.output_tokens == 2 and r.prompt_tokens == 7  # usage wins
+    srv = sse_server(b'data: {"choices":[{"index":0,"text":"a"}]}\n\ndata: {"error": {"message": "boom"}}\n\n'
+                     b"data: [DONE]\n\n")
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        m = measure_endpoint(url, model="m", seed=0, goodput_ms={}, workload=wl(num_requests=2))
+    finally:
+        srv.shutdown()
+    assert m.summary["errors_stream_broken"] == 2 and "boom" in m.records[0].error_detail

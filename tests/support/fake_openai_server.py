@@ -456,13 +456,16 @@ def cli_args(opts: FakeOptions) -> list[str]:
 
 
 @contextmanager
-def spawn_fake_server(*, cpu: int | None = None, wait: bool = True, **kwargs: Any) -> Iterator[SpawnedServer]:
+def spawn_fake_server(*, cpu: int | None = None, wait: bool = True, uvloop: bool = False,
+                      **kwargs: Any) -> Iterator[SpawnedServer]:
     """Run a fake server as a subprocess (optionally pinned to CPU `cpu`); yields it once healthy."""
     opts = FakeOptions(**kwargs)
     port = free_port()
     cmd = [sys.executable, str(Path(__file__).resolve()), "--port", str(port), *cli_args(opts)]
     if cpu is not None:
         cmd += ["--cpu", str(cpu)]
+    if uvloop:
+        cmd.append("--uvloop")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     srv = SpawnedServer(proc=proc, host="127.0.0.1", port=port)
     try:
