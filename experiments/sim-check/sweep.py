@@ -1,4 +1,4 @@
-"""One knob at a time from the baseline (and from DP=8) on the agent's workload: what each knob does.
+"""One knob at a time from the baseline (and from DP=8) on the agent's workload, noise off: what each knob does.
 
 Usage: .venv/bin/python experiments/sim-check/sweep.py [agents/sim-8xa100.yaml]
 """
@@ -34,7 +34,8 @@ def main() -> None:
     path = sys.argv[1] if len(sys.argv) > 1 else "agents/sim-8xa100.yaml"
     agent = load_agent(path)
     spec = agent.spec
-    target = make_target(spec.target.kind, agent.target_options, agent.path.parent)
+    options = agent.target_options.model_copy(update={"noise_cv": 0.0})  # knob effects without machine noise
+    target = make_target(spec.target.kind, options, agent.path.parent)
     ctx = TrialContext(trial_number=0, state_dir=Path("/tmp/sim-check"))
     print(f"{'from':<5} {'change':<55} | {'out tok/s':>9} {'ttft p50':>8} {'ttft p99':>8} {'itl p50':>7} "
           f"{'itl p99':>7} {'run':>4} {'kv tokens':>9} {'preempt':>7} {'cold s':>6} {'sim s':>5}")
