@@ -93,7 +93,7 @@ class EngineConfig:
     # ---- knobs
     dtype: str = _knob("float32", "weights and activations", DTYPES)
     quantization: str = _knob("none", "int8: weight-only INT8 linear layers", QUANTIZATION)
-    kv_pool_mb: int = _knob(64, "size of the KV-cache pool; each sequence takes one max_model_len slot",
+    kv_pool_mb: int = _knob(256, "size of the KV-cache pool; each sequence takes one max_model_len slot",
                             minimum=1)
     pre_allocate: bool = _knob(False, "allocate the whole KV pool at start-up (else grow on demand)")
     batching: str = _knob("static", "static: collect a batch then run it to completion; "
@@ -148,8 +148,6 @@ class EngineConfig:
                 raise EngineConfigError("device 'cuda' requested but torch sees no CUDA GPU")
         if self.cuda_graphs and not self.pre_allocate:
             raise EngineConfigError("cuda_graphs=True needs pre_allocate=True (graphs need fixed KV addresses)")
-        if device == "cpu" and self.dtype == "float16":
-            raise EngineConfigError("dtype='float16' is not supported on device 'cpu'; use float32 or bfloat16")
         mc = self.model_config()
         if mc.max_model_len < 8:
             raise EngineConfigError(f"max_model_len={mc.max_model_len} must be >= 8")

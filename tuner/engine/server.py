@@ -1,0 +1,399 @@
+"""OpenAI-compatible HTTP server for the reference engine (aiohttp).
+
+    python -m tuner.engine.server --port 8000 [--preset tiny] [--device auto|cpu|cuda] [--batching continuous] ...
+
+Endpoints: POST /v1/completions (streaming SSE or not), GET /v1/models, GET /health (200 when ready,
+503 while starting or after a fatal error), GET /metrics (Prometheus, vLLM's names where they mean the
+same thing, plus `engine_startup_phase_seconds{phase}`). The server binds 127.0.0.1 unless told
+otherwise and listens while the engine starts, so /health answers 503 until the engine is ready.
+
+Exit codes: 0 after SIGINT/SIGTERM, 2 for a knob that is invalid or cannot apply on the device (the
+message is logged), 1 when the engine fails while starting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from tuner.engine.config import EngineConfig, EngineConfigError, add_engine_arguments, config_from_namespace
+
+log = logging.getLogger(__name__)
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+               0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+E2E_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+               50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, *, type: str = "BadRequestError",
+                 param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.status}}
+
+
+def error_response(err: ApiError) -> web.Response:
+    return web.json_response(err.body(), status=err.status)
+
+
+class PromStats:
+    """The engine's metrics in a private Prometheus registry."""
+
+    def __init__(self, model_name: str) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        lab = ["model_name"]
+        r = self.registry
+        self.running = Gauge("vllm:num_requests_running", "Requests in the running batch", lab, registry=r)
+        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled", lab, registry=r)
+        self.kv = Gauge("vllm:kv_cache_usage_perc", "KV-cache pool usage, fraction 0-1", lab, registry=r)
+        self.ttft_h = Histogram("vllm:time_to_first_token_seconds", "Time to first token", lab,
+                                buckets=TTFT_BUCKETS, registry=r)
+        self.itl_h = Histogram("vllm:inter_token_latency_seconds", "Inter-token latency", lab,
+                               buckets=ITL_BUCKETS, registry=r)
+        self.e2e_h = Histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency", lab,
+                               buckets=E2E_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens processed", lab, registry=r)
+        self.gen_tokens = Counter("vllm:generation_tokens", "Generation tokens produced", lab, registry=r)
+        self.success = Counter("vllm:request_success", "Finished requests", ["model_name", "finished_reason"],
+                               registry=r)
+        self.phase = Gauge("engine_startup_phase_seconds", "Seconds spent in each start-up phase",
+                           ["model_name", "phase"], registry=r)
+        self.ready = Gauge("engine_ready", "1 once the engine serves", lab, registry=r)
+        self.model_name = model_name
+
+    def queue(self, running: int, waiting: int, kv_usage: float) -> None:
+        self.running.labels(self.model_name).set(running)
+        self.waiting.labels(self.model_name).set(waiting)
+        self.kv.labels(self.model_name).set(kv_usage)
+
+    def ttft(self, seconds: float) -> None:
+        self.ttft_h.labels(self.model_name).observe(seconds)
+
+    def itl(self, seconds: float) -> None:
+        self.itl_h.labels(self.model_name).observe(seconds)
+
+    def finished(self, req: Any, reason: str, e2e_s: float) -> None:
+        self.e2e_h.labels(self.model_name).observe(e2e_s)
+        self.prompt_tokens.labels(self.model_name).inc(len(req.prompt))
+        self.gen_tokens.labels(self.model_name).inc(req.emitted)
+        self.success.labels(self.model_name, reason).inc()
+
+
+class EngineServer:
+    def __init__(self, cfg: EngineConfig, *, model_name: str | None = None) -> None:
+        from tuner.engine.engine import Engine
+        from tuner.engine.tokenizer import ByteTokenizer
+
+        self.cfg = cfg
+        self.model_name = model_name or f"torch-engine-{cfg.preset}"
+        self.stats = PromStats(self.model_name)
+        self.engine = Engine(cfg, emit=self._emit, stats=self.stats)  # validates the knobs
+        mc = self.engine.mc
+        self.tokenizer = ByteTokenizer(mc.vocab_size, mc.eos_token_id)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.created = int(time.time())
+
+    # ------------------------------------------------------------------ app
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 2**20)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_get("/metrics", self.metrics)
+        app.on_startup.append(self._on_startup)
+        app.on_cleanup.append(self._on_cleanup)
+        return app
+
+    async def _on_startup(self, app: web.Application) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.engine.start()
+        asyncio.ensure_future(self._watch_ready())
+
+    async def _watch_ready(self) -> None:
+        while not self.engine.ready.is_set() and self.engine.fatal is None:
+            await asyncio.sleep(0.02)
+        if self.engine.ready.is_set():
+            for phase, secs in self.engine.phase_s.items():
+                self.stats.phase.labels(self.model_name, phase).set(secs)
+            self.stats.ready.labels(self.model_name).set(1)
+            self.stats.queue(0, 0, 0.0)
+
+    async def _on_cleanup(self, app: web.Application) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.engine.stop)
+
+    def _emit(self, items: list[Any]) -> None:
+        """Called from the engine thread: hand the outputs to the event loop."""
+        assert self.loop is not None
+        self.loop.call_soon_threadsafe(self._dispatch, items)
+
+    @staticmethod
+    def _dispatch(items: list[Any]) -> None:
+        for req, tokens, reason in items:
+            q, index = req.context
+            q.put_nowait((index, tokens, reason))
+
+    # ------------------------------------------------------------------ handlers
+    def _healthy(self) -> bool:
+        return self.engine.ready.is_set() and self.engine.fatal is None
+
+    async def health(self, request: web.Request) -> web.Response:
+        if self._healthy():
+            return web.Response(status=200)
+        status = "failed" if self.engine.fatal is not None else "starting"
+        return web.json_response({"status": status}, status=503)
+
+    async def models(self, request: web.Request) -> web.Response:
+        mc = self.engine.mc
+        return web.json_response({"object": "list", "data": [{
+            "id": self.model_name, "object": "model", "created": self.created, "owned_by": "tuner",
+            "root": self.model_name, "max_model_len": mc.max_model_len}]})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        body = generate_latest(self.stats.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    def _parse(self, body: Any) -> tuple[list[list[int]], dict[str, Any]]:
+        if not isinstance(body, dict):
+            raise ApiError(400, "the request body must be a JSON object")
+        model = body.get("model")
+        if model is not None and model != self.model_name:
+            raise ApiError(404, f"The model `{model}` does not exist.", type="NotFoundError", param="model")
+        prompts = self._prompts(body.get("prompt"))
+
+        def num(name: str, default: Any, kind: type, low: float | None = None) -> Any:
+            v = body.get(name, default)
+            if v is None:
+                return default
+            if isinstance(v, bool) or not isinstance(v, int | float) or (kind is int and not float(v).is_integer()):
+                raise ApiError(400, f"{name} must be a{'n integer' if kind is int else ' number'} "
+                                    f"(got {v!r})", param=name)
+            if low is not None and v < low:
+                raise ApiError(400, f"{name} must be at least {low}, got {v}.", param=name)
+            return kind(v)
+
+        max_tokens = num("max_tokens", 16, int, 1)
+        temperature = num("temperature", 1.0, float, 0.0)
+        seed = body.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ApiError(400, f"seed must be an integer (got {seed!r})", param="seed")
+        n = num("n", 1, int, 1)
+        if n != 1:
+            raise ApiError(400, "only n=1 is supported", param="n")
+        top_p = num("top_p", 1.0, float, 0.0)
+        if top_p != 1.0:
+            raise ApiError(400, "only top_p=1 is supported", param="top_p")
+        if body.get("stop"):
+            raise ApiError(400, "stop sequences are not supported", param="stop")
+        if body.get("logprobs") is not None or body.get("echo"):
+            raise ApiError(400, "logprobs and echo are not supported", param="logprobs")
+        mc = self.engine.mc
+        for p in prompts:
+            if len(p) + max_tokens > mc.max_model_len:
+                raise ApiError(400, f"This model's maximum context length is {mc.max_model_len} tokens. "
+                                    f"However, you requested {len(p) + max_tokens} tokens ({len(p)} in the "
+                                    f"prompt, {max_tokens} in the completion).", param="prompt")
+        stream_options = body.get("stream_options") or {}
+        if not isinstance(stream_options, dict):
+            raise ApiError(400, "stream_options must be an object", param="stream_options")
+        return prompts, {
+            "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
+            "ignore_eos": bool(body.get("ignore_eos", False)), "priority": int(body.get("priority", 0) or 0),
+            "stream": bool(body.get("stream", False)),
+            "include_usage": bool(stream_options.get("include_usage", False)),
+            "return_token_ids": bool(body.get("return_token_ids", False)),
+        }
+
+    def _prompts(self, prompt: Any) -> list[list[int]]:
+        vocab = self.engine.mc.vocab_size
+        if isinstance(prompt, str):
+            out = [self.tokenizer.encode(prompt)]
+        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
+                                                         for t in prompt):
+            out = [list(prompt)]
+        elif isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+            out = [p2 for p in prompt for p2 in self._prompts(p)]
+        else:
+            raise ApiError(400, "prompt must be a string, a list of token ids, or a list of either",
+                           param="prompt")
+        for p in out:
+            if not p:
+                raise ApiError(400, "the prompt is empty", param="prompt")
+            bad = [t for t in p if not 0 <= t < vocab]
+            if bad:
+                raise ApiError(400, f"token id {bad[0]} is out of vocabulary (0..{vocab - 1})", param="prompt")
+        return out
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        from tuner.engine.engine import Request
+
+        if not self._healthy():
+            return error_response(ApiError(503, "the engine is not ready", type="ServiceUnavailableError"))
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return error_response(ApiError(400, "the request body is not valid JSON"))
+        try:
+            prompts, opts = self._parse(body)
+        except ApiError as err:
+            return error_response(err)
+        q: asyncio.Queue[tuple[int, list[int], str | None]] = asyncio.Queue()
+        reqs = [Request(prompt=p, max_tokens=opts["max_tokens"], temperature=opts["temperature"],
+                        seed=opts["seed"], ignore_eos=opts["ignore_eos"], priority=opts["priority"],
+                        context=(q, i)) for i, p in enumerate(prompts)]
+        try:
+            for r in reqs:
+                self.engine.submit(r)
+        except RuntimeError as exc:
+            return error_response(ApiError(503, str(exc), type="ServiceUnavailableError"))
+        cid = f"cmpl-{uuid.uuid4().hex}"
+        try:
+            if opts["stream"]:
+                return await self._stream(request, cid, reqs, q, opts)
+            return await self._whole(cid, reqs, q, opts)
+        finally:
+            for r in reqs:
+                if not r.finished:
+                    self.engine.abort(r)
+
+    def _usage(self, reqs: list[Any], completion: int) -> dict[str, int]:
+        prompt = sum(len(r.prompt) for r in reqs)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    async def _whole(self, cid: str, reqs: list[Any], q: asyncio.Queue[Any], opts: dict[str, Any]) -> web.Response:
+        tokens: list[list[int]] = [[] for _ in reqs]
+        reasons: list[str | None] = [None] * len(reqs)
+        left = len(reqs)
+        while left:
+            index, new, reason = await q.get()
+            tokens[index] += new
+            if reason is not None:
+                if reason.startswith("error:"):
+                    return error_response(ApiError(500, reason[6:], type="InternalServerError"))
+                reasons[index] = reason
+                left -= 1
+        choices = []
+        for i, toks in enumerate(tokens):
+            c: dict[str, Any] = {"index": i, "text": self.tokenizer.decode(toks), "logprobs": None,
+                                 "finish_reason": reasons[i], "stop_reason": None}
+            if opts["return_token_ids"]:
+                c["token_ids"] = toks
+                c["prompt_token_ids"] = reqs[i].prompt
+            choices.append(c)
+        return web.json_response({"id": cid, "object": "text_completion", "created": int(time.time()),
+                                  "model": self.model_name, "choices": choices,
+                                  "usage": self._usage(reqs, sum(len(t) for t in tokens))})
+
+    async def _stream(self, request: web.Request, cid: str, reqs: list[Any], q: asyncio.Queue[Any],
+                      opts: dict[str, Any]) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        created = int(time.time())
+        completion = 0
+        left = len(reqs)
+
+        async def send(obj: Any) -> None:
+            data = obj if isinstance(obj, str) else json.dumps(obj, separators=(",", ":"))
+            await resp.write(f"data: {data}\n\n".encode())
+
+        try:
+            while left:
+                index, new, reason = await q.get()
+                if reason is not None and reason.startswith("error:"):
+                    await send(ApiError(500, reason[6:], type="InternalServerError").body())
+                    break
+                completion += len(new)
+                if reason is not None:
+                    left -= 1
+                choice: dict[str, Any] = {"index": index, "text": self.tokenizer.decode(new), "logprobs": None,
+                                          "finish_reason": reason, "stop_reason": None}
+                if opts["return_token_ids"]:
+                    choice["token_ids"] = new
+                await send({"id": cid, "object": "text_completion", "created": created,
+                            "model": self.model_name, "choices": [choice]})
+            if opts["include_usage"]:
+                await send({"id": cid, "object": "text_completion", "created": created, "model": self.model_name,
+                            "choices": [], "usage": self._usage(reqs, completion)})
+            await send("[DONE]")
+            await resp.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            log.debug("client went away during %s", cid)
+            raise
+        return resp
+
+
+# ---------------------------------------------------------------------------- entry point
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m tuner.engine.server",
+                                description="Reference PyTorch serving engine with an OpenAI-compatible API.")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None, help="model id in the API (torch-engine-<preset>)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_engine_arguments(p)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    try:
+        cfg = config_from_namespace(args)
+        server = EngineServer(cfg, model_name=args.served_model_name)
+    except (EngineConfigError, ValueError, FileNotFoundError) as exc:
+        log.error("invalid engine configuration: %s", exc)
+        return 2
+    log.info("serving %s on http://%s:%d (device %s)", server.model_name, args.host, args.port,
+             server.engine.device)
+    return asyncio.run(_serve(server, args.host, args.port))
+
+
+async def _serve(server: EngineServer, host: str, port: int) -> int:
+    runner = web.AppRunner(server.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    code = 0
+    while not stop.is_set():
+        if server.engine.fatal is not None and not server.engine.ready.is_set():
+            log.error("engine failed while starting: %s", server.engine.fatal)
+            code = 1
+            break
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=0.2)
+        except asyncio.TimeoutError:
+            pass
+    await runner.cleanup()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""The torch_engine target (kind `torch_engine`): the reference PyTorch serving engine as a subprocess.
+
+    target:
+      kind: torch_engine
+      preset: auto            # tiny on a CPU, 1b on a GPU; or tiny, small, 1b, 8b
+      device: auto            # cpu, cuda
+      weights: null           # a local Hugging Face Llama checkpoint dir (relative to the agent file)
+      startup_timeout_s: 120
+
+A trial's parameters (the knobs of tuner.engine.config.EngineConfig) become `--kebab-case` flags of
+`python -m tuner.engine.server`. The search space can read the fact `device` ("cpu" or "cuda") in its
+conditions, so GPU-only knobs are never sampled on a CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import platform
+import sys
+import urllib.request
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tuner.engine.config import PRESETS, EngineConfig, EngineConfigError, to_argv
+from tuner.errors import ConfigError, InfeasibleConfig
+from tuner.targets.base import TrialContext
+from tuner.targets.process import HttpDeployment, ProcessTarget
+
+# Fixed prompts of the quality probe (bytes of ASCII text, as the engine's tokenizer sees them).
+PROBE_PROMPTS = (
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "1, 2, 3, 4, 5,",
+)
+PROBE_TOKENS = 16
+
+# EngineConfig fields the target sets itself (from its options), never from the search space
+_TARGET_FIELDS = {"preset", "weights", "device"}
+
+
+class TorchEngineOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    preset: Literal["auto", "tiny", "small", "1b", "8b"] = Field(
+        default="auto", description="model shapes; auto: tiny on a CPU, 1b on a GPU")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    weights: str | None = Field(default=None, description="local Hugging Face Llama checkpoint dir")
+    startup_timeout_s: float = Field(default=120.0, gt=0)
+    host: str = "127.0.0.1"
+    cpu_threads: int | None = Field(default=None, ge=1, description="torch intra-op threads of the server")
+    python: str | None = Field(default=None, description="interpreter of the server (the tuner's by default)")
+
+
+@functools.lru_cache(maxsize=1)
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+class TorchEngineDeployment(HttpDeployment):
+    """The process target's HTTP deployment (same state) plus the engine's quality probe."""
+
+    def __init__(self, inner: HttpDeployment) -> None:  # noqa: D107 - adopts inner's state
+        self.__dict__.update(inner.__dict__)
+
+    def quality_probe(self) -> list[list[int]] | None:
+        """Greedy token ids (temperature 0) for PROBE_PROMPTS, through the HTTP API."""
+        out = []
+        for prompt in PROBE_PROMPTS:
+            body = json.dumps({"model": self.model, "prompt": prompt, "max_tokens": PROBE_TOKENS,
+                               "temperature": 0, "ignore_eos": True, "return_token_ids": True}).encode()
+            req = urllib.request.Request(f"{self.base_url}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 - our own local server
+                data = json.loads(resp.read())
+            out.append([int(t) for t in data["choices"][0]["token_ids"]])
+        return out
+
+
+class TorchEngineTarget(ProcessTarget):
+    kind = "torch_engine"
+    Options = TorchEngineOptions
+    options: TorchEngineOptions
+
+    def __init__(self, options: BaseModel, *, agent_dir: Path) -> None:
+        super().__init__(options, agent_dir=agent_dir)
+        assert isinstance(options, TorchEngineOptions)
+
+    # ------------------------------------------------------------------ resolution
+    def device(self) -> str:
+        if self.options.device != "auto":
+            return self.options.device
+        return "cuda" if _cuda_available() else "cpu"
+
+    def preset(self) -> str:
+        if self.options.preset != "auto":
+            return self.options.preset
+        return "1b" if self.device() == "cuda" else "tiny"
+
+    def weights_dir(self) -> Path | None:
+        if not self.options.weights:
+            return None
+        p = Path(self.options.weights)
+        return p if p.is_absolute() else self.agent_dir / p
+
+    def facts(self) -> dict[str, Any]:
+        return {"device": self.device()}
+
+    def model_name(self, params: Mapping[str, Any]) -> str:
+        return f"torch-engine-{self.preset()}"
+
+    def tokenizer(self, params: Mapping[str, Any]) -> str | None:
+        return "byte"
+
+    def startup_timeout_s(self) -> float:
+        return self.options.startup_timeout_s
+
+    def host(self) -> str:
+        return self.options.host
+
+    def gpus_needed(self, params: Mapping[str, Any]) -> int:
+        return 1 if self.device() == "cuda" else 0
+
+    # ------------------------------------------------------------------ command
+    def engine_config(self, params: Mapping[str, Any]) -> EngineConfig:
+        """The EngineConfig a trial runs, checked as the server will check it."""
+        bad = sorted(set(params) & _TARGET_FIELDS)
+        if bad:
+            raise InfeasibleConfig(f"{bad} are target options (target.preset/device/weights), not parameters")
+        fields = set(EngineConfig.__dataclass_fields__)
+        unknown = sorted(set(params) - fields)
+        if unknown:
+            raise InfeasibleConfig(f"unknown engine knob(s) {unknown}; valid: {', '.join(sorted(fields))}")
+        weights = self.weights_dir()
+        cfg = EngineConfig(preset=self.preset(), device=self.device(),
+                           weights=str(weights) if weights else None,
+                           cpu_threads=self.options.cpu_threads,
+                           **{k: v for k, v in params.items()})
+        try:
+            cfg.validate(self.device())
+        except EngineConfigError as exc:
+            raise InfeasibleConfig(str(exc)) from None
+        return cfg
+
+    def build_command(self, params: Mapping[str, Any], ctx: TrialContext, port: int
+                      ) -> tuple[list[str], dict[str, str]]:
+        values = dict(params)
+        argv = [self.options.python or sys.executable, "-m", "tuner.engine.server",
+                "--host", self.options.host, "--port", str(port),
+                "--served-model-name", self.model_name(params),
+                "--preset", self.preset(), "--device", self.device()]
+        weights = self.weights_dir()
+        if weights is not None:
+            argv += ["--weights", str(weights)]
+        if self.options.cpu_threads is not None and "cpu_threads" not in values:
+            values["cpu_threads"] = self.options.cpu_threads
+        try:
+            argv += to_argv(values)
+        except EngineConfigError as exc:
+            raise InfeasibleConfig(str(exc)) from None
+        return argv, {}
+
+    def check_space(self, space: Any) -> None:
+        fields = set(EngineConfig.__dataclass_fields__) - _TARGET_FIELDS
+        names = [p.name for p in space.params] + list(space.fixed)
+        unknown = sorted(n for n in names if n not in fields)
+        if unknown:
+            raise ConfigError(f"search space names knob(s) the torch engine lacks: {unknown}; "
+                              f"valid: {', '.join(sorted(fields))}", file=getattr(space, "source", None))
+
+    @contextlib.contextmanager
+    def deploy(self, params: Mapping[str, Any], ctx: TrialContext) -> Iterator[TorchEngineDeployment]:
+        self.engine_config(params)  # a knob that cannot apply is infeasible before anything starts
+        with super().deploy(params, ctx) as inner:
+            yield TorchEngineDeployment(inner)
+
+    def describe(self) -> dict[str, str]:
+        import torch
+
+        device = self.device()
+        if device == "cuda" and _cuda_available():
+            name = torch.cuda.get_device_name(0)
+        else:
+            name = f"cpu ({platform.processor() or platform.machine()})"
+        mc = PRESETS[self.preset()]
+        return {"kind": self.kind, "engine": "tuner.engine", "torch": torch.__version__, "device": device,
+                "device_name": name, "preset": self.preset(), "params": f"{mc.param_count() / 1e6:.1f}M",
+                "weights": str(self.weights_dir() or "random")}
