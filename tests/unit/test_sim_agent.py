@@ -74,3 +74,14 @@ def test_tuning_pays_on_the_agent_workload(tmp_path: Path) -> None:
     tuned, ok = measure({**agent.space.defaults(), "data_parallel_size": 8, "max_num_batched_tokens": 1024})
     assert ok
     assert tuned >= 1.2 * base
+
+
+def test_agent_with_unknown_hardware_is_a_located_config_error(tmp_path: Path) -> None:
+    text = AGENT.read_text().replace("hardware: a100-80gb-sxm", "hardware: a100").replace(
+        "../search_spaces/sim.yaml", str(ROOT / "search_spaces" / "sim.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    with pytest.raises(ConfigError) as exc:
+        load_agent(bad)
+    assert exc.value.field == "target.hardware" and exc.value.line == 7
+    assert "a100-80gb-sxm, h100-sxm, h200" in str(exc.value)
