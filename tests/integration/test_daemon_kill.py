@@ -1,0 +1,167 @@
+"""The daemon against real server processes (command target + tests/support/fake_openai_server.py).
+
+SIGKILL during a trial, then a restart: no finished trial is lost, nothing stays RUNNING, no server
+process survives. SIGTERM during a trial: the deployment is torn down and the daemon exits 0 in the grace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from tuner.study import default_storage
+
+REPO = Path(__file__).resolve().parents[2]
+FAKE = REPO / "tests" / "support" / "fake_openai_server.py"
+AGENT = """\
+name: dkill
+target:
+  kind: command
+  command: ["{{python}}", "{fake}", "--port", "{{port}}", "--ttft-ms", "{{ttft_ms}}", "--itl-ms", "25"]
+  model: fake
+  startup_timeout_s: 60
+search_space: {{params: {{ttft_ms: {{type: int, low: 10, high: 40, default: 20}}}}}}
+workload:
+  arrival: {{kind: closed, concurrency: 2}}
+  prompt_tokens: {{dist: fixed, value: 32}}
+  output_tokens: {{dist: fixed, value: 24}}
+  num_requests: 12
+objectives: [{{metric: output_throughput, direction: maximize}}]
+sampler: {{name: random, seed: 0}}
+tracking: {{enabled: false}}
+schedule: {{every: 5s, trials_per_cycle: 3}}
+promotion: {{verify_runs: 2}}
+"""
+
+pytestmark = pytest.mark.skipif(not FAKE.is_file(), reason="fake server missing")
+
+
+def start(agent: Path, sd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "tuner.cli_ops", "daemon", str(agent), "--state-dir", str(sd),
+                             "--port", "-1", "--grace-s", "20"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def trials(sd: Path) -> list[optuna.trial.FrozenTrial]:
+    if not (sd / "optuna.db").is_file():
+        return []
+    try:
+        return optuna.load_study(study_name="dkill", storage=default_storage(sd)).trials
+    except KeyError:
+        return []
+
+
+def server_groups(sd: Path) -> set[int]:
+    reg = sd / "pids"
+    return {int(json.loads(p.read_text())["pgid"]) for p in reg.glob("*.json")} if reg.is_dir() else set()
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    # zombies of the group count as gone
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(stat[2]) == pgid and stat[0] != "Z":
+                return True
+    return False
+
+
+def wait_for(cond, timeout_s: float, proc: subprocess.Popen[str] | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(proc.communicate()[0][-3000:])
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def setup(tmp_path: Path) -> tuple[Path, Path]:
+    agent = tmp_path / "dkill.yaml"
+    agent.write_text(AGENT.format(fake=FAKE))
+    sd = tmp_path / "state"
+    return agent, sd
+
+
+def test_sigkill_during_a_trial_then_restart_loses_nothing(tmp_path: Path) -> None:
+    agent, sd = setup(tmp_path)
+    proc = start(agent, sd)
+    seen: set[int] = set()
+    try:
+        # a finished trial exists and the next one's server is up: kill the daemon in the middle of it
+        def mid_trial() -> bool:
+            seen.update(server_groups(sd))
+            done = [t for t in trials(sd) if t.state == optuna.trial.TrialState.COMPLETE]
+            running = [t for t in trials(sd) if t.state == optuna.trial.TrialState.RUNNING]
+            return bool(done) and bool(running) and bool(server_groups(sd))
+
+        wait_for(mid_trial, 90, proc)
+        groups = server_groups(sd)
+        seen |= groups
+        before = {t.number: t.values for t in trials(sd) if t.state == optuna.trial.TrialState.COMPLETE}
+        running = [t.number for t in trials(sd) if t.state == optuna.trial.TrialState.RUNNING]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert before and running and groups
+
+    proc = start(agent, sd)
+    try:
+        wait_for(lambda: any(t.state == optuna.trial.TrialState.COMPLETE and t.number > max(running)
+                             for t in trials(sd)), 90, proc)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=40)
+        assert proc.returncode == 0, out[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    after = {t.number: t for t in trials(sd)}
+    for n, values in before.items():  # no finished trial lost or changed
+        assert after[n].state == optuna.trial.TrialState.COMPLETE and after[n].values == values
+    for n in running:  # the killed trial was reaped, with its cause
+        assert after[n].state == optuna.trial.TrialState.FAIL and after[n].user_attrs["cause"] == "interrupted"
+    assert all(t.state != optuna.trial.TrialState.RUNNING for t in after.values())
+    seen |= server_groups(sd)
+    wait_for(lambda: not any(group_alive(g) for g in seen), 10)
+    assert not server_groups(sd)  # registry entries cleaned up
+
+
+def test_sigterm_during_a_trial_tears_down_and_exits_zero(tmp_path: Path) -> None:
+    agent, sd = setup(tmp_path)
+    proc = start(agent, sd)
+    try:
+        wait_for(lambda: bool(server_groups(sd)), 90, proc)
+        groups = server_groups(sd)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=40)
+        assert proc.returncode == 0, out[-3000:]
+        assert time.monotonic() - t0 < 20  # within the grace
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not any(group_alive(g) for g in groups)
+    ts = trials(sd)
+    assert ts and all(t.state != optuna.trial.TrialState.RUNNING for t in ts)
+    # the trial that was running either finished its measurement or is recorded as interrupted
+    assert all(t.state == optuna.trial.TrialState.COMPLETE or t.user_attrs.get("cause") == "interrupted"
+               for t in ts if t.state != optuna.trial.TrialState.WAITING)
