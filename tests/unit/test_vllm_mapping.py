@@ -320,3 +320,17 @@ def test_agents_load_and_show_a_command_without_removed_flags(agent: Path) -> No
     assert "--gpu-memory-utilization 0.92" in shell_line
     t = VllmTarget(a.target_options, agent_dir=agent.parent)
     t.check_space(a.space.bind_facts(t.facts()))
+
+
+def test_cli_validate_show_command_prints_no_removed_flag() -> None:
+    from typer.testing import CliRunner
+
+    from tuner.cli import app
+
+    res = CliRunner().invoke(app, ["validate", str(REPO / "agents" / "vllm-8xa100.yaml"), "--show-command"])
+    assert res.exit_code == 0, res.output
+    out = " ".join(res.output.split())  # the console may wrap long lines
+    assert "vllm serve meta-llama/Llama-3.1-8B-Instruct" in out
+    assert "-cc.cudagraph_mode=FULL_AND_PIECEWISE" in out and "CUDA_VISIBLE_DEVICES=0" in out
+    for flag in REMOVED_FLAGS:
+        assert flag not in out
