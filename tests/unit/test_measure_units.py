@@ -235,3 +235,93 @@ def test_gpu_sampler_on_a_gpu() -> None:
     r = s.result()
     assert r["gpu_samples"] >= 5 and r["gpu_util_pct_max"] > 50
     assert r["gpu_power_w_mean"] > 0 and r.get("gpu_energy_j", 1.0) > 0
+
+
+class FakeNvml:
+    """An NVML double: one Hopper-like GPU at 50 % util, 300 W (energy counter at 300 J/s), GPM supported,
+    power-capped every other read."""
+
+    NVML_CLOCK_SM = 1
+    NVML_SUCCESS = 0
+    NVML_GPM_METRICS_GET_VERSION = 1
+    nvmlClocksEventReasonSwPowerCap = 0x4
+    nvmlClocksEventReasonHwPowerBrakeSlowdown = 0x80
+    nvmlClocksEventReasonSwThermalSlowdown = 0x20
+    nvmlClocksEventReasonHwThermalSlowdown = 0x40
+    nvmlClocksEventReasonHwSlowdown = 0x8
+
+    class _M:
+        def __init__(self) -> None:
+            self.metricId, self.value, self.nvmlReturn = 0, 0.0, 1
+
+    class c_nvmlGpmMetricsGet_t:  # noqa: N801 - the NVML name
+        def __init__(self) -> None:
+            self.version = self.numMetrics = 0
+            self.sample1 = self.sample2 = None
+            self.metrics = [FakeNvml._M() for _ in range(8)]
+
+    def __init__(self, count: int = 1) -> None:
+        import time as _t
+
+        self._t, self.count, self.reads, self.alloc, self.freed, self.shutdown = _t.monotonic, count, 0, 0, 0, 0
+
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None:
+        self.shutdown += 1
+    def nvmlDeviceGetCount(self) -> int:
+        return self.count
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+    def nvmlDeviceGetUtilizationRates(self, h: int):  # type: ignore[no-untyped-def]
+        from types import SimpleNamespace
+
+        self.reads += 1
+        return SimpleNamespace(gpu=50, memory=20)
+    def nvmlDeviceGetMemoryInfo(self, h: int):  # type: ignore[no-untyped-def]
+        from types import SimpleNamespace
+
+        return SimpleNamespace(used=1024 * 2**20)
+    def nvmlDeviceGetPowerUsage(self, h: int) -> int:
+        return 300_000
+    def nvmlDeviceGetClockInfo(self, h: int, kind: int) -> int:
+        return 1980
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int:
+        return 0x4 if self.reads % 2 else 0
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: int) -> int:
+        return int(self._t() * 300_000)  # mJ: 300 W
+    def nvmlGpmQueryDeviceSupport(self, h: int):  # type: ignore[no-untyped-def]
+        from types import SimpleNamespace
+
+        return SimpleNamespace(isSupportedDevice=1)
+    def nvmlGpmSampleAlloc(self) -> object:
+        self.alloc += 1
+        return object()
+    def nvmlGpmSampleFree(self, s: object) -> None:
+        self.freed += 1
+    def nvmlGpmSampleGet(self, h: int, s: object) -> object:
+        return s
+    def nvmlGpmMetricsGet(self, req):  # type: ignore[no-untyped-def]
+        vals = {10: 75.0, 2: 60.0, 3: 40.0, 5: 30.0}
+        for i in range(req.numMetrics):
+            req.metrics[i].value, req.metrics[i].nvmlReturn = vals[req.metrics[i].metricId], 0
+        return req
+
+
+def test_gpu_sampler_reads_every_counter_through_nvml() -> None:
+    import time
+
+    nv = FakeNvml()
+    with GpuSampler([0], interval_s=0.02, nvml=nv) as s:
+        time.sleep(0.5)
+    r = s.result()
+    assert r["gpu_samples"] >= 5 and r["gpu_count"] == 1
+    assert r["gpu_util_pct_mean"] == 50 and r["gpu_mem_busy_pct_mean"] == 20
+    assert r["gpu_memory_used_mb_max"] == 1024 and r["gpu_power_w_mean"] == 300
+    assert r["gpu_energy_j"] == pytest.approx(300 * r["gpu_sampled_s"], rel=0.05)
+    assert r["gpu_sm_clock_mhz_min"] == 1980
+    assert 0.2 < r["gpu_throttle_power_frac"] < 0.8 and r["gpu_throttle_thermal_frac"] == 0
+    assert r["gpu_clocks_event_reasons_mask"] == 4
+    assert r["gpu_dram_bw_util_pct_mean"] == 75 and r["gpu_sm_util_pct_mean"] == 60
+    assert r["gpu_tensor_util_pct_mean"] == 30 and r["gpu_sm_occupancy_pct_mean"] == 40
+    assert nv.alloc == nv.freed and nv.shutdown == 1  # GPM samples freed, NVML shut down
+    assert GpuSampler([3], nvml=FakeNvml(count=1)).start().result() == {}  # absent index: nothing, no error

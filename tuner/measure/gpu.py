@@ -46,7 +46,9 @@ class GpuSampler:
     Use as a context manager or call start()/stop(); then result().
     """
 
-    def __init__(self, indices: Sequence[int], interval_s: float = 0.2) -> None:
+    def __init__(self, indices: Sequence[int], interval_s: float = 0.2, *, nvml: Any = None) -> None:
+        """`nvml`: the NVML bindings module (default: `import pynvml`); tests pass a double."""
+        self._nvml_module = nvml
         self.indices = list(indices)
         self.interval_s = interval_s
         self._stop = threading.Event()
@@ -107,11 +109,15 @@ class GpuSampler:
 
     # ------------------------------------------------------------- NVML
     def _init(self) -> bool:
-        try:
-            import pynvml as nv
-        except ImportError:
-            _warn_once("nvidia-ml-py is not installed: no GPU telemetry")
-            return False
+        nv = self._nvml_module
+        if nv is None:
+            try:
+                import pynvml
+
+                nv = pynvml
+            except ImportError:
+                _warn_once("nvidia-ml-py is not installed: no GPU telemetry")
+                return False
         try:
             nv.nvmlInit()
             count = nv.nvmlDeviceGetCount()
