@@ -248,6 +248,27 @@ def test_open_loop_keeps_the_plan_arrival_times(tmp_path: Path) -> None:
     assert m.summary["request_throughput"] == pytest.approx(4.0, rel=0.5)
 
 
+def test_traces_and_datasets_replay_through_the_simulator(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(f'{{"timestamp": {0.5 * i}, "prompt_tokens": {100 + i}, "output_tokens": 8}}\n'
+                             for i in range(10)))
+    wl = WorkloadSpec.model_validate({"arrival": {"kind": "trace", "trace": str(trace)}, "num_requests": 10})
+    m = run({}, wl, tmp_path)
+    assert [r.scheduled_s for r in m.records] == [0.5 * i for i in range(10)]
+    assert [r.prompt_tokens for r in m.records] == [100 + i for i in range(10)]
+    assert m.summary["completed"] == 10
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(f'{{"prompt": "{"word " * (20 * (i + 1))}", "output_tokens": {4 + i}}}\n'
+                            for i in range(5)))
+    wl = WorkloadSpec.model_validate({"arrival": {"kind": "closed", "concurrency": 2}, "dataset": "data.jsonl",
+                                      "num_requests": 10})
+    with SimTarget(SimTarget.Options(), agent_dir=tmp_path).deploy({}, ctx(tmp_path)) as dep:
+        m = dep.measure(wl, goodput_ms={}, seed=0)
+    assert m.summary["completed"] == 10
+    assert {r.output_tokens for r in m.records} <= {4, 5, 6, 7, 8}
+    assert m.notes  # approximate prompt lengths are said so
+
+
 def test_too_long_requests_are_rejected_and_slow_ones_time_out(tmp_path: Path) -> None:
     m = run({}, workload(concurrency=2, n=4, prompt=5000, output=64), tmp_path, max_model_len=4096)
     assert m.summary["errors_http_4xx"] == 4 and m.summary["completed"] == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,6 @@ import tuner
 from tuner.errors import ConfigError, Interrupted
 from tuner.measure.measurement import Measurement
 from tuner.measure.metrics import summarise
-from tuner.measure.workload import build_plans
 from tuner.sim.config import KNOBS, EngineConfig, resolve_config
 from tuner.sim.engine import simulate
 from tuner.sim.profiles import HARDWARE, MODELS
@@ -27,10 +27,11 @@ _MASK = 0xFFFFFFFF
 class SimDeployment(Deployment):
     """A resolved configuration; each measure() is one simulated benchmark run."""
 
-    def __init__(self, cfg: EngineConfig, options: SimTarget.Options, ctx: TrialContext) -> None:
+    def __init__(self, cfg: EngineConfig, options: SimTarget.Options, ctx: TrialContext, agent_dir: Path) -> None:
         self.cfg = cfg
         self.options = options
         self.ctx = ctx
+        self.agent_dir = agent_dir
         self.cold_start_s = cfg.cold_start_s
         # the configuration is part of the noise stream: two configurations measured with the same seed
         # (an interleaved A/B verification) see independent machine noise, as on a real machine
@@ -39,12 +40,17 @@ class SimDeployment(Deployment):
     def measure(self, workload: WorkloadSpec, *, goodput_ms: Mapping[str, float], seed: int) -> Measurement:
         """Simulate `workload` once.
 
-        Plans come from the workload's own seed (the same requests every run); `seed`, the target option
-        `seed` and the configuration draw the machine noise, so noise_cv=0 gives identical runs.
+        Plans (lengths, arrivals; datasets and traces too, with approximate token counts) come from the
+        workload's own seed: the same requests every run. `seed`, the target option `seed` and the
+        configuration draw the machine noise, so noise_cv=0 gives identical runs whatever the seed.
         """
+        from tuner.measure.datasets import plans_for
+        from tuner.measure.tokenize import load_tokenizer
+
         if self.ctx.stop_event.is_set():
             raise Interrupted("stop requested before the measurement")
-        plans = build_plans(workload)
+        tok = load_tokenizer(None, seed=workload.seed)
+        plans, notes = plans_for(workload, seed=workload.seed, tok=tok, base_dir=self.agent_dir)
         a = workload.arrival
         concurrency = a.concurrency if a.kind == "closed" else None
         stop = None
@@ -75,7 +81,8 @@ class SimDeployment(Deployment):
             "sim_busy_fraction": st.busy_s / max(res.end_s * cfg.data_parallel_size, 1e-9),
         }
         return Measurement(summary=summarise(res.records, goodput_ms=goodput_ms or None),
-                           records=tuple(res.records), cold_start_s=cfg.cold_start_s, telemetry=telemetry)
+                           records=tuple(res.records), cold_start_s=cfg.cold_start_s, telemetry=telemetry,
+                           notes=tuple(notes))
 
 
 class SimTarget(Target):
@@ -114,7 +121,7 @@ class SimTarget(Target):
     @contextmanager
     def deploy(self, params: Mapping[str, Any], ctx: TrialContext) -> Iterator[Deployment]:
         cfg = self.resolve(params)
-        yield SimDeployment(cfg, self.options, ctx)
+        yield SimDeployment(cfg, self.options, ctx, self.agent_dir)
 
     def describe(self) -> dict[str, str]:
         o = self.options
