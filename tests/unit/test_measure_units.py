@@ -220,6 +220,12 @@ def test_gpu_sampler_without_gpu_records_nothing() -> None:
 
 @pytest.mark.gpu
 def test_gpu_sampler_on_a_gpu() -> None:
+    pynvml = pytest.importorskip("pynvml")
+    try:
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+    except pynvml.NVMLError:
+        pytest.skip("no NVIDIA driver")
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
