@@ -136,6 +136,7 @@ def test_preemption_recomputes_and_keeps_every_token() -> None:
     plans = build_plans(workload(concurrency=64, n=64, prompt=1500, output=600))
     res = simulate(cfg, plans, concurrency=64, timeout_s=3600)
     assert res.stats.preemptions > 0
+    assert res.leftover == (0, 0, 0)  # every KV token, decoder and running slot was given back
     for r in res.records:
         assert r.ok and r.output_tokens == 600 and len(r.token_times_s) == 600
         assert all(b > a for a, b in zip(r.token_times_s, r.token_times_s[1:], strict=False))
@@ -279,6 +280,11 @@ def test_too_long_requests_are_rejected_and_slow_ones_time_out(tmp_path: Path) -
     for r in slow.records:
         if not r.ok:
             assert r.error == "timeout" and r.done_s - r.sent_s == pytest.approx(2.0)
+    # aborted requests give their KV back
+    cfg = resolve_config({}, hardware=A100, model=LLAMA8B, num_gpus=1, max_model_len=4096)
+    res = simulate(cfg, build_plans(workload(concurrency=64, n=64, prompt=1024, output=512)), concurrency=64,
+                   timeout_s=2.0)
+    assert res.stats.timeouts > 0 and res.leftover == (0, 0, 0)
 
 
 def test_duration_bound_closed_loop_stops_sending(tmp_path: Path) -> None:

@@ -76,6 +76,8 @@ class SimResult:
     noise_factor: float
     end_s: float
     replica_steps: list[int] = field(default_factory=list)
+    # bookkeeping left at the end (KV tokens, decoders, running): all zero unless a request was lost
+    leftover: tuple[int, int, int] = (0, 0, 0)
 
 
 class _Noise:
@@ -502,7 +504,9 @@ def simulate(cfg: EngineConfig, plans: Sequence[RequestPlan], *, concurrency: in
     records.sort(key=lambda x: x.index)
     return SimResult(records=records, stats=stats, noise_factor=noise.factor,
                      end_s=max((x.done_s for x in records), default=0.0),
-                     replica_steps=[len(rep.step_end) for rep in reps])
+                     replica_steps=[len(rep.step_end) for rep in reps],
+                     leftover=(sum(r.kv_used for r in reps), sum(r.n_dec for r in reps),
+                               sum(len(r.running) for r in reps)))
 
 
 def _record(r: _Req, warmup_s: float) -> RequestRecord:
