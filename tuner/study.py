@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import warnings
 from collections import Counter
 from collections.abc import Mapping
@@ -73,6 +74,7 @@ class TunerStudy:
         self.space = space
         self.storage_url = storage_url
         self.name = study_name or spec.name
+        self._ask_lock = threading.Lock()
         directions = [o.direction for o in spec.objectives]
         try:
             self.study = optuna.create_study(
@@ -110,7 +112,8 @@ class TunerStudy:
     # ------------------------------------------------------------ ask / tell
     def ask(self) -> tuple[Trial, dict[str, Any]]:
         """A new trial and its sampled active parameters (define-by-run, conditions applied)."""
-        trial = self.study.ask()
+        with self._ask_lock:  # two threads asking at once on SQLite can both pop the same queued trial
+            trial = self.study.ask()
         chosen: dict[str, Any] = {}
         for p in self.space.params:
             if not self.space.active(p, chosen):
