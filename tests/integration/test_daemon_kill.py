@@ -1,7 +1,8 @@
-"""The daemon against real server processes (command target + tests/support/fake_openai_server.py).
+"""The daemon against real server processes.
 
-SIGKILL during a trial, then a restart: no finished trial is lost, nothing stays RUNNING, no server
-process survives. SIGTERM during a trial: the deployment is torn down and the daemon exits 0 in the grace.
+SIGKILL during a trial, then a restart (the reference torch engine, tiny preset on CPU): no finished trial
+is lost, nothing stays RUNNING, no server process survives. SIGTERM during a trial (the command target with
+tests/support/fake_openai_server.py): the deployment is torn down and the daemon exits 0 in the grace.
 """
 
 from __future__ import annotations
@@ -41,6 +42,26 @@ schedule: {{every: 5s, trials_per_cycle: 3}}
 promotion: {{verify_runs: 2}}
 """
 
+TORCH_AGENT = """\
+name: dkill
+target: {kind: torch_engine, preset: tiny, device: cpu, cpu_threads: 1, startup_timeout_s: 60}
+search_space:
+  target: torch_engine
+  params:
+    batching: {type: categorical, choices: [static, continuous], default: continuous}
+    max_batch_size: {type: int, low: 1, high: 8, default: 4}
+workload:
+  arrival: {kind: closed, concurrency: 2}
+  prompt_tokens: {dist: fixed, value: 32}
+  output_tokens: {dist: fixed, value: 48}
+  num_requests: 12
+objectives: [{metric: output_throughput, direction: maximize}]
+sampler: {name: random, seed: 0}
+tracking: {enabled: false}
+schedule: {every: 5s, trials_per_cycle: 3}
+promotion: {verify_runs: 2}
+"""
+HAS_TORCH_TARGET = (REPO / "tuner" / "targets" / "torch_engine.py").is_file()
 pytestmark = pytest.mark.skipif(not FAKE.is_file(), reason="fake server missing")
 
 
@@ -90,15 +111,16 @@ def wait_for(cond, timeout_s: float, proc: subprocess.Popen[str] | None = None) 
         time.sleep(0.1)
 
 
-def setup(tmp_path: Path) -> tuple[Path, Path]:
+def setup(tmp_path: Path, kind: str = "command") -> tuple[Path, Path]:
     agent = tmp_path / "dkill.yaml"
-    agent.write_text(AGENT.format(fake=FAKE))
+    agent.write_text(AGENT.format(fake=FAKE) if kind == "command" else TORCH_AGENT)
     sd = tmp_path / "state"
     return agent, sd
 
 
+@pytest.mark.skipif(not HAS_TORCH_TARGET, reason="torch engine target missing")
 def test_sigkill_during_a_trial_then_restart_loses_nothing(tmp_path: Path) -> None:
-    agent, sd = setup(tmp_path)
+    agent, sd = setup(tmp_path, "torch_engine")
     proc = start(agent, sd)
     seen: set[int] = set()
     try:
