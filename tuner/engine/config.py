@@ -13,7 +13,11 @@ from typing import Any
 
 
 class EngineConfigError(ValueError):
-    """A knob value that is invalid, or cannot apply on this device."""
+    """A knob value that is invalid, or cannot apply on this device. `field` names the knob."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass(frozen=True)
@@ -134,26 +138,46 @@ class EngineConfig:
             v = getattr(self, f.name)
             choices = f.metadata.get("choices")
             if choices and v not in choices:
-                raise EngineConfigError(f"{f.name}={v!r} is not one of {', '.join(choices)}")
+                raise EngineConfigError(f"{f.name}={v!r} is not one of {', '.join(choices)}", f.name)
             minimum = f.metadata.get("min")
             if minimum is not None and v is not None and v < minimum:
-                raise EngineConfigError(f"{f.name}={v!r} must be >= {minimum}")
+                raise EngineConfigError(f"{f.name}={v!r} must be >= {minimum}", f.name)
             if f.metadata.get("gpu_only") and device != "cuda" and v != f.default:
                 raise EngineConfigError(
-                    f"{f.name}={v!r} cannot apply on device {device!r}: it needs a CUDA GPU")
+                    f"{f.name}={v!r} cannot apply on device {device!r}: it needs a CUDA GPU", f.name)
         if device == "cuda":
             import torch
 
             if not torch.cuda.is_available():
-                raise EngineConfigError("device 'cuda' requested but torch sees no CUDA GPU")
+                raise EngineConfigError("device 'cuda' requested but torch sees no CUDA GPU", "device")
         if self.cuda_graphs and not self.pre_allocate:
-            raise EngineConfigError("cuda_graphs=True needs pre_allocate=True (graphs need fixed KV addresses)")
-        mc = self.model_config()
-        if mc.max_model_len < 8:
-            raise EngineConfigError(f"max_model_len={mc.max_model_len} must be >= 8")
+            raise EngineConfigError("cuda_graphs=True needs pre_allocate=True (graphs need fixed KV addresses)",
+                                    "cuda_graphs")
+        if self.weights is None:
+            check_pool(self.model_config(), self.dtype, self.kv_pool_mb)
 
     def knobs(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("knob")}
+
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def slot_bytes(mc: ModelConfig, dtype: str) -> int:
+    """KV bytes of one sequence slot: max_model_len + 1 positions (one scratch), all layers, k and v."""
+    return mc.num_layers * 2 * mc.num_kv_heads * (mc.max_model_len + 1) * mc.head_dim * DTYPE_BYTES[dtype]
+
+
+def check_pool(mc: ModelConfig, dtype: str, pool_mb: int) -> int:
+    """The pool's capacity in sequences; EngineConfigError if it cannot hold one."""
+    per = slot_bytes(mc, dtype)
+    capacity = (pool_mb * 2**20) // per
+    if capacity < 1:
+        need = -(-per // 2**20)
+        raise EngineConfigError(
+            f"kv_pool_mb={pool_mb} cannot hold one sequence of max_model_len={mc.max_model_len} "
+            f"({per / 2**20:.1f} MiB per sequence in {dtype}); use kv_pool_mb >= {need}", "kv_pool_mb")
+    return capacity
 
 
 def knob_names() -> list[str]:

@@ -13,7 +13,7 @@ import logging
 
 import torch
 
-from tuner.engine.config import EngineConfigError, ModelConfig
+from tuner.engine.config import ModelConfig, check_pool, slot_bytes
 
 log = logging.getLogger(__name__)
 
@@ -21,18 +21,13 @@ log = logging.getLogger(__name__)
 class KVPool:
     def __init__(self, mc: ModelConfig, *, dtype: torch.dtype, device: str, pool_mb: int,
                  pre_allocate: bool) -> None:
+        dtype_name = str(dtype).removeprefix("torch.")
         self.mc = mc
         self.dtype = dtype
         self.device = device
         self.positions = mc.max_model_len + 1  # the last one is a scratch column
-        elem = torch.empty(0, dtype=dtype).element_size()
-        self.slot_bytes = mc.num_layers * 2 * mc.num_kv_heads * self.positions * mc.head_dim * elem
-        self.capacity = (pool_mb * 2**20) // self.slot_bytes
-        if self.capacity < 1:
-            need = -(-self.slot_bytes // 2**20)
-            raise EngineConfigError(
-                f"kv_pool_mb={pool_mb} cannot hold one sequence of max_model_len={mc.max_model_len} "
-                f"({self.slot_bytes / 2**20:.1f} MiB per sequence); use kv_pool_mb >= {need}")
+        self.slot_bytes = slot_bytes(mc, dtype_name)
+        self.capacity = check_pool(mc, dtype_name, pool_mb)
         self.allocated = 0
         self.data: torch.Tensor | None = None
         self.k: list[torch.Tensor] = []

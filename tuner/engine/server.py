@@ -364,8 +364,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_from_namespace(args)
         server = EngineServer(cfg, model_name=args.served_model_name)
-    except (EngineConfigError, ValueError, FileNotFoundError) as exc:
-        log.error("invalid engine configuration: %s", exc)
+    except EngineConfigError as exc:
+        # argparse's wording, so that a launcher can tell a rejected configuration from a crash
+        flag = f"argument --{exc.field.replace('_', '-')}: " if exc.field else ""
+        log.error("error: %sinvalid engine configuration: %s", flag, exc)
+        return 2
+    except (ValueError, OSError, KeyError) as exc:
+        log.error("error: cannot start the engine: %s: %s", type(exc).__name__, exc)
         return 2
     log.info("serving %s on http://%s:%d (device %s)", server.model_name, args.host, args.port,
              server.engine.device)

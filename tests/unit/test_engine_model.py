@@ -1,0 +1,93 @@
+"""The engine's Llama model against Hugging Face transformers, and its INT8 layers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tuner.engine.config import ModelConfig
+from tuner.engine.kv_pool import KVPool
+from tuner.engine.model import QLinear, build_model, hf_model_config
+
+transformers = pytest.importorskip("transformers")
+
+
+def _save_hf(tmp: Path, *, tie: bool, rope_scaling: dict | None = None) -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, tie_word_embeddings=tie,
+        rope_theta=10000.0, rope_scaling=rope_scaling, eos_token_id=2, bos_token_id=1,
+    )
+    hf = transformers.LlamaForCausalLM(cfg).eval()
+    hf.save_pretrained(tmp, safe_serialization=True)
+    assert list(tmp.glob("*.safetensors"))
+    return hf
+
+
+def _ours(tmp: Path):
+    mc = hf_model_config(tmp)
+    model = build_model(mc, dtype="float32", device="cpu", weights=str(tmp))
+    pool = KVPool(mc, dtype=torch.float32, device="cpu", pool_mb=16, pre_allocate=True)
+    return mc, model, pool
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_logits_agree_with_transformers(tmp_path: Path, tie: bool) -> None:
+    hf = _save_hf(tmp_path, tie=tie)
+    mc, model, pool = _ours(tmp_path)
+    assert mc.num_kv_heads == 2 and mc.tie_word_embeddings == tie
+    ids = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf(ids[None]).logits[0].float()  # [T, vocab]
+        # whole prompt in one prefill
+        last = model.prefill(ids, 0, 0, pool.k, pool.v)
+        torch.testing.assert_close(last, ref[-1], rtol=1e-4, atol=1e-4)
+        # chunked prefill (masked attention over earlier chunks) into another slot
+        for start in range(0, 40, 16):
+            last = model.prefill(ids[start:start + 16], start, 1, pool.k, pool.v)
+        torch.testing.assert_close(last, ref[-1], rtol=1e-4, atol=1e-4)
+        # decode path: one token at a time from position 30, two rows (slots 0 and 1)
+        for pos in range(30, 40):
+            toks = torch.tensor([ids[pos], ids[pos]])
+            positions = torch.tensor([pos, pos])
+            logits = model.decode(toks, positions, pool.k, pool.v, attn_len=64)
+            torch.testing.assert_close(logits[0], ref[pos], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(logits[1], ref[pos], rtol=1e-4, atol=1e-4)
+
+
+def test_llama3_rope_scaling_agrees(tmp_path: Path) -> None:
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 32}
+    hf = _save_hf(tmp_path, tie=False, rope_scaling=scaling)
+    mc, model, pool = _ours(tmp_path)
+    assert mc.rope_scaling is not None
+    ids = torch.arange(3, 100)
+    with torch.no_grad():
+        ref = hf(ids[None]).logits[0, -1].float()
+        torch.testing.assert_close(model.prefill(ids, 0, 0, pool.k, pool.v), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_int8_linear_is_close_to_float() -> None:
+    torch.manual_seed(0)
+    lin = QLinear(128, 64)
+    lin.weight.data.normal_(0, 0.02)
+    x = torch.randn(5, 128)
+    ref = lin(x)
+    lin.quantize_int8()
+    assert lin.weight.dtype == torch.int8
+    out = lin(x)
+    err = (out - ref).abs().max() / ref.abs().max()
+    assert err < 0.02
+
+
+def test_random_weights_are_seeded() -> None:
+    mc = ModelConfig(vocab_size=300, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                     intermediate_size=64, max_model_len=32)
+    a = build_model(mc, dtype="float32", device="cpu", seed=3)
+    b = build_model(mc, dtype="float32", device="cpu", seed=3)
+    c = build_model(mc, dtype="float32", device="cpu", seed=4)
+    assert torch.equal(a.layers[0].qkv.weight, b.layers[0].qkv.weight)
+    assert not torch.equal(a.layers[0].qkv.weight, c.layers[0].qkv.weight)
