@@ -28,18 +28,8 @@ def _logging() -> None:
                             stream=sys.stderr)
 
 
-def current_study_name(state_dir: Path, agent_name: str) -> str:
-    """The study the daemon continues for this agent (a suffixed one after a target/workload change)."""
-    p = state_dir / agent_name / "daemon_study.json"
-    if p.is_file():
-        try:
-            return str(json.loads(p.read_text())["study"])
-        except (OSError, ValueError, KeyError):
-            pass
-    return agent_name
-
-
 def _session(agent_path: Path, state_dir: Path | None) -> Any:
+    from tuner.daemon import current_study_name
     from tuner.loop import open_session, state_dir_for
     from tuner.spec import load_agent
 

@@ -142,6 +142,17 @@ def fingerprint(describe: dict[str, Any], workload: Any) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:8]
 
 
+def current_study_name(state_dir: Path, agent_name: str) -> str:
+    """The study the daemon continues for this agent (a suffixed one after a target/workload change)."""
+    p = Path(state_dir) / agent_name / "daemon_study.json"
+    if p.is_file():
+        try:
+            return str(json.loads(p.read_text())["study"])
+        except (OSError, ValueError, KeyError):
+            pass
+    return agent_name
+
+
 def plan_study(agent: Any, target: Any, state_dir: Path) -> tuple[str, str | None]:
     """The study this cycle continues: (name, the former study's name when the conditions changed)."""
     spec = agent.spec
@@ -497,7 +508,7 @@ def run_daemon(agent_paths: Sequence[Path | str], state_dir: Path | str, *, port
     # resume after a SIGKILL: orphan servers and stale RUNNING trials of every agent, before anything new
     for a in agents:
         try:
-            reap(open_session(a, state, study_name=plan_study(a, _target_of(a), state)[0]))
+            reap(open_session(a, state, target=_target_of(a), study_name=current_study_name(state, a.name)))
         except Exception as exc:  # noqa: BLE001 - a broken agent must not keep the others from running
             rt.agents[a.name].last_ok = False
             rt.agents[a.name].last_error = f"start-up: {type(exc).__name__}: {exc}"

@@ -163,3 +163,21 @@ def test_check_fails_without_a_daemon(tmp_path: Path) -> None:
     assert r.exit_code == 1 and "no heartbeat" in r.output
     r = CliRunner().invoke(app(), ["check", "--url", "http://127.0.0.1:9"])
     assert r.exit_code == 1
+
+
+def test_schedule_becomes_an_interval_or_cron_trigger() -> None:
+    from apscheduler.triggers.cron import CronTrigger
+    from apscheduler.triggers.interval import IntervalTrigger
+
+    from tuner.daemon import _trigger
+    from tuner.spec import ScheduleSpec
+
+    class S:
+        schedule = ScheduleSpec(every="6h")
+
+    trig, grace = _trigger(S)
+    assert isinstance(trig, IntervalTrigger) and trig.interval.total_seconds() == 6 * 3600 and grace >= 6 * 3600
+    S.schedule = ScheduleSpec(cron="30 2 * * 1")
+    trig, grace = _trigger(S)
+    assert isinstance(trig, CronTrigger) and grace > 0
+    assert [str(f) for f in trig.fields if f.name in ("hour", "minute", "day_of_week")] == ["1", "2", "30"]
