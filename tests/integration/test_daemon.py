@@ -181,3 +181,18 @@ def test_schedule_becomes_an_interval_or_cron_trigger() -> None:
     trig, grace = _trigger(S)
     assert isinstance(trig, CronTrigger) and grace > 0
     assert [str(f) for f in trig.fields if f.name in ("hour", "minute", "day_of_week")] == ["1", "2", "30"]
+
+
+def test_check_fails_when_the_last_cycle_failed_or_the_heartbeat_is_stale(tmp_path: Path) -> None:
+    from tuner.daemon import check_alive, heartbeat_path
+
+    hb = heartbeat_path(tmp_path)
+    beat = {"pid": 1, "time": time.time(), "interval_s": 2.0, "agents": {"a": {"last_ok": True}}}
+    hb.write_text(json.dumps(beat))
+    assert check_alive(state_dir=tmp_path)[0]
+    hb.write_text(json.dumps({**beat, "agents": {"a": {"last_ok": False, "last_error": "ConfigError: boom"}}}))
+    ok, why = check_alive(state_dir=tmp_path)
+    assert not ok and "boom" in why
+    hb.write_text(json.dumps({**beat, "time": time.time() - 60}))
+    ok, why = check_alive(state_dir=tmp_path)
+    assert not ok and "old" in why
