@@ -14,7 +14,7 @@ import json
 import logging
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -144,6 +144,10 @@ class LlamaModel(nn.Module):
         self.register_buffer("cos", torch.empty(0), persistent=False)
         self.register_buffer("sin", torch.empty(0), persistent=False)
 
+    @property
+    def blocks(self) -> list[Block]:
+        return cast(list[Block], list(self.layers))
+
     def init_rope(self) -> None:
         cos, sin = rope_tables(self.cfg, self.rope_len, self.embed.weight.device)
         self.cos, self.sin = cos, sin
@@ -165,7 +169,7 @@ class LlamaModel(nn.Module):
         if start > 0:
             qpos = torch.arange(start, end, device=tokens.device)[:, None]
             mask = torch.arange(end, device=tokens.device)[None, :] <= qpos
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.blocks):
             h = layer.ln1(x)
             q, k, v = layer.qkv_split(h)  # [C, H, hd], [C, Hkv, hd]
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -199,7 +203,7 @@ class LlamaModel(nn.Module):
         sin = self.sin[positions][:, None, :]
         rows = torch.arange(b, device=tokens.device)
         mask = (torch.arange(attn_len, device=tokens.device)[None, :] <= positions[:, None])[:, None, None, :]
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.blocks):
             h = layer.ln1(x)
             q, k, v = layer.qkv_split(h)  # [b, H, hd], [b, Hkv, hd]
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -229,7 +233,7 @@ def build_model(cfg: ModelConfig, *, dtype: str, device: str, seed: int = 0,
     model = model.to(device=device, dtype=torch_dtype)
     model.init_rope()
     if quantization == "int8":
-        for layer in model.layers:
+        for layer in model.blocks:
             for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
                 lin.quantize_int8()
     elif quantization != "none":
@@ -244,7 +248,7 @@ def init_random(model: LlamaModel, seed: int) -> None:
     std = 0.02
     with torch.no_grad():
         model.embed.weight.normal_(0.0, 1.0, generator=gen)
-        for layer in model.layers:
+        for layer in model.blocks:
             for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
                 lin.weight.normal_(0.0, std, generator=gen)
         # A larger output scale spreads the logits so greedy choices are not near-ties.
@@ -307,7 +311,7 @@ def load_hf_weights(model: LlamaModel, path: Path) -> None:
 
     with torch.no_grad():
         model.embed.weight.copy_(take("embed_tokens.weight"))
-        for i, layer in enumerate(model.layers):
+        for i, layer in enumerate(model.blocks):
             p = f"layers.{i}."
             layer.qkv.weight.copy_(torch.cat([take(p + "self_attn.q_proj.weight"),
                                               take(p + "self_attn.k_proj.weight"),

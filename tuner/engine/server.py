@@ -26,6 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from tuner.engine.config import EngineConfig, EngineConfigError, add_engine_arguments, config_from_namespace
+from tuner.engine.engine import EngineStats
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ def error_response(err: ApiError) -> web.Response:
     return web.json_response(err.body(), status=err.status)
 
 
-class PromStats:
+class PromStats(EngineStats):
     """The engine's metrics in a private Prometheus registry."""
 
     def __init__(self, model_name: str) -> None:
