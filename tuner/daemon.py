@@ -13,6 +13,7 @@ grace. After a SIGKILL the next start reaps stale trials and orphan servers (loo
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -493,6 +494,7 @@ def run_daemon(agent_paths: Sequence[Path | str], state_dir: Path | str, *, port
     state = Path(state_dir).resolve()
     state.mkdir(parents=True, exist_ok=True)
     agents = [load_agent(p) for p in agent_paths]
+    single = _single_instance(state)
     names = [a.name for a in agents]
     if len(set(names)) != len(names):
         from tuner.errors import ConfigError
@@ -514,6 +516,7 @@ def run_daemon(agent_paths: Sequence[Path | str], state_dir: Path | str, *, port
             rt.agents[a.name].last_error = f"start-up: {type(exc).__name__}: {exc}"
             log.error("cannot prepare %s: %s", a.name, exc)
 
+    _prune_jobs(state / "jobs.db", {job_id(a.name) for a in agents})
     scheduler = BlockingScheduler(
         jobstores={"default": SQLAlchemyJobStore(url=f"sqlite:///{state / 'jobs.db'}")},
         executors={"default": ThreadPoolExecutor(max_workers=max(1, len(agents)))},
@@ -564,11 +567,46 @@ def run_daemon(agent_paths: Sequence[Path | str], state_dir: Path | str, *, port
         if srv is not None:
             srv.shutdown()
         _RUNTIME = None
+        single.close()
     if not clean:
         log.error("the running cycle did not stop within %.0fs; exiting anyway", grace_s)
         os._exit(1)  # worker threads are stuck: do not wait for them (servers die with us: PDEATHSIG)
     log.info("daemon stopped cleanly")
     return 0
+
+
+def _single_instance(state: Path) -> Any:
+    """One daemon per state dir: hold an exclusive flock for the daemon's life (released when it dies)."""
+    import fcntl
+
+    from tuner.errors import ConfigError
+
+    f = open(daemon_dir(state) / "daemon.lock", "a+")  # noqa: SIM115 - held until the daemon stops
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise ConfigError(f"another tuner daemon already runs on the state dir {state}") from None
+    return f
+
+
+def _prune_jobs(db: Path, keep: set[str]) -> None:
+    """Drop persisted cycle jobs of agents this daemon no longer runs (their files were left out)."""
+    import sqlite3
+
+    if not db.is_file():
+        return
+    with contextlib.closing(sqlite3.connect(db)) as con:
+        try:
+            ids = [r[0] for r in con.execute("SELECT id FROM apscheduler_jobs")]
+        except sqlite3.OperationalError:
+            return  # no table yet
+        stale = [i for i in ids if i.startswith("cycle:") and i not in keep]
+        for i in stale:
+            con.execute("DELETE FROM apscheduler_jobs WHERE id = ?", (i,))
+        con.commit()
+    if stale:
+        log.info("removed the scheduled jobs of agents no longer given: %s", stale)
 
 
 def _shutdown(scheduler: Any) -> None:

@@ -86,6 +86,9 @@ def test_daemon_runs_cycles_on_schedule_serves_health_and_stops_on_sigterm(tmp_p
         assert 'tuner_trials{agent="dsim",state="COMPLETE"}' in text and "tuner_best_objective" in text
         run = CliRunner().invoke
         assert run(app(), ["check", "--url", url]).exit_code == 0
+        second = subprocess.run([sys.executable, "-m", "tuner.cli_ops", "daemon", str(agent), "--state-dir", str(sd),
+                                 "--port", "-1"], cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert second.returncode == 2 and "another tuner daemon" in second.stderr
         assert run(app(), ["check", "--state-dir", str(sd)]).exit_code == 0
 
         proc.send_signal(signal.SIGTERM)
