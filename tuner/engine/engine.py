@@ -317,6 +317,7 @@ class Engine:
             self._release(req)
         out = torch.cat(parts) if len(parts) > 1 else parts[0] if parts else None
         if out is None:
+            self._flush()
             return
         if self.cfg.async_output:
             host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)

@@ -1,0 +1,159 @@
+"""The engine's GPU paths: CUDA graphs, async output, stream priority, torch.compile, bf16 and INT8.
+
+Skipped without CUDA. Runs under pytest (`-m gpu`) or on its own on a GPU host that lacks pytest:
+`python tests/integration/test_engine_gpu.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+try:
+    import pytest
+
+    pytestmark = [pytest.mark.gpu,
+                  pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+except ImportError:  # run as a script on a host without pytest
+    pytest = None  # type: ignore[assignment]
+
+from tuner.engine.config import EngineConfig  # noqa: E402
+from tuner.engine.engine import Engine, Request  # noqa: E402
+
+PROMPTS = [list(range(7 + 3 * i, 7 + 3 * i + n)) for i, n in enumerate([5, 33, 17, 90, 9, 48, 2, 64, 21, 3])]
+MAX_TOKENS = [12, 5, 20, 8, 16, 3, 11, 9, 30, 7]
+BASE = {"device": "cuda", "prefill_chunk_tokens": 16, "batching": "continuous", "kv_pool_mb": 64}
+
+
+def generate(**knobs: Any) -> list[list[int]]:
+    tokens: dict[int, list[int]] = {}
+    done: dict[int, threading.Event] = {}
+
+    def emit(items: list[Any]) -> None:
+        for req, toks, reason in items:
+            tokens.setdefault(req.id, []).extend(toks)
+            if reason is not None:
+                done[req.id].set()
+
+    engine = Engine(EngineConfig(**{**BASE, **knobs}), emit=emit)
+    engine.start()
+    assert engine.ready.wait(600), "engine not ready"
+    try:
+        reqs = []
+        for p, m in zip(PROMPTS, MAX_TOKENS, strict=True):
+            r = Request(prompt=p, max_tokens=m, ignore_eos=True)
+            done[r.id] = threading.Event()
+            reqs.append(r)
+            engine.submit(r)
+        for r in reqs:
+            assert done[r.id].wait(300), "request did not finish"
+        assert engine.fatal is None
+        return [tokens[r.id] for r in reqs]
+    finally:
+        engine.stop()
+
+
+_reference: list[list[int]] = []
+
+
+def reference() -> list[list[int]]:
+    if not _reference:
+        _reference.extend(generate(max_batch_size=1))
+    return _reference
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> float:
+    same = sum(x == y for p, q in zip(a, b, strict=True) for x, y in zip(p, q, strict=True))
+    return same / sum(len(p) for p in a)
+
+
+def test_cuda_graphs_and_async_output_keep_greedy_output() -> None:
+    ref = reference()
+    for knobs in ({"max_batch_size": 8},
+                  {"max_batch_size": 8, "pre_allocate": True, "cuda_graphs": True, "warmup": True},
+                  {"max_batch_size": 6, "pre_allocate": True, "cuda_graphs": True, "async_output": True,
+                   "stream_priority": "high", "cuda_graph_max_batch": 4},
+                  {"max_batch_size": 8, "async_output": True},
+                  {"max_batch_size": 8, "batching": "static", "pre_allocate": True, "cuda_graphs": True}):
+        out = generate(**knobs)
+        assert [len(o) for o in out] == MAX_TOKENS, knobs
+        assert out == ref, (knobs, agreement(out, ref))
+
+
+def test_compile_keeps_greedy_output() -> None:
+    out = generate(max_batch_size=8, compile=True, pre_allocate=True, cuda_graphs=True, warmup=True,
+                   cuda_graph_max_batch=8)
+    assert agreement(out, reference()) >= 0.95
+
+
+def test_bf16_and_int8_mostly_agree_with_float32() -> None:
+    for knobs in ({"dtype": "bfloat16"}, {"dtype": "bfloat16", "quantization": "int8"},
+                  {"dtype": "bfloat16", "pre_allocate": True, "cuda_graphs": True}):
+        out = generate(max_batch_size=8, **knobs)
+        assert [len(o) for o in out] == MAX_TOKENS
+        assert agreement(out, reference()) > 0.3, knobs  # random weights: diverges after a first flip
+
+
+def test_server_on_gpu_with_every_knob(tmp_path: Path | None = None) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "tuner.engine.server", "--port", str(port), "--device", "cuda",
+                             "--preset", "tiny", "--batching", "continuous", "--pre-allocate", "--cuda-graphs",
+                             "--async-output", "--stream-priority", "high", "--warmup", "--dtype", "bfloat16",
+                             "--max-batch-size", "16"], cwd=ROOT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        end = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None and time.monotonic() < end
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.2)
+        body = json.dumps({"prompt": "Hello GPU", "max_tokens": 20, "temperature": 0, "ignore_eos": True,
+                           "stream": True, "stream_options": {"include_usage": True}}).encode()
+        with urllib.request.urlopen(urllib.request.Request(base + "/v1/completions", data=body), timeout=60) as r:
+            events = [e for e in r.read().decode().split("\n\n") if e]
+        assert events[-1] == "data: [DONE]" and len(events) == 22
+        with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+            metrics = r.read().decode()
+        capture = [line for line in metrics.splitlines() if 'phase="capture"' in line][0]
+        assert float(capture.split()[-1]) > 0
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        print("no CUDA GPU: nothing to check")
+        sys.exit(0)
+    failed = 0
+    for name, fn in list(globals().items()):
+        if name.startswith("test_") and callable(fn):
+            t0 = time.perf_counter()
+            try:
+                fn()
+                print(f"PASS {name} ({time.perf_counter() - t0:.1f} s)", flush=True)
+            except Exception as exc:  # noqa: BLE001 - report every check
+                failed += 1
+                print(f"FAIL {name}: {type(exc).__name__}: {exc}", flush=True)
+                import traceback
+
+                traceback.print_exc()
+    sys.exit(1 if failed else 0)
