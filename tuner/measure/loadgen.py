@@ -77,6 +77,7 @@ class RunResult:
     saturated: bool = False
     max_concurrent: int = 0
     notes: list[str] = field(default_factory=list)
+    cooldown_sent: int = 0  # requests sent after the measured window (cancelled once the measured ones finished)
 
 
 # --------------------------------------------------------------------------------------------- requests
@@ -270,6 +271,7 @@ class _Run:
         self.measure_end_s: float | None = None
         self.stop_s = math.inf  # no requests at all after this (cool-down limit)
         self.saturated = False
+        self.cooldown_sent = 0
         self.all_measured_done = asyncio.Event()
         self._last_progress = 0.0
         self.sem = asyncio.Semaphore(cfg.concurrency) if (not cfg.closed_loop and cfg.concurrency) else None
@@ -283,11 +285,13 @@ class _Run:
         """Decide (at dispatch) whether this request is measured; returns warmup flag. Ends the window."""
         cfg = self.cfg
         if self.measuring_over:
+            self.cooldown_sent += 1
             return True
         if plan.warmup or sched < cfg.warmup_s:
             return True
         if cfg.duration_s is not None and sched >= cfg.warmup_s + cfg.duration_s:
             self._end_measuring(sched)
+            self.cooldown_sent += 1
             return True
         self.measured_sent += 1
         if cfg.num_requests is not None and self.measured_sent >= cfg.num_requests:
@@ -348,9 +352,27 @@ class _Run:
                 plan = next(self.source)
                 sched = self.now()
                 warmup = self._classify(plan, sched)
+                if warmup and self.measuring_over and sched >= self.stop_s:
+                    self.cooldown_sent -= 1  # not sent after all
+                    return
                 await self._one(plan, sched, warmup)
 
-        await asyncio.gather(*(worker() for _ in range(conc)))
+        workers = [asyncio.create_task(worker()) for _ in range(conc)]
+        await self._drain(workers)
+
+    async def _drain(self, tasks: Sequence[asyncio.Task[None]]) -> None:
+        """Wait for `tasks`; once every measured request is done, cancel what is left (warm-up and
+        cool-down requests only: their records are not needed)."""
+        if not tasks:
+            return
+        everything: asyncio.Future[Any] = asyncio.gather(*tasks)
+        measured: asyncio.Future[Any] = asyncio.create_task(self.all_measured_done.wait())
+        await asyncio.wait([everything, measured], return_when=asyncio.FIRST_COMPLETED)
+        if not everything.done():
+            for t in tasks:
+                t.cancel()
+        await asyncio.gather(everything, return_exceptions=True)
+        measured.cancel()
 
     async def open(self) -> None:
         tasks: set[asyncio.Task[None]] = set()
@@ -382,11 +404,13 @@ class _Run:
                 self._end_measuring(target)
                 break
             warmup = self._classify(plan, target)
+            if warmup and self.measuring_over and target >= self.stop_s:
+                self.cooldown_sent -= 1  # not sent after all
+                break
             task = asyncio.create_task(self._one(plan, target, warmup))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
-        if tasks:
-            await asyncio.gather(*tasks)
+        await self._drain(list(tasks))
 
 
 def _pool_size(cfg: RunConfig) -> int:
@@ -422,7 +446,8 @@ async def run_async(cfg: RunConfig, plans: Sequence[RequestPlan], *, tok: Tokeni
     if run.saturated:
         notes.append(f"stopped early: more than {cfg.max_in_flight} requests in flight (saturated)")
     return RunResult(records=sorted(run.records, key=lambda r: r.index), wall_s=wall,
-                     saturated=run.saturated, max_concurrent=run.max_concurrent, notes=notes)
+                     saturated=run.saturated, max_concurrent=run.max_concurrent, notes=notes,
+                     cooldown_sent=run.cooldown_sent)
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -474,7 +499,7 @@ def client_summary(records: Sequence[RequestRecord], result: RunResult) -> dict[
     """Extra summary keys about the client side: max concurrency, scheduling lag, offered rate."""
     meas = [r for r in records if not r.warmup]
     out: dict[str, float] = {"max_concurrent_requests": float(result.max_concurrent),
-                             "saturated": float(result.saturated)}
+                             "saturated": float(result.saturated), "cooldown_requests": float(result.cooldown_sent)}
     if meas:
         lag = np.array([(r.sent_s - r.scheduled_s) * 1000.0 for r in meas])
         out["client_queue_ms_mean"] = float(lag.mean())
