@@ -44,6 +44,8 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=8192)
     ap.add_argument("--peak-gbs", type=float, default=4800.0, help="nominal DRAM bandwidth (H200: 4800 GB/s)")
     ap.add_argument("--interval-s", type=float, default=0.2)
+    ap.add_argument("--copy-mib", type=int, default=2048, help="size of each copy buffer")
+    ap.add_argument("--cpu-dry-run", action="store_true", help="exercise the script on the CPU (no telemetry)")
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     out_dir = Path(os.environ.get("OUT", "out"))
@@ -52,19 +54,29 @@ def main() -> int:
     import torch
 
     lines = ["# GPU telemetry check", ""]
-    if not torch.cuda.is_available():
+    if a.cpu_dry_run:
+        dev = torch.device("cpu")
+        name = "CPU (dry run)"
+
+        def sync() -> None:
+            pass
+    elif not torch.cuda.is_available():
         lines.append("No CUDA device: nothing measured.")
         (out_dir / "gpu_telemetry.md").write_text("\n".join(lines) + "\n")
         print("\n".join(lines))
         return 1
-    dev = torch.device("cuda", a.gpu)
-    torch.cuda.set_device(dev)
-    name = torch.cuda.get_device_name(dev)
+    else:
+        dev = torch.device("cuda", a.gpu)
+        torch.cuda.set_device(dev)
+        name = torch.cuda.get_device_name(dev)
+
+        def sync() -> None:
+            torch.cuda.synchronize()
     results: dict[str, dict[str, float]] = {}
     extra: dict[str, dict[str, float]] = {}
 
     # ---------------------------------------------------------------- idle
-    torch.cuda.synchronize()
+    sync()
     with gpu.GpuSampler([a.gpu], interval_s=a.interval_s) as s:
         t0 = time.monotonic()
         time.sleep(a.idle_s)
@@ -79,7 +91,7 @@ def main() -> int:
     z = torch.empty(n, n, device=dev, dtype=torch.bfloat16)
     for _ in range(3):
         torch.matmul(x, y, out=z)
-    torch.cuda.synchronize()
+    sync()
     iters = 0
     with gpu.GpuSampler([a.gpu], interval_s=a.interval_s) as s:
         t0 = time.monotonic()
@@ -87,18 +99,18 @@ def main() -> int:
             for _ in range(20):
                 torch.matmul(x, y, out=z)
             iters += 20
-            torch.cuda.synchronize()
+            sync()
         wall = time.monotonic() - t0
     results["matmul_bf16"] = s.result()
     extra["matmul_bf16"] = {"wall_s": wall, "tflops": 2 * n**3 * iters / wall / 1e12}
     del x, y, z
 
     # ---------------------------------------------------------------- copy (memory-bound)
-    numel = (2 << 30) // 2  # 2 GiB of bf16 per buffer
+    numel = (a.copy_mib << 20) // 2  # bf16 elements per buffer
     src = torch.empty(numel, device=dev, dtype=torch.bfloat16).fill_(1.0)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    torch.cuda.synchronize()
+    sync()
     iters = 0
     with gpu.GpuSampler([a.gpu], interval_s=a.interval_s) as s:
         t0 = time.monotonic()
@@ -106,7 +118,7 @@ def main() -> int:
             for _ in range(10):
                 dst.copy_(src)
             iters += 10
-            torch.cuda.synchronize()
+            sync()
         wall = time.monotonic() - t0
     gbs = 2 * src.numel() * src.element_size() * iters / wall / 1e9  # read + write
     results["copy_d2d"] = s.result()
