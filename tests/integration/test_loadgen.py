@@ -256,3 +256,24 @@ def test_stream_formats_other_servers_send(endpoint: str) -> None:
     finally:
         srv.shutdown()
     assert m.summary["errors_stream_broken"] == 2 and "boom" in m.records[0].error_detail
+
+
+def test_long_prompts_and_approximate_counts(timed_server) -> None:  # type: ignore[no-untyped-def]
+    w = wl(num_requests=4, prompt_tokens=LengthDist(dist="uniform", low=256, high=16384), output_tokens=LengthDist(
+        value=2))
+    m = measure_endpoint(timed_server.url, model="fake", seed=5, goodput_ms={}, tokenizer="byte", workload=w)
+    from tuner.measure.workload import build_plans
+
+    planned = [p.prompt_tokens for p in build_plans(w, seed=5)]
+    assert [r.prompt_tokens for r in m.records] == planned  # the server's byte count = the planned length
+    assert max(planned) > 1024
+    # a server that reports no usage, no tokenizer: counts are estimates, and the measurement says so
+    srv = sse_server(b'data: {"choices":[{"index":0,"text":"a"}]}\n\ndata: [DONE]\n\n')
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        m = measure_endpoint(url, model="m", seed=0, goodput_ms={}, workload=wl(num_requests=2))
+    finally:
+        srv.shutdown()
+    assert m.summary["completed"] == 2 and m.summary["prompt_tokens_exact"] == 0.0
+    assert any("approximate" in n for n in m.notes)
+    assert all(r.output_tokens == 1 for r in m.records)  # counted from the stream
