@@ -540,6 +540,9 @@ def measure_endpoint(base_url: str, *, model: str, workload: WorkloadSpec, goodp
 
     tok = load_tokenizer(tokenizer, base_dir=base_dir, seed=seed)
     plans, notes = plans_for(workload, seed=seed, tok=tok, base_dir=base_dir)
+    if workload.endpoint == "chat" and any(isinstance(p.prompt, list) for p in plans):
+        raise ConfigError("the chat endpoint needs text prompts; the dataset or trace gives token ids "
+                          "(use endpoint: completions)")
     cfg = replace(config_for(workload, base_url, model), seed=seed, max_in_flight=max_in_flight)
     if workload.arrival.kind == "trace":
         # a trace is replayed once: its own length bounds the run
