@@ -277,3 +277,14 @@ def test_long_prompts_and_approximate_counts(timed_server) -> None:  # type: ign
     assert m.summary["completed"] == 2 and m.summary["prompt_tokens_exact"] == 0.0
     assert any("approximate" in n for n in m.notes)
     assert all(r.output_tokens == 1 for r in m.records)  # counted from the stream
+
+
+def test_backlog_limit_stops_a_saturated_run() -> None:
+    with start_fake_server(ttft_ms=200, itl_ms=0, max_concurrency=1, queue=True) as srv:
+        w = wl(arrival=Arrival(kind="constant", rate_per_s=200.0), num_requests=400,
+               output_tokens=LengthDist(value=1), timeout_s=30.0)
+        m = measure_endpoint(srv.url, model="fake", seed=0, goodput_ms={}, tokenizer="byte", workload=w,
+                             max_in_flight=5)
+    s = m.summary
+    assert s["saturated"] == 1.0 and any("saturated" in n for n in m.notes)
+    assert s["completed"] + s["failed"] < 400 and s["max_concurrent_requests"] <= 5
