@@ -41,10 +41,14 @@ StateDirOpt = Annotated[
 def _setup_logging(verbose: bool = False) -> None:
     from rich.logging import RichHandler
 
-    level = logging.DEBUG if verbose else logging.INFO
-    logging.basicConfig(level=level, format="%(message)s", datefmt="[%X]",
+    # Default: warnings from everything, progress from the loop, daemon and promotion; -v: everything.
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="%(message)s",
+                        datefmt="[%X]",
                         handlers=[RichHandler(console=err_console, show_path=False, rich_tracebacks=False)])
-    for noisy in ("alembic", "mlflow", "urllib3", "httpx", "aiohttp.access", "optuna"):
+    if not verbose:
+        for chatty in ("tuner.loop", "tuner.daemon", "tuner.promote", "tuner.bench"):
+            logging.getLogger(chatty).setLevel(logging.INFO)
+    for noisy in ("alembic", "mlflow", "urllib3", "httpx", "aiohttp.access", "optuna", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
