@@ -55,19 +55,22 @@ def time_steps(runner: Runner, b: int, start: int, warmup: int, steps: int, devi
     return dt, start + (steps + 1) / 2.0
 
 
-def agreement(eager: Runner, graph: Runner, b: int, start: int) -> float:
-    """Share of rows whose greedy token is the same from the eager step and the graph replay."""
+def agreement(eager: Runner, graph: Runner, b: int, start: int) -> tuple[float, float]:
+    """Share of rows whose greedy token is the same from the eager step and the graph replay, and the
+    largest logit difference between the two (relative to the logits' spread)."""
     with eager.stream_ctx():
         tok0 = torch.randint(0, 256, (b,), device=eager.dec_tok.device)
         eager.dec_tok[:b] = tok0
         eager.dec_pos[:b] = start
-        eager.decode(b, start + 1)
+        le = eager.decode(b, start + 1).clone()
         a = eager.dec_tok[:b].clone()
         graph.dec_tok[:b] = tok0
         graph.dec_pos[:b] = start
-        graph.decode(b, start + 1)
+        lg = graph.decode(b, start + 1).clone()
         g = graph.dec_tok[:b].clone()
-    return float((a == g).float().mean())
+        torch.cuda.synchronize()  # the clones ran on the engine's stream; read them only once done
+    rel = float((le.double() - lg.double()).abs().max() / le.double().std().clamp(min=1e-12))
+    return float((a == g).float().mean()), rel
 
 
 def main() -> int:
@@ -78,6 +81,8 @@ def main() -> int:
     ap.add_argument("--batches", default=None, help="comma-separated batch sizes")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                    help="bfloat16 on a GPU, float32 on a CPU by default")
     args = ap.parse_args()
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     preset = "tiny" if args.smoke else "1b"
@@ -87,7 +92,7 @@ def main() -> int:
     steps = args.steps or (3 if args.smoke else 20)
     warmup = 1 if args.smoke else 3
     graphs = device == "cuda"
-    dtype = "bfloat16" if device == "cuda" else "float32"
+    dtype = args.dtype or ("bfloat16" if device == "cuda" else "float32")
     max_len = context + 2  # positions start-1 .. context-1 are decoded; +1 scratch column in the pool
     start = context - steps
     bmax = max(batches)
@@ -106,7 +111,7 @@ def main() -> int:
     eager_cfg = dataclasses.replace(cfg, cuda_graphs=False)
     eager_runner = Runner(eager_cfg, engine.model, engine.pool, device)
     w_bytes = weight_bytes(engine.model)
-    kv_per_token = mc.num_layers * 2 * mc.num_kv_heads * mc.head_dim * (2 if dtype != "float32" else 4)
+    kv_per_token = mc.num_layers * 2 * mc.num_kv_heads * mc.head_dim * (4 if dtype == "float32" else 2)
     name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
     print(f"{preset}: {mc.param_count() / 1e9:.2f} B params, {w_bytes / 1e9:.2f} GB read per step, "
           f"{dtype} on {name}; pool {engine.pool.capacity} slots; built in {load_s:.1f} s", flush=True)
@@ -116,6 +121,7 @@ def main() -> int:
         eager_s, ctx = time_steps(eager_runner, b, start, warmup, steps, device)
         graph_s = None
         agree = None
+        logit_diff = None
         capture_s = 0.0
         if graphs:
             c0 = time.perf_counter()
@@ -124,17 +130,19 @@ def main() -> int:
             sync(device)
             capture_s = time.perf_counter() - c0
             graph_s, _ = time_steps(graph_runner, b, start, warmup, steps, device)
-            agree = agreement(eager_runner, graph_runner, b, start)
+            agree, logit_diff = agreement(eager_runner, graph_runner, b, start)
         bytes_step = w_bytes + b * ctx * kv_per_token
         floor_s = bytes_step / PEAK_BW
         row = {"b": b, "eager_ms": eager_s * 1e3, "graph_ms": graph_s * 1e3 if graph_s else None,
                "floor_ms": floor_s * 1e3, "mbu_eager": floor_s / eager_s,
                "mbu_graph": floor_s / graph_s if graph_s else None, "tok_eager": b / eager_s,
-               "tok_graph": b / graph_s if graph_s else None, "capture_s": capture_s, "agree": agree}
+               "tok_graph": b / graph_s if graph_s else None, "capture_s": capture_s, "agree": agree,
+               "logit_diff": logit_diff}
         rows.append(row)
         print(f"batch {b}: eager {row['eager_ms']:.3f} ms" + (
             f", graph {row['graph_ms']:.3f} ms (x{eager_s / graph_s:.1f}), MBU graph {row['mbu_graph']:.0%}, "
-            f"capture {capture_s:.3f} s, token agreement {agree:.0%}" if graph_s else ""), flush=True)
+            f"capture {capture_s:.3f} s, token agreement {agree:.0%}, max logit diff {logit_diff:.2g} std"
+            if graph_s else ""), flush=True)
 
     def f(v: float | None, fmt: str) -> str:
         return "-" if v is None else format(v, fmt)
@@ -148,15 +156,16 @@ def main() -> int:
         f"({steps} steps after {warmup} warm-up, host-synchronised).",
         "",
         "| batch | eager ms/step | CUDA graph ms/step | graph speed-up | floor ms | MBU eager | MBU graph "
-        "| tok/s eager | tok/s graph | capture s | greedy agreement |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| tok/s eager | tok/s graph | capture s | greedy agreement | max logit diff (std) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         speed = r["eager_ms"] / r["graph_ms"] if r["graph_ms"] else None
         lines.append(
             f"| {r['b']} | {r['eager_ms']:.3f} | {f(r['graph_ms'], '.3f')} | {f(speed, '.1f')}x "
             f"| {r['floor_ms']:.3f} | {r['mbu_eager']:.0%} | {f(r['mbu_graph'], '.0%')} | {r['tok_eager']:,.0f} "
-            f"| {f(r['tok_graph'], ',.0f')} | {r['capture_s']:.3f} | {f(r['agree'], '.0%')} |")
+            f"| {f(r['tok_graph'], ',.0f')} | {r['capture_s']:.3f} | {f(r['agree'], '.0%')} "
+            f"| {f(r['logit_diff'], '.2g')} |")
     verdicts = []
     by_b = {r["b"]: r for r in rows}
     if 1 in by_b and by_b[1]["graph_ms"]:

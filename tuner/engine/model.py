@@ -34,9 +34,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
 class QLinear(nn.Module):
@@ -102,7 +100,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     rot = torch.cat([-x2, x1], dim=-1)
-    return (x.float() * cos + rot.float() * sin).to(x.dtype)
+    return x * cos + rot * sin
 
 
 class Block(nn.Module):
@@ -150,7 +148,8 @@ class LlamaModel(nn.Module):
 
     def init_rope(self) -> None:
         cos, sin = rope_tables(self.cfg, self.rope_len, self.embed.weight.device)
-        self.cos, self.sin = cos, sin
+        dtype = self.embed.weight.dtype
+        self.cos, self.sin = cos.to(dtype), sin.to(dtype)
 
     # ------------------------------------------------------------------ prefill
     def prefill(self, tokens: torch.Tensor, start: int, slot: int, k_cache: list[torch.Tensor],
@@ -202,7 +201,10 @@ class LlamaModel(nn.Module):
         cos = self.cos[positions][:, None, :]
         sin = self.sin[positions][:, None, :]
         rows = torch.arange(b, device=tokens.device)
-        mask = (torch.arange(attn_len, device=tokens.device)[None, :] <= positions[:, None])[:, None, None, :]
+        visible = torch.arange(attn_len, device=tokens.device)[None, :] <= positions[:, None]
+        # one additive mask per step (SDPA would convert a boolean one in every layer)
+        mask = torch.zeros(visible.shape, dtype=x.dtype, device=x.device).masked_fill_(
+            ~visible, float("-inf"))[:, None, None, :]
         for i, layer in enumerate(self.blocks):
             h = layer.ln1(x)
             q, k, v = layer.qkv_split(h)  # [b, H, hd], [b, Hkv, hd]
