@@ -220,13 +220,14 @@ def run_agent_cycle(agent_path: Path | str, state_dir: Path | str, *, stop: thre
         while not lock.acquire(timeout=0.5):
             if stop.is_set():
                 return {"agent": spec.name, "skipped": "stopping"}
+    began = time.time()  # the GPU group is ours from here
     try:
         target = make_target(spec.target.kind, agent.target_options, agent.path.parent)
         study_name, old = plan_study(agent, target, state_dir)
         session = open_session(agent, state_dir, target=target, study_name=study_name)
         warmed = warm_start(session, old) if old else []
         result = run_cycle(session, trials=trials, stop_event=stop)
-        out: dict[str, Any] = {"agent": spec.name, "study": study_name, "cycle": result.cycle,
+        out: dict[str, Any] = {"agent": spec.name, "began": began, "study": study_name, "cycle": result.cycle,
                                "run_id": result.run_id, "trials": [o.number for o in result.outcomes],
                                "interrupted": result.interrupted, "warm_started": warmed}
         if not result.interrupted and not stop.is_set():
@@ -242,6 +243,7 @@ def run_agent_cycle(agent_path: Path | str, state_dir: Path | str, *, stop: thre
                 metrics.champion_age.labels(spec.name).set(champ["age_s"])
             if out.get("check", {}).get("action") == "promoted":
                 metrics.promotions.labels(spec.name).inc()
+        out["ended"] = time.time()
         return out
     finally:
         if lock is not None:

@@ -199,3 +199,31 @@ def test_check_fails_when_the_last_cycle_failed_or_the_heartbeat_is_stale(tmp_pa
     hb.write_text(json.dumps({**beat, "time": time.time() - 60}))
     ok, why = check_alive(state_dir=tmp_path)
     assert not ok and "old" in why
+
+
+def test_cycles_of_agents_sharing_gpus_never_overlap(tmp_path: Path) -> None:
+    sd = tmp_path / "state"
+    agents = []
+    for name in ("gpu-a", "gpu-b"):
+        p = write_agent(tmp_path, name)
+        p.write_text(p.read_text().replace("every: 5s", "every: 1s") + "gpus: [0, 1]\ntracking: {enabled: false}\n")
+        agents.append(p)
+    proc = subprocess.Popen([sys.executable, "-m", "tuner.cli_ops", "daemon", *map(str, agents), "--state-dir",
+                             str(sd), "--port", "-1"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while min(len(cycles(sd, "gpu-a")), len(cycles(sd, "gpu-b"))) < 3 and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    spans = [(c["began"], c["ended"], c["agent"]) for n in ("gpu-a", "gpu-b") for c in cycles(sd, n) if "ended" in c]
+    assert {a for _, _, a in spans} == {"gpu-a", "gpu-b"} and len(spans) >= 6
+    spans.sort()
+    for (b1, e1, a1), (b2, _, a2) in zip(spans, spans[1:], strict=False):
+        assert e1 <= b2, f"{a1} [{b1}, {e1}] overlaps {a2} from {b2}"
