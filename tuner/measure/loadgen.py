@@ -23,6 +23,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -413,6 +414,33 @@ class _Run:
         await self._drain(list(tasks))
 
 
+_gc_lock = threading.Lock()
+_gc_users = 0
+_gc_saved: tuple[int, ...] = ()
+
+
+@contextmanager
+def _quiet_gc() -> Iterator[None]:
+    """Fewer, cheaper collector pauses while runs are timed (not none: long runs must not pile up cycles).
+
+    Process-wide and reference-counted, so concurrent runs in worker threads restore the settings once."""
+    global _gc_users, _gc_saved
+    with _gc_lock:
+        if _gc_users == 0:
+            _gc_saved = gc.get_threshold()
+            gc.freeze()
+            gc.set_threshold(50_000, 50, 100)
+        _gc_users += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_users -= 1
+            if _gc_users == 0:
+                gc.set_threshold(*_gc_saved)
+                gc.unfreeze()
+
+
 def _pool_size(cfg: RunConfig) -> int:
     if cfg.closed_loop:
         return max(1, cfg.concurrency or 1)
@@ -430,16 +458,11 @@ async def run_async(cfg: RunConfig, plans: Sequence[RequestPlan], *, tok: Tokeni
                                      skip_auto_headers=("User-Agent",)) as session:
         t0 = time.perf_counter()
         run = _Run(cfg, _Client(cfg, session, tok, t0), plans, progress)
-        gc_was = gc.isenabled()
-        gc.disable()  # no collector pauses inside the timed section
-        try:
+        with _quiet_gc():
             if cfg.closed_loop:
                 await run.closed()
             else:
                 await run.open()
-        finally:
-            if gc_was:
-                gc.enable()
         wall = time.perf_counter() - t0
         run._report(force=True)
     notes = []
