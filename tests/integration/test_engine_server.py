@@ -231,3 +231,28 @@ def test_health_is_503_until_the_engine_is_ready() -> None:
     assert asyncio.run(srv.health(None)).status == 200  # type: ignore[arg-type]
     srv.engine.fatal = RuntimeError("boom")
     assert asyncio.run(srv.health(None)).status == 503  # type: ignore[arg-type]
+
+
+def test_client_disconnect_mid_stream_frees_the_request(server: str) -> None:
+    """A client that goes away mid-stream is aborted: nothing stays running, the server keeps serving."""
+    body = json.dumps({"model": MODEL, "prompt": "bye", "max_tokens": 200, "stream": True, "temperature": 0,
+                       "ignore_eos": True}).encode()
+    host, port = server.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        got = b""
+        while b"data: " not in got:
+            chunk = s.recv(4096)
+            assert chunk, "connection closed before the first token"
+            got += chunk
+    end = time.monotonic() + 30
+    while True:
+        text = _get(server + "/metrics")[1].decode()
+        running = [ln for ln in text.splitlines() if ln.startswith("vllm:num_requests_running{")]
+        if running and float(running[0].split()[-1]) == 0.0:
+            break
+        assert time.monotonic() < end, running
+        time.sleep(0.1)
+    status, out = _post(server + "/v1/completions", {"model": MODEL, "prompt": "still here", "max_tokens": 2})
+    assert status == 200 and out["usage"]["completion_tokens"] == 2

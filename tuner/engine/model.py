@@ -200,21 +200,27 @@ class LlamaModel(nn.Module):
         x = self.embed(tokens)  # [b, d]
         cos = self.cos[positions][:, None, :]
         sin = self.sin[positions][:, None, :]
-        rows = torch.arange(b, device=tokens.device)
+        hkv, hd = cfg.num_kv_heads, cfg.head_dim
+        # where each row's new k/v goes: slot = row, position = positions[row] (one scatter per tensor)
+        where = positions.view(b, 1, 1, 1).expand(b, hkv, 1, hd)
         visible = torch.arange(attn_len, device=tokens.device)[None, :] <= positions[:, None]
         # one additive mask per step (SDPA would convert a boolean one in every layer)
         mask = torch.zeros(visible.shape, dtype=x.dtype, device=x.device).masked_fill_(
             ~visible, float("-inf"))[:, None, None, :]
+        nq = cfg.num_heads
         for i, layer in enumerate(self.blocks):
             h = layer.ln1(x)
-            q, k, v = layer.qkv_split(h)  # [b, H, hd], [b, Hkv, hd]
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            qkv = layer.qkv(h)
+            # q and k are adjacent in the fused projection: one RoPE for both
+            qk = apply_rope(qkv[:, : layer.q_size + layer.kv_size].unflatten(-1, (nq + hkv, hd)), cos, sin)
+            q, k = qk[:, :nq], qk[:, nq:]
+            v = qkv[:, layer.q_size + layer.kv_size:].unflatten(-1, (hkv, hd))
             kc, vc = k_cache[i], v_cache[i]
-            kc[rows, :, positions] = k
-            vc[rows, :, positions] = v
+            kc[:b].scatter_(2, where, k.unsqueeze(2))
+            vc[:b].scatter_(2, where, v.unsqueeze(2))
             keys = kc[:b, :, :attn_len]  # [b, Hkv, L, hd]
             vals = vc[:b, :, :attn_len]
-            qg = q.view(b, cfg.num_kv_heads, group, layer.hd)  # query heads grouped by their KV head
+            qg = q.reshape(b, hkv, group, hd)  # query heads grouped by their KV head
             att = F.scaled_dot_product_attention(qg, keys, vals, attn_mask=mask)  # [b, Hkv, G, hd]
             x = x + layer.o(att.reshape(b, -1))
             x = x + layer.mlp(layer.ln2(x))
