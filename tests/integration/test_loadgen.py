@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -288,3 +289,22 @@ def test_backlog_limit_stops_a_saturated_run() -> None:
     s = m.summary
     assert s["saturated"] == 1.0 and any("saturated" in n for n in m.notes)
     assert s["completed"] + s["failed"] < 400 and s["max_concurrent_requests"] <= 5
+
+
+@pytest.mark.parametrize("arrival", [Arrival(kind="closed", concurrency=4), Arrival(kind="poisson", rate_per_s=50)])
+def test_stop_event_ends_a_run_early(arrival: Arrival) -> None:
+    stop = threading.Event()
+    with start_fake_server(ttft_ms=3000, itl_ms=0) as srv:
+        timer = threading.Timer(0.3, stop.set)
+        timer.start()
+        t0 = time.monotonic()
+        m = measure_endpoint(srv.url, model="fake", seed=0, goodput_ms={}, tokenizer="byte", stop_event=stop,
+                             workload=wl(arrival=arrival, num_requests=100, output_tokens=LengthDist(value=1)))
+        took_s = time.monotonic() - t0
+        timer.cancel()
+    assert took_s < 2.5  # well before the first answer (3 s)
+    assert m.summary["interrupted"] == 1.0 and any("interrupted" in n for n in m.notes)
+    assert m.summary["completed"] == 0  # every request took 3 s; none finished before the stop
+    m = measure_endpoint("http://127.0.0.1:9", model="fake", seed=0, goodput_ms={},
+                         workload=wl(num_requests=2), stop_event=threading.Event())
+    assert m.summary["interrupted"] == 0.0 and m.summary["errors_connect"] == 2

@@ -376,10 +376,15 @@ class FakeServer:
         self._loop.run_forever()
         if self._runner is not None:
             self._loop.run_until_complete(self._runner.cleanup())
+        pending = asyncio.all_tasks(self._loop)
+        for t in pending:
+            t.cancel()
+        self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         self._loop.close()
 
     async def _start(self) -> None:
-        self._runner = web.AppRunner(build_app(self.opts), access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(build_app(self.opts), access_log=None, handle_signals=False,
+                                     shutdown_timeout=0.5)
         await self._runner.setup()
         if self.opts.ready_delay_s > 0:
             self._loop.call_later(self.opts.ready_delay_s, lambda: asyncio.ensure_future(self._bind()))

@@ -79,6 +79,7 @@ class RunResult:
     max_concurrent: int = 0
     notes: list[str] = field(default_factory=list)
     cooldown_sent: int = 0  # requests sent after the measured window (cancelled once the measured ones finished)
+    interrupted: bool = False  # stop_event was set: the run ended early
 
 
 # --------------------------------------------------------------------------------------------- requests
@@ -272,6 +273,8 @@ class _Run:
         self.measure_end_s: float | None = None
         self.stop_s = math.inf  # no requests at all after this (cool-down limit)
         self.saturated = False
+        self.interrupted = False
+        self.tasks: set[asyncio.Task[None]] = set()
         self.cooldown_sent = 0
         self.all_measured_done = asyncio.Event()
         self._last_progress = 0.0
@@ -359,6 +362,7 @@ class _Run:
                 await self._one(plan, sched, warmup)
 
         workers = [asyncio.create_task(worker()) for _ in range(conc)]
+        self.tasks.update(workers)
         await self._drain(workers)
 
     async def _drain(self, tasks: Sequence[asyncio.Task[None]]) -> None:
@@ -368,12 +372,14 @@ class _Run:
             return
         everything: asyncio.Future[Any] = asyncio.gather(*tasks)
         measured: asyncio.Future[Any] = asyncio.create_task(self.all_measured_done.wait())
-        await asyncio.wait([everything, measured], return_when=asyncio.FIRST_COMPLETED)
-        if not everything.done():
-            for t in tasks:
-                t.cancel()
-        await asyncio.gather(everything, return_exceptions=True)
-        measured.cancel()
+        try:
+            await asyncio.wait([everything, measured], return_when=asyncio.FIRST_COMPLETED)
+            if not everything.done():
+                for t in tasks:
+                    t.cancel()
+            await asyncio.gather(everything, return_exceptions=True)
+        finally:
+            measured.cancel()
 
     async def open(self) -> None:
         tasks: set[asyncio.Task[None]] = set()
@@ -411,6 +417,8 @@ class _Run:
             task = asyncio.create_task(self._one(plan, target, warmup))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
         await self._drain(list(tasks))
 
 
@@ -448,8 +456,11 @@ def _pool_size(cfg: RunConfig) -> int:
 
 
 async def run_async(cfg: RunConfig, plans: Sequence[RequestPlan], *, tok: Tokenizer | None = None,
-                    progress: Progress | None = None) -> RunResult:
-    """Drive `plans` against cfg.base_url and return every request's record."""
+                    progress: Progress | None = None, stop_event: threading.Event | None = None) -> RunResult:
+    """Drive `plans` against cfg.base_url and return every request's record.
+
+    Setting `stop_event` (from any thread) ends the run within ~50 ms: requests in flight are abandoned
+    (no records) and the result says `interrupted`."""
     tok = tok or load_tokenizer(None)
     conn = aiohttp.TCPConnector(limit=_pool_size(cfg), limit_per_host=0, keepalive_timeout=60,
                                 enable_cleanup_closed=False, ttl_dns_cache=300)
@@ -459,22 +470,40 @@ async def run_async(cfg: RunConfig, plans: Sequence[RequestPlan], *, tok: Tokeni
         t0 = time.perf_counter()
         run = _Run(cfg, _Client(cfg, session, tok, t0), plans, progress)
         with _quiet_gc():
-            if cfg.closed_loop:
-                await run.closed()
-            else:
-                await run.open()
+            main = asyncio.create_task(run.closed() if cfg.closed_loop else run.open())
+            watcher = asyncio.create_task(_watch(stop_event, main, run)) if stop_event is not None else None
+            try:
+                await main
+            except asyncio.CancelledError:
+                if not run.interrupted:
+                    raise
+                for t in list(run.tasks):
+                    t.cancel()
+                await asyncio.gather(*run.tasks, return_exceptions=True)
+            finally:
+                if watcher is not None:
+                    watcher.cancel()
         wall = time.perf_counter() - t0
         run._report(force=True)
     notes = []
     if run.saturated:
         notes.append(f"stopped early: more than {cfg.max_in_flight} requests in flight (saturated)")
+    if run.interrupted:
+        notes.append("interrupted: stop requested mid-run; requests in flight were abandoned")
     return RunResult(records=sorted(run.records, key=lambda r: r.index), wall_s=wall,
                      saturated=run.saturated, max_concurrent=run.max_concurrent, notes=notes,
-                     cooldown_sent=run.cooldown_sent)
+                     cooldown_sent=run.cooldown_sent, interrupted=run.interrupted)
+
+
+async def _watch(stop: threading.Event, main: asyncio.Task[None], run: _Run) -> None:
+    while not stop.is_set():
+        await asyncio.sleep(0.05)
+    run.interrupted = True
+    main.cancel()
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
-    """uvloop's loop when installed (the client does about twice the requests per CPU second), else asyncio's."""
+    """uvloop's loop when installed (~15 % less client CPU per request), else asyncio's."""
     try:
         import uvloop
     except ImportError:
@@ -495,17 +524,18 @@ def run_fresh(coro: Any) -> Any:
 
 
 def run_sync(cfg: RunConfig, plans: Sequence[RequestPlan], *, tok: Tokenizer | None = None,
-             progress: Progress | None = None) -> RunResult:
+             progress: Progress | None = None, stop_event: threading.Event | None = None) -> RunResult:
     """run_async on a fresh event loop (in a helper thread when this thread already runs a loop)."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return run_fresh(run_async(cfg, plans, tok=tok, progress=progress))  # type: ignore[no-any-return]
+        return run_fresh(  # type: ignore[no-any-return]
+            run_async(cfg, plans, tok=tok, progress=progress, stop_event=stop_event))
     box: dict[str, Any] = {}
 
     def target() -> None:
         try:
-            box["r"] = run_fresh(run_async(cfg, plans, tok=tok, progress=progress))
+            box["r"] = run_fresh(run_async(cfg, plans, tok=tok, progress=progress, stop_event=stop_event))
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
             box["e"] = exc
 
@@ -522,7 +552,8 @@ def client_summary(records: Sequence[RequestRecord], result: RunResult) -> dict[
     """Extra summary keys about the client side: max concurrency, scheduling lag, offered rate."""
     meas = [r for r in records if not r.warmup]
     out: dict[str, float] = {"max_concurrent_requests": float(result.max_concurrent),
-                             "saturated": float(result.saturated), "cooldown_requests": float(result.cooldown_sent)}
+                             "saturated": float(result.saturated), "cooldown_requests": float(result.cooldown_sent),
+                             "interrupted": float(result.interrupted)}
     if meas:
         lag = np.array([(r.sent_s - r.scheduled_s) * 1000.0 for r in meas])
         out["client_queue_ms_mean"] = float(lag.mean())
@@ -548,14 +579,17 @@ def measure_endpoint(base_url: str, *, model: str, workload: WorkloadSpec, goodp
                      seed: int, base_dir: Path | None = None, tokenizer: str | None = None,
                      metrics_url: str | None = None, gpu_indices: Sequence[int] = (),
                      progress: Callable[[int, int], None] | None = None,
-                     max_in_flight: int | None = None) -> Measurement:
+                     max_in_flight: int | None = None,
+                     stop_event: threading.Event | None = None) -> Measurement:
     """Run `workload` against an OpenAI-compatible server at `base_url` and summarise it.
 
     Sync (own event loop; safe from worker threads). `base_dir` resolves relative dataset/trace paths;
     `tokenizer` is "byte", a local Hugging Face tokenizer dir, or None (approximate prompt lengths);
     `metrics_url` is scraped before/during/after (server_* telemetry); `gpu_indices` are sampled with NVML
     (gpu_* telemetry). `progress(done, total)` gets measured requests done (or seconds elapsed for
-    duration-bound runs). cold_start_s is left 0 for the caller to fill in.
+    duration-bound runs). cold_start_s is left 0 for the caller to fill in. `max_in_flight` stops an open
+    loop that builds a larger backlog (summary `saturated` = 1); setting `stop_event` ends the run early
+    (summary `interrupted` = 1, with a note).
     """
     from tuner.measure.datasets import plans_for
     from tuner.measure.gpu import GpuSampler
@@ -586,7 +620,7 @@ def measure_endpoint(base_url: str, *, model: str, workload: WorkloadSpec, goodp
         poller.start()
     sampler = GpuSampler(gpu_indices).start() if gpu_indices else None
     try:
-        result = run_sync(cfg, plans, tok=tok, progress=progress)
+        result = run_sync(cfg, plans, tok=tok, progress=progress, stop_event=stop_event)
     finally:
         if sampler is not None:
             sampler.stop()
