@@ -83,6 +83,12 @@ class TunerStudy:
             )
         except Exception as exc:  # noqa: BLE001 - bad URL, missing driver, unreachable database
             raise ConfigError(f"cannot open the Optuna storage {storage_url!r}: {exc}", field="storage") from None
+        # A new session continues the study: re-seed the sampler past the trials already run, or a seeded
+        # sampler would propose the same start-up configurations again in every cycle.
+        n_done = len(self.study.get_trials(deepcopy=False))
+        if n_done and spec.sampler.seed is not None:
+            self.study.sampler = make_sampler(spec.model_copy(update={"sampler": spec.sampler.model_copy(
+                update={"seed": spec.sampler.seed + n_done})}), space)
         if list(self.study.directions) != [optuna.study.StudyDirection[d.upper()] for d in directions]:
             raise ConfigError(
                 f"study {self.name!r} in {storage_url} has other objective directions; "

@@ -159,3 +159,15 @@ def test_cli_run_and_status_json(tmp_path: Path) -> None:
     assert set(data["baseline"]) >= {"number", "params", "values", "metrics"}
     assert data["best"] and set(data["best"][0]) >= {"number", "params", "values", "metrics"}
     assert "champion" in data
+
+
+def test_a_later_cycle_does_not_replay_the_seeded_proposals(tmp_path: Path) -> None:
+    p = write_agent(tmp_path, n=20)
+    p.write_text(p.read_text().replace("sampler: {name: tpe, seed: 1}", "sampler: {name: random, seed: 1}"))
+    agent = load_agent(p)
+    sd = tmp_path / "state"
+    run_cycle(open_session(agent, sd), trials=3)
+    session = open_session(agent, sd)
+    run_cycle(session, trials=2)
+    params = [t.params for t in session.study.trials()]
+    assert params[3] != params[1] or params[4] != params[2]
