@@ -221,7 +221,7 @@ class EngineServer:
             raise ApiError(400, "stream_options must be an object", param="stream_options")
         return prompts, {
             "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
-            "ignore_eos": bool(body.get("ignore_eos", False)), "priority": int(body.get("priority", 0) or 0),
+            "ignore_eos": bool(body.get("ignore_eos", False)), "priority": num("priority", 0, int),
             "stream": bool(body.get("stream", False)),
             "include_usage": bool(stream_options.get("include_usage", False)),
             "return_token_ids": bool(body.get("return_token_ids", False)),
