@@ -2,8 +2,9 @@
 
 Sized by `kv_pool_mb`: capacity = pool bytes // slot bytes. With `pre_allocate` the whole pool is
 allocated (and touched) at start-up; otherwise it starts empty and grows by doubling when a sequence
-needs a slot, which reallocates and copies the pool. When every slot is taken, `acquire` returns None
-and the scheduler keeps the request waiting.
+needs a slot, which reallocates and copies the pool (if the device has no memory left for that, the
+pool keeps the size it has). When every slot is taken, `acquire` returns None and the scheduler keeps
+the request waiting.
 """
 
 from __future__ import annotations
@@ -67,7 +68,16 @@ class KVPool:
         if not self._free:
             if self.allocated >= self.capacity:
                 return None
-            self._grow(min(self.capacity, max(1, 2 * self.allocated)))
+            try:
+                self._grow(min(self.capacity, max(1, 2 * self.allocated)))
+            except torch.OutOfMemoryError:
+                if not self.allocated:
+                    raise
+                # the device cannot hold more: the pool stops here and requests wait for a slot
+                log.warning("KV pool cannot grow past %d slots (out of device memory): capping it there",
+                            self.allocated)
+                self.capacity = self.allocated
+                return None
         self.used += 1
         return heapq.heappop(self._free)
 
