@@ -524,7 +524,10 @@ class HttpDeployment(Deployment):
             tokenizer=self.tokenizer,
             metrics_url=self.metrics_url,
             gpu_indices=self.ctx.gpus,
+            stop_event=self.ctx.stop_event,
         )
+        if m.summary.get("interrupted"):
+            raise Interrupted("stop requested during the run")
         self.check_after_run(m)
         return dataclasses.replace(m, cold_start_s=self.cold_start_s)
 
