@@ -117,3 +117,16 @@ def test_byte_tokenizer() -> None:
     assert all(tok.token_text(t) for t in range(512))  # a streamed token is never empty text
     with pytest.raises(ValueError):
         ByteTokenizer(100, None)
+
+
+def test_attention_buckets_cover_every_length_with_little_overshoot() -> None:
+    from tuner.engine.runner import attn_buckets
+
+    for max_model_len in (512, 2048, 8192):
+        sizes = attn_buckets(max_model_len)
+        assert sizes == sorted(sizes) and sizes[-1] == max_model_len + 1
+        for live in range(1, max_model_len + 1):
+            a = next(s for s in sizes if s >= live)
+            assert a >= live
+            if live > 256:
+                assert a <= 1.5 * live + 1  # a replay reads at most ~1.5x the live context

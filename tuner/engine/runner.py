@@ -38,6 +38,20 @@ def batch_buckets(limit: int) -> list[int]:
     return sorted(set(sizes))
 
 
+def attn_buckets(max_model_len: int) -> list[int]:
+    """Attention lengths to capture decode graphs for: 256, 384, 512, 768, 1024, ... (x1.5/x1.33 steps),
+    then the full slot (max_model_len + 1). A replay attends over the smallest bucket that covers the
+    longest live row, so a step reads at most ~1.5x the live context's KV, not the whole slot."""
+    out: list[int] = []
+    a = 256
+    while a <= max_model_len:
+        out.append(a)
+        if a + a // 2 <= max_model_len:
+            out.append(a + a // 2)
+        a *= 2
+    return sorted({x for x in out if x <= max_model_len} | {max_model_len + 1})
+
+
 class Runner:
     def __init__(self, cfg: EngineConfig, model: LlamaModel, pool: KVPool, device: str) -> None:
         self.cfg = cfg
@@ -60,7 +74,8 @@ class Runner:
         if self.is_cuda:
             prio = -1 if cfg.stream_priority == "high" else 0
             self.stream = torch.cuda.Stream(device=device, priority=prio)
-        self.graphs: dict[int, tuple[Any, torch.Tensor]] = {}
+        self.attn_sizes = attn_buckets(self.L)
+        self.graphs: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}  # (batch, attn_len) -> graph
         self.graph_pool: Any = None
         self.capture_s = 0.0
         self.compile_s = 0.0
@@ -125,9 +140,10 @@ class Runner:
         if b > n:
             self.dec_pos[n:b] = self.L  # padded rows write the scratch column
         if self.cfg.cuda_graphs and b in self.graph_sizes:
-            if b not in self.graphs:
-                self.capture(b)
-            graph, logits = self.graphs[b]
+            key = (b, self.attn_bucket(max_len))
+            if key not in self.graphs:
+                self.capture(*key)
+            graph, logits = self.graphs[key]
             graph.replay()
             return logits[:n]
         if self.pad:
@@ -147,15 +163,23 @@ class Runner:
         if self.is_cuda:
             torch.cuda.synchronize(self.device)
 
+    def attn_bucket(self, max_len: int) -> int:
+        """The smallest captured attention length that covers rows of length up to `max_len`."""
+        for a in self.attn_sizes:
+            if a >= max_len:
+                return a
+        return self.L + 1
+
     @torch.inference_mode()
-    def capture(self, b: int) -> None:
-        """Capture the decode step for batch size b. Rows [0, b) keep their state."""
+    def capture(self, b: int, attn_len: int | None = None) -> None:
+        """Capture the decode step for batch size b attending over `attn_len` positions (default: the
+        whole slot). Rows [0, b) keep their state."""
         t0 = time.perf_counter()
         saved_tok = self.dec_tok[:b].clone()
         saved_pos = self.dec_pos[:b].clone()
         if self.graph_pool is None:
             self.graph_pool = torch.cuda.graph_pool_handle()
-        attn_len = self.L + 1
+        attn_len = self.L + 1 if attn_len is None else attn_len
         # warm-up runs on the side stream (compiles, and lets cuBLAS pick its kernels)
         for _ in range(2):
             self.dec_pos[:b] = self.L
@@ -168,16 +192,17 @@ class Runner:
         self.dec_tok[:b] = saved_tok
         self.dec_pos[:b] = saved_pos
         self.stream.synchronize()
-        self.graphs[b] = (graph, logits)
+        self.graphs[(b, attn_len)] = (graph, logits)
         dt = time.perf_counter() - t0
         self.capture_s += dt
-        log.debug("captured decode graph for batch %d in %.3f s", b, dt)
+        log.debug("captured decode graph for batch %d, attention %d in %.3f s", b, attn_len, dt)
 
     @torch.inference_mode()
     def capture_all(self) -> None:
+        # the full-slot graph of every batch size now; shorter attention lengths on first use
         for b in sorted(self.graph_sizes, reverse=True):
-            if b not in self.graphs:
-                self.capture(b)
+            if (b, self.L + 1) not in self.graphs:
+                self.capture(b, self.L + 1)
 
     @torch.inference_mode()
     def sample_rows(self, logits: torch.Tensor, rows: list[tuple[int, float, torch.Generator]]) -> None:
