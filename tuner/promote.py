@@ -297,8 +297,6 @@ def _record_verification(session: Session, store: ChampionStore, v: Verdict) -> 
 # ---------------------------------------------------------------- candidates
 def select_candidate(session: Session, store: ChampionStore | None = None) -> FrozenTrial | None:
     """The best feasible trial not yet judged that beats the reference's recorded value, else None."""
-    from optuna.trial import TrialState
-
     spec = session.agent.spec
     store = store or ChampionStore(session.state_dir, spec.name)
     study = session.study
@@ -314,7 +312,7 @@ def select_candidate(session: Session, store: ChampionStore | None = None) -> Fr
             ref_value = base.values[0]
     pool = []
     for t in study.trials():
-        if t.state != TrialState.COMPLETE or not t.user_attrs.get("feasible") or t.number in judged:
+        if t.state.name != "COMPLETE" or not t.user_attrs.get("feasible") or t.number in judged:
             continue
         if not t.values or _config_of(session, t) == ref_config:
             continue
