@@ -106,6 +106,8 @@ class Tracker:
             logging.getLogger("alembic").setLevel(logging.WARNING)
             # usage telemetry would try the network from every call; the tuner's hosts often have none
             os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+            # MLflow configures its own logger at import (INFO: "Creating initial MLflow database tables")
+            os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
             from mlflow.tracking import MlflowClient
 
             self._client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
