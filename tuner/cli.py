@@ -134,7 +134,7 @@ def _print_best(session: Any) -> None:
     spec = session.agent.spec
     base = study.baseline()
     best = study.best()
-    table = Table(title=f"best feasible trial(s) of {study.name}")
+    table = Table(title=f"baseline and best feasible trial(s) of {study.name}")
     table.add_column("trial", justify="right")
     for o in spec.objectives:
         table.add_column(f"{o.metric} ({o.direction[:3]})", justify="right")
