@@ -162,6 +162,8 @@ class _Client:
                     async for chunk in resp.content.iter_any():
                         now = clock() - t0
                         buf += chunk
+                        if b"\r" in buf:  # SSE lines may end with CRLF (sse-starlette's default)
+                            buf = buf.replace(b"\r\n", b"\n")
                         if b"\n\n" not in buf:
                             continue
                         events = buf.split(b"\n\n")
