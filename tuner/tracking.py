@@ -11,6 +11,7 @@ import csv
 import io
 import logging
 import os
+import re
 import tempfile
 import threading
 import time
@@ -26,7 +27,10 @@ T = TypeVar("T")
 
 RECORD_FIELDS = ("index", "scheduled_s", "sent_s", "first_token_s", "done_s", "prompt_tokens",
                  "output_tokens", "status", "error", "error_detail", "warmup", "ttft_ms", "e2el_ms", "tpot_ms")
-SECRET_MARKERS = ("key", "token", "secret", "password", "passwd", "auth")
+# a name is secret when its last word is one of these (api_key, HF_TOKEN), or it has a password word anywhere;
+# knobs that count tokens (max_num_batched_tokens, long_prefill_token_threshold) are not
+SECRET_MARKERS = ("key", "token", "secret", "password", "passwd", "auth", "authorization", "apikey", "credentials")
+_ALWAYS_SECRET = ("password", "passwd", "secret")
 
 
 def default_tracking_uri(state_dir: Path) -> str:
@@ -42,8 +46,13 @@ def redact(mapping: Mapping[str, Any]) -> dict[str, Any]:
     """Hide values whose names look secret (api keys, tokens...) before they reach MLflow."""
     out = {}
     for k, v in mapping.items():
-        out[k] = "***" if any(m in k.lower() for m in SECRET_MARKERS) else v
+        out[k] = "***" if _is_secret(k) else v
     return out
+
+
+def _is_secret(name: str) -> bool:
+    words = [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w]
+    return bool(words) and (words[-1] in SECRET_MARKERS or any(w in _ALWAYS_SECRET for w in words))
 
 
 def records_csv(records: Iterable[RequestRecord]) -> str:
