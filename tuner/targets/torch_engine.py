@@ -139,10 +139,9 @@ class TorchEngineTarget(ProcessTarget):
         if unknown:
             raise InfeasibleConfig(f"unknown engine knob(s) {unknown}; valid: {', '.join(sorted(fields))}")
         weights = self.weights_dir()
+        knobs = {"cpu_threads": self.options.cpu_threads, **params}  # a tuned cpu_threads wins (as in argv)
         cfg = EngineConfig(preset=self.preset(), device=self.device(),
-                           weights=str(weights) if weights else None,
-                           cpu_threads=self.options.cpu_threads,
-                           **{k: v for k, v in params.items()})
+                           weights=str(weights) if weights else None, **knobs)
         try:
             cfg.validate(self.device())
         except EngineConfigError as exc:
