@@ -486,22 +486,44 @@ def run_daemon(agent_paths: Sequence[Path | str], state_dir: Path | str, *, port
                grace_s: float = 30.0, install_signals: bool = True) -> int:
     """Run until SIGTERM/SIGINT. Returns the exit status (0: clean stop within the grace)."""
     global _RUNTIME
-    from apscheduler.executors.pool import ThreadPoolExecutor
-    from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
-    from apscheduler.schedulers.blocking import BlockingScheduler
-
-    from tuner.loop import open_session, reap
+    from tuner.errors import ConfigError
     from tuner.spec import load_agent
 
     state = Path(state_dir).resolve()
     state.mkdir(parents=True, exist_ok=True)
     agents = [load_agent(p) for p in agent_paths]
-    single = _single_instance(state)
     names = [a.name for a in agents]
     if len(set(names)) != len(names):
-        from tuner.errors import ConfigError
-
         raise ConfigError(f"two agent files share a name: {names}")
+    triggers: dict[str, tuple[Any, int]] = {}
+    for a in agents:
+        try:
+            triggers[a.name] = _trigger(a.spec)
+        except ValueError as exc:  # a 5-field cron that APScheduler rejects (e.g. minute 99)
+            cron = a.spec.schedule.cron if a.spec.schedule is not None else None
+            raise ConfigError(f"{cron!r} is not a valid cron expression: {exc}", file=str(a.path),
+                              field="schedule.cron") from None
+    single = _single_instance(state)
+    try:
+        return _run_locked(agents, state, single, triggers, port=port, grace_s=grace_s,
+                           install_signals=install_signals)
+    except BaseException:
+        if not single.closed:  # a start-up failure: release the state dir for the next daemon
+            single.close()
+            _RUNTIME = None
+        raise
+
+
+def _run_locked(agents: list[Any], state: Path, single: Any, triggers: dict[str, tuple[Any, int]], *,
+                port: int | None, grace_s: float, install_signals: bool) -> int:
+    """run_daemon once the state dir's daemon lock (`single`) is held."""
+    global _RUNTIME
+    from apscheduler.executors.pool import ThreadPoolExecutor
+    from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
+    from apscheduler.schedulers.blocking import BlockingScheduler
+
+    from tuner.loop import open_session, reap
+
     groups = gpu_groups({a.name: a.spec.gpus for a in agents})
     group_locks = {g: threading.Lock() for g in set(groups.values())}
     rt = Runtime(state_dir=state, stop=threading.Event(),
@@ -526,7 +548,7 @@ def run_daemon(agent_paths: Sequence[Path | str], state_dir: Path | str, *, port
     rt.scheduler = scheduler
     now = datetime.now(timezone.utc)
     for a in agents:
-        trigger, grace = _trigger(a.spec)
+        trigger, grace = triggers[a.name]
         scheduler.add_job("tuner.daemon:cycle_job", trigger=trigger, args=[str(a.path.resolve()), str(state)],
                           id=job_id(a.name), name=f"cycle {a.name}", replace_existing=True, max_instances=1,
                           coalesce=True, misfire_grace_time=grace, next_run_time=now)
