@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import socket
 import threading
 import warnings
 from collections import Counter
@@ -28,6 +30,29 @@ log = logging.getLogger(__name__)
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+
+# system attribute of a trial: the process that asked it (reap_stale spares the trials of live owners)
+OWNER_ATTR = "tuner:owner"
+
+
+def _this_process() -> dict[str, Any]:
+    from tuner.targets.process import process_start_ticks
+
+    pid = os.getpid()
+    return {"host": socket.gethostname(), "pid": pid, "start_ticks": process_start_ticks(pid)}
+
+
+def _owner_may_live(owner: Any) -> bool:
+    """False when `owner` (OWNER_ATTR) is a process of this host that is gone (or none was recorded)."""
+    if not isinstance(owner, dict) or not isinstance(owner.get("pid"), int):
+        return False
+    if owner.get("host") != socket.gethostname():
+        return True  # another host's tuner (a shared database): its own next start reaps its trials
+    from tuner.targets.process import pid_alive, process_start_ticks
+
+    pid = owner["pid"]
+    return process_start_ticks(pid) == owner.get("start_ticks") and pid_alive(pid)
 
 
 def default_storage(state_dir: Path) -> str:
@@ -96,9 +121,15 @@ class TunerStudy:
 
     # ------------------------------------------------------------ lifecycle
     def reap_stale(self) -> list[int]:
-        """Tell FAIL (reason "interrupted") every trial left RUNNING by a killed process."""
+        """Tell FAIL (reason "interrupted") every trial left RUNNING by a killed process.
+
+        A trial whose owner (recorded at ask) is a live process, or a process of another host, is running:
+        `tuner promote` or `tuner status` next to a working daemon must not fail its trials.
+        """
         reaped = []
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if _owner_may_live(t.system_attrs.get(OWNER_ATTR)):
+                continue
             self.study._storage.set_trial_user_attr(t._trial_id, "cause", "interrupted")
             self.study._storage.set_trial_user_attr(t._trial_id, "feasible", False)
             self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
@@ -120,6 +151,7 @@ class TunerStudy:
         """A new trial and its sampled active parameters (define-by-run, conditions applied)."""
         with self._ask_lock:  # two threads asking at once on SQLite can both pop the same queued trial
             trial = self.study.ask()
+        self.study._storage.set_trial_system_attr(trial._trial_id, OWNER_ATTR, _this_process())
         chosen: dict[str, Any] = {}
         for p in self.space.params:
             if not self.space.active(p, chosen):
