@@ -43,8 +43,16 @@ def _this_process() -> dict[str, Any]:
     return {"host": socket.gethostname(), "pid": pid, "start_ticks": process_start_ticks(pid)}
 
 
-def _owner_may_live(owner: Any) -> bool:
-    """False when `owner` (OWNER_ATTR) is a process of this host that is gone (or none was recorded)."""
+# trials this process asked and has not told yet: (storage URL, trial id)
+_IN_FLIGHT: set[tuple[str, int]] = set()
+_IN_FLIGHT_LOCK = threading.Lock()
+
+
+def _owner_may_live(owner: Any, key: tuple[str, int]) -> bool:
+    """False when `owner` (OWNER_ATTR) is a process of this host that is gone (or none was recorded).
+
+    This process's own trials live only while asked and not told (one that an error left behind is reaped).
+    """
     if not isinstance(owner, dict) or not isinstance(owner.get("pid"), int):
         return False
     if owner.get("host") != socket.gethostname():
@@ -52,7 +60,12 @@ def _owner_may_live(owner: Any) -> bool:
     from tuner.targets.process import pid_alive, process_start_ticks
 
     pid = owner["pid"]
-    return process_start_ticks(pid) == owner.get("start_ticks") and pid_alive(pid)
+    if process_start_ticks(pid) != owner.get("start_ticks") or not pid_alive(pid):
+        return False
+    if pid == os.getpid():
+        with _IN_FLIGHT_LOCK:
+            return key in _IN_FLIGHT
+    return True
 
 
 def default_storage(state_dir: Path) -> str:
@@ -128,7 +141,7 @@ class TunerStudy:
         """
         reaped = []
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            if _owner_may_live(t.system_attrs.get(OWNER_ATTR)):
+            if _owner_may_live(t.system_attrs.get(OWNER_ATTR), (self.storage_url, t._trial_id)):
                 continue
             self.study._storage.set_trial_user_attr(t._trial_id, "cause", "interrupted")
             self.study._storage.set_trial_user_attr(t._trial_id, "feasible", False)
@@ -151,6 +164,8 @@ class TunerStudy:
         """A new trial and its sampled active parameters (define-by-run, conditions applied)."""
         with self._ask_lock:  # two threads asking at once on SQLite can both pop the same queued trial
             trial = self.study.ask()
+        with _IN_FLIGHT_LOCK:
+            _IN_FLIGHT.add((self.storage_url, trial._trial_id))
         self.study._storage.set_trial_system_attr(trial._trial_id, OWNER_ATTR, _this_process())
         chosen: dict[str, Any] = {}
         for p in self.space.params:
@@ -177,12 +192,22 @@ class TunerStudy:
         for key, value in attrs.items():
             trial.set_user_attr(key, _jsonable(value))
         trial.set_user_attr("feasible", ev.feasible)
-        return self.study.tell(trial, ev.values)
+        try:
+            return self.study.tell(trial, ev.values)
+        finally:
+            self._told(trial)
 
     def tell_interrupted(self, trial: Trial, reason: str = "interrupted") -> None:
         trial.set_user_attr("cause", reason)
         trial.set_user_attr("feasible", False)
-        self.study.tell(trial, state=TrialState.FAIL)
+        try:
+            self.study.tell(trial, state=TrialState.FAIL)
+        finally:
+            self._told(trial)
+
+    def _told(self, trial: Trial) -> None:
+        with _IN_FLIGHT_LOCK:
+            _IN_FLIGHT.discard((self.storage_url, trial._trial_id))
 
     # ------------------------------------------------------------ queries
     def trials(self) -> list[FrozenTrial]:

@@ -38,3 +38,12 @@ def test_a_trial_of_a_dead_tuner_is_reaped(tmp_path: Path) -> None:
     assert session.study.reap_stale() == [trial.number]
     t = session.study.trial(trial.number)
     assert t.state == TrialState.FAIL and t.user_attrs["cause"] == "interrupted"
+
+
+def test_a_trial_this_process_left_behind_is_reaped(tmp_path: Path) -> None:
+    agent = make_agent(tmp_path)
+    sd = tmp_path / "state"
+    session = open_session(agent, sd, target=NoisyTarget(NoisyOptions()))
+    trial, _ = session.study.ask()
+    session.study._told(trial)  # as if an error between ask and tell had ended its cycle
+    assert session.study.reap_stale() == [trial.number]
