@@ -172,13 +172,17 @@ def run_cycle(
             if on_trial is not None:
                 on_trial(outcome)
 
-    if workers <= 1:
-        worker()
-    else:
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trial") as ex:
-            futures = [ex.submit(worker) for _ in range(workers)]
-            for f in futures:
-                f.result()
+    try:
+        if workers <= 1:
+            worker()
+        else:
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trial") as ex:
+                futures = [ex.submit(worker) for _ in range(workers)]
+                for f in futures:
+                    f.result()
+    except BaseException:
+        session.tracker.end_run(run_id, "FAILED")  # not left RUNNING in MLflow forever
+        raise
     interrupted = stop.is_set()
     wall_s = time.monotonic() - t0
     best = session.study.best()
