@@ -411,7 +411,7 @@ def _watch_loop(rt: Runtime, st: AgentState, spec: Any, done: threading.Event) -
         base = history[0][1] if len(history) > 1 else None
         if base is None or now < cooldown_until:
             continue
-        anomalies = detect_anomalies(spec, base, snap)
+        anomalies = detect_anomalies(spec, base, snap, st.path.parent)
         if not anomalies:
             continue
         cooldown_until = now + w.window_s
@@ -426,8 +426,10 @@ def _watch_loop(rt: Runtime, st: AgentState, spec: Any, done: threading.Event) -
                 log.warning("cannot trigger a cycle of %s: %s", st.name, exc)
 
 
-def detect_anomalies(spec: Any, before: Any, after: Any) -> list[tuple[str, str]]:
-    """SLO breaches of p99 TTFT/ITL and prompt-length drift between two scrapes of production /metrics."""
+def detect_anomalies(spec: Any, before: Any, after: Any, base_dir: Path | None = None) -> list[tuple[str, str]]:
+    """SLO breaches of p99 TTFT/ITL and prompt-length drift between two scrapes of production /metrics.
+
+    `base_dir` (the agent file's folder) resolves the workload's dataset or trace path."""
     from tuner.measure.scrape import telemetry
 
     tel = telemetry(before, after)
@@ -441,17 +443,23 @@ def detect_anomalies(spec: Any, before: Any, after: Any) -> list[tuple[str, str]
     n = tel.get("server_request_success", 0.0)
     if n > 0 and "server_prompt_tokens" in tel:
         mean_now = tel["server_prompt_tokens"] / n
-        tuned = tuned_prompt_mean(spec.workload)
+        tuned = tuned_prompt_mean(spec.workload, base_dir)
         if tuned and abs(mean_now - tuned) / tuned > spec.watch.drift_threshold:
             out.append(("drift", f"mean prompt {mean_now:.0f} tokens vs {tuned:.0f} tuned for"))
     return out
 
 
-def tuned_prompt_mean(workload: Any) -> float:
-    """Mean prompt length of the workload the champion was tuned for (from its request plans)."""
-    from tuner.measure.workload import build_plans
+def tuned_prompt_mean(workload: Any, base_dir: Path | None = None) -> float:
+    """Mean prompt length of the workload the champion was tuned for (from its request plans).
 
-    plans = [p for p in build_plans(workload, seed=workload.seed) if not p.warmup]
+    A dataset or trace gives the prompts (and their lengths); `base_dir` resolves its relative path.
+    """
+    from tuner.measure.datasets import plans_for
+    from tuner.measure.tokenize import load_tokenizer
+
+    tok = load_tokenizer(None, seed=workload.seed)
+    all_plans, _ = plans_for(workload, seed=workload.seed, tok=tok, base_dir=base_dir)
+    plans = [p for p in all_plans if not p.warmup]
     return sum(p.prompt_tokens for p in plans) / len(plans) if plans else 0.0
 
 

@@ -58,3 +58,22 @@ def test_duplicate_names_leave_the_daemon_lock_free(tmp_path: Path) -> None:
         run_daemon([a, b], sd, install_signals=False)
     assert "same" in str(ei.value)
     assert lock_is_free(sd)
+
+
+def test_tuned_prompt_mean_of_a_dataset_workload_is_the_datasets(tmp_path: Path) -> None:
+    import json
+
+    from tuner.daemon import tuned_prompt_mean
+    from tuner.measure.datasets import load_dataset
+    from tuner.measure.tokenize import load_tokenizer
+    from tuner.spec import WorkloadSpec
+
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": "lorem ipsum dolor " * (200 + 40 * i), "output_len": 32}) + "\n"
+                            for i in range(5)))
+    wl = WorkloadSpec.model_validate({"dataset": "prompts.jsonl", "num_requests": 50})
+    samples = load_dataset(data, load_tokenizer(None))
+    dataset_mean = sum(s.prompt_tokens for s in samples) / len(samples)
+    assert dataset_mean > 2 * 256  # far from the synthetic default the dataset replaces
+    tuned = tuned_prompt_mean(wl, base_dir=tmp_path)
+    assert abs(tuned - dataset_mean) / dataset_mean < 0.3
