@@ -184,11 +184,12 @@ class Tracker:
                 all_tags["mlflow.parentRunId"] = parent_run_id
             run = self.client.create_run(self.experiment_id, run_name=name,
                                          tags={k: str(v) for k, v in redact(all_tags).items()})
-            if params:
-                self._log_batch(run.info.run_id, params=params)
             return str(run.info.run_id)
 
-        return self._retry(f"start run {name}", go)
+        run_id = self._retry(f"start run {name}", go)
+        if run_id is not None and params:  # retried on its own: a retry must not create a second run
+            self.log(run_id, params=params)
+        return run_id
 
     def log(self, run_id: str | None, *, params: Mapping[str, Any] | None = None,
             metrics: Mapping[str, float] | None = None, tags: Mapping[str, Any] | None = None) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from tuner.tracking import redact
+from pathlib import Path
+
+from tuner.tracking import Tracker, default_tracking_uri, redact
 
 
 def test_token_count_knobs_are_not_redacted() -> None:
@@ -16,3 +18,37 @@ def test_secrets_are_redacted() -> None:
                "client_secret": "s", "auth": "a", "Authorization": "Bearer x", "openai-api-key": "k",
                "token": "t", "secret_access_key": "k"}
     assert set(redact(secrets).values()) == {"***"}
+
+
+class _FlakyClient:
+    """A real MlflowClient whose first log_batch fails (a transient 'database is locked')."""
+
+    def __init__(self, real: object) -> None:
+        self._real = real
+        self.failed = False
+
+    def log_batch(self, *args: object, **kw: object) -> object:
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("database is locked")
+        return self._real.log_batch(*args, **kw)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)
+
+
+class _FlakyTracker(Tracker):
+    @property
+    def client(self) -> object:
+        if self._client is None:
+            self._client = _FlakyClient(Tracker.client.fget(self))  # type: ignore[attr-defined]
+        return self._client
+
+
+def test_a_retried_start_run_creates_one_run(tmp_path: Path) -> None:
+    tr = _FlakyTracker(default_tracking_uri(tmp_path), "exp", artifact_dir=tmp_path / "art")
+    run_id = tr.start_run("cycle-1", tags={"kind": "cycle"}, params={"trials_planned": 3})
+    assert run_id is not None
+    runs = tr.runs()
+    assert len(runs) == 1 and runs[0].info.run_id == run_id
+    assert runs[0].data.params == {"trials_planned": "3"}
