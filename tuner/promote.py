@@ -158,7 +158,6 @@ def verify(session: Session, candidate_config: Mapping[str, Any], *, candidate_t
            store: ChampionStore | None = None, runs: int | None = None, seed: int | None = None,
            stop_event: threading.Event | None = None, method: str = "t", record: bool = True) -> Verdict:
     """Interleaved A/B verification of `candidate_config` against the champion (or baseline)."""
-    from tuner.loop import measure_config
     from tuner.targets.base import TrialContext
 
     spec = session.agent.spec
@@ -192,7 +191,7 @@ def verify(session: Session, candidate_config: Mapping[str, Any], *, candidate_t
             ctx = TrialContext(trial_number=candidate_trial if candidate_trial is not None else -1,
                                state_dir=session.state_dir, seed=run_seed, stop_event=stop, label=label)
             try:
-                m, _ = measure_config(session, config, ctx, on_deployment=grab)
+                m, _ = _measure_on_gpus(session, config, ctx, grab)
             except Interrupted:
                 verdict.interrupted = True
                 break
@@ -242,6 +241,22 @@ def verify(session: Session, candidate_config: Mapping[str, Any], *, candidate_t
     log.info("verification of trial %s: %s (%s)", candidate_trial, "PASS" if verdict.passed else "FAIL",
              verdict.reason)
     return verdict
+
+
+def _measure_on_gpus(session: Session, config: Mapping[str, Any], ctx: Any,
+                     on_deployment: Callable[[Any], None]) -> tuple[Any, Any]:
+    """measure_config on GPUs claimed from the agent's pool, as a trial of the loop gets them."""
+    from tuner.gpupool import GpuPool
+    from tuner.loop import measure_config
+
+    need = session.target.gpus_needed(config)
+    if need > 0:
+        pool = GpuPool(session.agent.spec.gpus)
+        if pool.total > 0:
+            with pool.claim(need, ctx.stop_event, label=ctx.label) as gpus:
+                ctx.gpus = tuple(gpus)
+                return measure_config(session, dict(config), ctx, on_deployment=on_deployment)
+    return measure_config(session, dict(config), ctx, on_deployment=on_deployment)
 
 
 def _run_failure(r: ArmRun, max_error_rate: float, min_quality: float, ref_name: str) -> str | None:
