@@ -57,3 +57,19 @@ def test_crlf_separated_events_are_parsed(crlf_server: str) -> None:
     result = run_sync(cfg, plans, tok=ByteTokenizer())
     assert [r.error for r in result.records] == [None, None, None], result.records[0].error_detail
     assert all(r.output_tokens == 4 and len(r.token_times_s) == 4 for r in result.records)
+
+
+def test_energy_per_token_counts_the_tokens_of_the_whole_sampled_run() -> None:
+    from tuner.measure.loadgen import energy_per_output_token
+    from tuner.measure.metrics import summarise
+    from tuner.measure.records import RequestRecord
+
+    def rec(i: int, warmup: bool) -> RequestRecord:
+        return RequestRecord(index=i, scheduled_s=i, sent_s=i, first_token_s=i + 0.1, done_s=i + 1.0,
+                             prompt_tokens=10, output_tokens=100, warmup=warmup)
+
+    records = [rec(i, warmup=i < 5) for i in range(10)]  # half of the sampled run is warm-up
+    assert summarise(records)["total_output_tokens"] == 500
+    # 1000 J over the run that generated 1000 tokens: 1 J per token (not 2)
+    assert energy_per_output_token(1000.0, records) == 1.0
+    assert energy_per_output_token(1000.0, []) is None

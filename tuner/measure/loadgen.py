@@ -566,6 +566,13 @@ def client_summary(records: Sequence[RequestRecord], result: RunResult) -> dict[
     return out
 
 
+def energy_per_output_token(energy_j: float, records: Sequence[RequestRecord]) -> float | None:
+    """Joules per generated token. The GPU sampler covers the whole run, warm-up and cool-down included,
+    so the tokens of every request of the run count (not only the measured ones)."""
+    tokens = sum(r.output_tokens for r in records)
+    return energy_j / tokens if tokens > 0 else None
+
+
 def config_for(spec: WorkloadSpec, base_url: str, model: str) -> RunConfig:
     a = spec.arrival
     closed = a.kind == "closed"
@@ -635,8 +642,10 @@ def measure_endpoint(base_url: str, *, model: str, workload: WorkloadSpec, goodp
     tel: dict[str, float] = {}
     if sampler is not None:
         tel.update(sampler.result())
-        if "gpu_energy_j" in tel and summary.get("total_output_tokens", 0) > 0:
-            tel["gpu_energy_j_per_output_token"] = tel["gpu_energy_j"] / summary["total_output_tokens"]
+        if "gpu_energy_j" in tel:
+            per_token = energy_per_output_token(tel["gpu_energy_j"], result.records)
+            if per_token is not None:
+                tel["gpu_energy_j_per_output_token"] = per_token
     if metrics_url:
         tel.update(telemetry(before, after, during))
     notes = list(notes) + result.notes
