@@ -18,12 +18,15 @@ from tuner.measure.tokenize import ByteTokenizer
 
 async def _crlf_completions(request: web.Request) -> web.StreamResponse:
     body = await request.json()
+    malformed = body["model"] == "malformed"  # an event that is JSON but not an object
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
     for _ in range(body["max_tokens"]):
         await resp.write(b"data: " + json.dumps({"choices": [{"index": 0, "text": "a"}]}).encode() + b"\r\n\r\n")
     usage = {"prompt_tokens": 3, "completion_tokens": body["max_tokens"]}
     await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\r\n\r\n")
+    if malformed:
+        await resp.write(b"data: []\r\n\r\n")
     await resp.write(b"data: [DONE]\r\n\r\n")
     await resp.write_eof()
     return resp
@@ -73,3 +76,11 @@ def test_energy_per_token_counts_the_tokens_of_the_whole_sampled_run() -> None:
     # 1000 J over the run that generated 1000 tokens: 1 J per token (not 2)
     assert energy_per_output_token(1000.0, records) == 1.0
     assert energy_per_output_token(1000.0, []) is None
+
+
+def test_a_malformed_event_is_a_counted_error_not_a_lost_run(crlf_server: str) -> None:
+    cfg = RunConfig(base_url=crlf_server, model="malformed", num_requests=4, concurrency=2)
+    plans = [RequestPlan(index=i, arrival_s=0.0, prompt_tokens=3, output_tokens=4) for i in range(4)]
+    result = run_sync(cfg, plans, tok=ByteTokenizer())
+    assert [r.index for r in result.records] == [0, 1, 2, 3]
+    assert all(r.error == "stream_broken" and r.status == 200 for r in result.records), result.records[0]

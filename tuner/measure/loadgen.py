@@ -218,8 +218,9 @@ class _Client:
             error, detail = "timeout", f"no complete answer within {self.cfg.timeout_s} s"
         except aiohttp.ClientConnectorError as exc:
             error, detail = "connect", str(exc)[:300]
-        except (aiohttp.ClientError, OSError, ValueError) as exc:
-            # disconnects and payload errors: before the status line it is a connection failure
+        except (aiohttp.ClientError, OSError, ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
+            # disconnects and payload errors (an event that is JSON but not the expected object: counted,
+            # not a dead worker): before the status line it is a connection failure
             error = "stream_broken" if status is not None else "connect"
             detail = f"{type(exc).__name__}: {exc}"[:300]
         done_s = clock() - t0
