@@ -411,14 +411,21 @@ def _watch_loop(rt: Runtime, st: AgentState, spec: Any, done: threading.Event) -
         base = history[0][1] if len(history) > 1 else None
         if base is None or now < cooldown_until:
             continue
-        anomalies = detect_anomalies(spec, base, snap, st.path.parent)
+        try:
+            anomalies = detect_anomalies(spec, base, snap, st.path.parent)
+        except Exception as exc:  # noqa: BLE001 - a failing check must not end the watch for good
+            log.warning("watch %s: cannot check the scrape of %s: %s", st.name, w.url, exc)
+            continue
         if not anomalies:
             continue
         cooldown_until = now + w.window_s
         for kind, detail in anomalies:
             rt.metrics.anomalies.labels(st.name, kind).inc()
             log.warning("watch %s: %s (%s): starting a cycle now", st.name, kind, detail)
-        _record_anomaly(rt, spec, anomalies)
+        try:
+            _record_anomaly(rt, spec, anomalies)
+        except OSError as exc:
+            log.warning("watch %s: cannot record the anomaly: %s", st.name, exc)
         if rt.scheduler is not None and not st.running and not rt.stop.is_set():
             try:
                 rt.scheduler.modify_job(job_id(st.name), next_run_time=datetime.now(timezone.utc))

@@ -77,3 +77,52 @@ def test_tuned_prompt_mean_of_a_dataset_workload_is_the_datasets(tmp_path: Path)
     assert dataset_mean > 2 * 256  # far from the synthetic default the dataset replaces
     tuned = tuned_prompt_mean(wl, base_dir=tmp_path)
     assert abs(tuned - dataset_mean) / dataset_mean < 0.3
+
+
+def test_the_watcher_survives_a_failing_check(tmp_path: Path) -> None:
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tuner.daemon import AgentState, DaemonMetrics, Runtime, _watch_loop
+    from tuner.spec import AgentSpec
+
+    scrapes = {"n": 0}
+
+    class Prod(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server API
+            scrapes["n"] += 1
+            n = 10 * scrapes["n"]
+            body = (f"# TYPE vllm:prompt_tokens counter\nvllm:prompt_tokens_total {n * 256}\n"
+                    f"# TYPE vllm:request_success counter\nvllm:request_success_total {n}\n").encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Prod)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    spec = AgentSpec.model_validate({
+        "name": "w", "target": {"kind": "sim"}, "search_space": {"params": {}},
+        "workload": {"dataset": "gone.jsonl", "num_requests": 20},  # removed since the daemon started
+        "objectives": [{"metric": "output_throughput", "direction": "maximize"}],
+        "watch": {"url": f"http://127.0.0.1:{srv.server_address[1]}/metrics", "interval_s": 0.05, "window_s": 1},
+    })
+    rt = Runtime(state_dir=tmp_path, stop=threading.Event(), agents={}, locks={}, metrics=DaemonMetrics(),
+                 grace_s=1.0)
+    done = threading.Event()
+    t = threading.Thread(target=_watch_loop, args=(rt, AgentState("w", tmp_path / "w.yaml"), spec, done),
+                         daemon=True)
+    t.start()
+    try:
+        deadline = time.monotonic() + 10
+        while scrapes["n"] < 6 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert scrapes["n"] >= 6 and t.is_alive()  # it kept watching after the failed checks
+    finally:
+        done.set()
+        t.join(5)
+        srv.shutdown()
