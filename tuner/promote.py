@@ -358,14 +358,24 @@ def run_apply(command: Sequence[str] | None, *, champion_file: Path, agent: str,
     argv = [a.replace("{champion_file}", str(champion_file)).replace("{agent}", agent) for a in command]
     env = {**os.environ, "TUNER_CHAMPION_FILE": str(champion_file), "TUNER_AGENT": agent, "TUNER_ACTION": action}
     try:
-        proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s,
-                              preexec_fn=_pdeathsig, check=False)
+        # its own process group: a timeout kills what the command started too (a script's kubectl, ...)
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=_pdeathsig, start_new_session=True)
     except FileNotFoundError:
         raise PromotionError(f"apply command not found: {argv[0]}") from None
-    except subprocess.TimeoutExpired:
-        raise PromotionError(f"apply command {argv} timed out after {timeout_s:.0f}s") from None
+    with proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout_s)
+        except BaseException as exc:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.communicate(timeout=5.0)
+            if isinstance(exc, subprocess.TimeoutExpired):
+                raise PromotionError(f"apply command {argv} timed out after {timeout_s:.0f}s") from None
+            raise
     if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout or "").strip()[-500:]
+        tail = (stderr or stdout or "").strip()[-500:]
         raise PromotionError(f"apply command {argv} exited {proc.returncode}: {tail}")
 
 
