@@ -16,7 +16,6 @@ shell; a failure restores the former champion), registers the configuration in M
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import math
 import os
@@ -34,6 +33,7 @@ import yaml
 from tuner.champion import ChampionRecord, ChampionStore
 from tuner.errors import Interrupted, PromotionError, TrialError
 from tuner.objectives import evaluate
+from tuner.targets.process import parent_death_preexec  # libc resolved at import, not in the child
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -345,11 +345,6 @@ def _config_of(session: Session, t: FrozenTrial) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- apply command
-def _pdeathsig() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 def run_apply(command: Sequence[str] | None, *, champion_file: Path, agent: str, action: str, cwd: Path,
               timeout_s: float = APPLY_TIMEOUT_S) -> None:
     """Run the apply command (argv; `{champion_file}` and `{agent}` are substituted). Raises PromotionError."""
@@ -360,7 +355,7 @@ def run_apply(command: Sequence[str] | None, *, champion_file: Path, agent: str,
     try:
         # its own process group: a timeout kills what the command started too (a script's kubectl, ...)
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                preexec_fn=_pdeathsig, start_new_session=True)
+                                preexec_fn=parent_death_preexec(os.getpid()), start_new_session=True)
     except FileNotFoundError:
         raise PromotionError(f"apply command not found: {argv[0]}") from None
     with proc:

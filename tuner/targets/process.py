@@ -210,7 +210,7 @@ except (OSError, AttributeError):  # not Linux
     _prctl = None
 
 
-def _make_preexec(parent_pid: int) -> Callable[[], None] | None:
+def parent_death_preexec(parent_pid: int) -> Callable[[], None] | None:
     """preexec_fn for Popen: ask for SIGKILL when the parent dies; exit if it already has."""
     if _prctl is None:
         return None
@@ -347,7 +347,7 @@ class ServerProcess:
                     env=self.environment(),
                     cwd=self.cwd,
                     start_new_session=True,
-                    preexec_fn=_make_preexec(os.getpid()),  # noqa: PLW1509
+                    preexec_fn=parent_death_preexec(os.getpid()),  # noqa: PLW1509
                     close_fds=True,
                 )
             except OSError as exc:
