@@ -25,7 +25,7 @@ from tuner.spec import Agent
 from tuner.study import TunerStudy, default_storage
 from tuner.targets.base import Target, TrialContext
 from tuner.targets.registry import make_target
-from tuner.tracking import Tracker, records_csv, resolve_tracking_uri
+from tuner.tracking import Tracker, records_csv, redact, resolve_tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -301,7 +301,7 @@ def _track_trial(session: Session, parent: str | None, number: int, baseline: bo
                                                                            strict=True))}
     cons = {f"violation_{k.replace(':', '_').replace('.', '_')}": v for k, v in ev.constraints.items()}
     tr.log(run_id, metrics={**metrics, **vals, **cons})
-    tr.log_text(run_id, yaml.safe_dump({"trial": number, "config": config}, sort_keys=True), "config.yaml")
+    tr.log_text(run_id, yaml.safe_dump({"trial": number, "config": redact(config)}, sort_keys=True), "config.yaml")
     if m is not None and m.records:
         tr.log_text(run_id, records_csv(m.records), "requests.csv")
     if log_path is not None:

@@ -34,6 +34,7 @@ from tuner.champion import ChampionRecord, ChampionStore
 from tuner.errors import Interrupted, PromotionError, TrialError
 from tuner.objectives import evaluate
 from tuner.targets.process import parent_death_preexec  # libc resolved at import, not in the child
+from tuner.tracking import redact
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -299,7 +300,8 @@ def _record_verification(session: Session, store: ChampionStore, v: Verdict) -> 
         if v.test is not None:
             tr.log(run_id, metrics={"improvement": v.test.improvement, "improvement_low": v.test.improvement_low,
                                     "p_value": v.test.p_value, "pairs": v.test.n})
-        tr.log_text(run_id, yaml.safe_dump({"candidate": v.candidate_config, "reference": v.reference_config,
+        tr.log_text(run_id, yaml.safe_dump({"candidate": redact(v.candidate_config),
+                                            "reference": redact(v.reference_config),
                                             "runs": [asdict(r) for r in v.runs], "verdict": v.summary()},
                                            sort_keys=False), "verification.yaml")
         tr.end_run(run_id, "KILLED" if v.interrupted else "FINISHED")

@@ -180,6 +180,8 @@ class ScheduleSpec(_Strict):
     def _every(cls, v: str | None) -> str | None:
         if v is not None and not _EVERY_RE.match(v):
             raise ValueError("every must look like 30s, 15m, 6h or 1d")
+        if v is not None and float(v[:-1]) <= 0:
+            raise ValueError("every must be longer than 0")
         return v
 
     @field_validator("cron")
@@ -237,7 +239,7 @@ class AgentSpec(_Strict):
     promotion: PromotionSpec = PromotionSpec()
     schedule: ScheduleSpec | None = None
     watch: WatchSpec | None = None
-    gpus: list[int] | None = None
+    gpus: list[int] | None = Field(default=None, min_length=1, description="GPU ids (default: all NVML sees)")
     parallel_trials: int = Field(default=1, ge=1)
 
     @field_validator("sampler", mode="before")
@@ -247,8 +249,12 @@ class AgentSpec(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> AgentSpec:
-        if self.sampler.name == "grid" and len(self.objectives) > 1:
-            pass  # grid handles several objectives too
+        goodput = [o.metric for o in self.objectives if o.metric in ("request_goodput", "goodput_fraction")]
+        latency = [s for s in self.slos if s.max is not None and s.metric.split(".")[0] in
+                   ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")]
+        if goodput and not latency:
+            raise ValueError(f"objective {goodput[0]} counts requests that meet the latency SLOs: add at least "
+                             "one slo on ttft_ms, tpot_ms, itl_ms or e2el_ms with a max")
         if self.budget.trials is None and self.budget.wall_time_s is None:
             raise ValueError("budget needs trials or wall_time_s")
         return self

@@ -62,6 +62,10 @@ CASES = [
      "outside"),
     (BASE.replace("  num_requests: 50\n", "  num_requests: 50\n  dataset: missing.json\n"), 11, "workload.dataset",
      "file not found"),
+    (BASE + "schedule: {every: 0s}\n", 15, "schedule.every", "longer than 0"),
+    (BASE + "gpus: []\n", 15, "gpus", "at least 1"),
+    (BASE.replace("metric: output_throughput", "metric: request_goodput").replace(
+        "slos:\n  - {metric: ttft_ms.p99, max: 2000}\n", "slos: []\n"), 1, None, "add at least one slo"),
     ("- just\n- a list\n", 1, None, "must be a YAML mapping"),
     ("name: [unclosed\n", 2, None, "invalid YAML"),
 ]
