@@ -49,6 +49,5 @@ def test_parallel_trials_never_share_a_gpu(tmp_path: Path) -> None:
         claim = by_trial[f"trial-{o.number}"]
         assert len(claim.gpus) == tp * dp
         assert tuple(session.study.trial(o.number).user_attrs["gpus"]) == claim.gpus
-    # trials really ran side by side: some claims overlapped in time (on disjoint GPUs)
-    spans = sorted((c.start_s, c.end_s or 0.0) for c in pool.history)
-    assert any(b[0] < a[1] for a, b in zip(spans, spans[1:], strict=False))
+    # (that trials really run side by side, and faster, is shown with I/O-bound servers in
+    # test_command_parallel.py: simulated trials are CPU-bound and may or may not interleave)
