@@ -48,8 +48,9 @@ def _setup_logging(verbose: bool = False) -> None:
     if not verbose:
         for chatty in ("tuner.loop", "tuner.daemon", "tuner.promote", "tuner.bench"):
             logging.getLogger(chatty).setLevel(logging.INFO)
-    for noisy in ("alembic", "mlflow", "urllib3", "httpx", "aiohttp.access", "optuna", "filelock"):
+    for noisy in ("alembic", "mlflow", "httpx", "aiohttp.access", "optuna", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    logging.getLogger("urllib3").setLevel(logging.ERROR)  # MLflow's HTTP retries; the tracker says it once
 
 
 def fail(exc: TunerError) -> typer.Exit:

@@ -99,11 +99,13 @@ class Tracker:
     """Thin wrapper over MlflowClient (safe across threads: no fluent active-run stack)."""
 
     def __init__(self, uri: str, experiment: str, *, artifact_dir: Path | None = None,
-                 retries: int = 3, enabled: bool = True) -> None:
+                 retries: int = 3, enabled: bool = True, pause_s: float = 60.0) -> None:
         self.uri = uri
         self.experiment_name = experiment
         self.enabled = enabled
         self.retries = retries
+        self.pause_s = pause_s
+        self._down_until = 0.0  # after a write fails every retry, skip MLflow until then
         self.artifact_dir = artifact_dir
         self._client: Any = None
         self._experiment_id: str | None = None
@@ -117,6 +119,9 @@ class Tracker:
             os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
             # MLflow configures its own logger at import (INFO: "Creating initial MLflow database tables")
             os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+            # an unreachable tracking server must cost seconds, not MLflow's default minutes per call
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
             from mlflow.tracking import MlflowClient
 
             self._client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
@@ -144,13 +149,18 @@ class Tracker:
     def _retry(self, what: str, fn: Callable[[], T]) -> T | None:
         if not self.enabled:
             return None
+        if time.monotonic() < self._down_until:
+            log.debug("MLflow %s skipped: the store failed recently", what)
+            return None
         delay = 0.2
         for attempt in range(1, self.retries + 1):
             try:
                 return fn()
             except Exception as exc:  # noqa: BLE001 - tracking must never break the loop
                 if attempt == self.retries:
-                    log.warning("MLflow %s failed after %d tries: %s", what, attempt, exc)
+                    self._down_until = time.monotonic() + self.pause_s
+                    log.warning("MLflow %s failed after %d tries (%s); skipping MLflow for %.0f s "
+                                "(trials stay in the Optuna study)", what, attempt, exc, self.pause_s)
                     return None
                 time.sleep(delay)
                 delay *= 2

@@ -52,3 +52,19 @@ def test_a_retried_start_run_creates_one_run(tmp_path: Path) -> None:
     runs = tr.runs()
     assert len(runs) == 1 and runs[0].info.run_id == run_id
     assert runs[0].data.params == {"trials_planned": "3"}
+
+
+def test_an_unreachable_tracking_server_costs_seconds_then_is_skipped(tmp_path: Path) -> None:
+    import socket
+    import time
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tr = Tracker(f"http://127.0.0.1:{port}", "x", retries=2, pause_s=60)
+    t0 = time.monotonic()
+    assert tr.start_run("cycle-1") is None
+    assert time.monotonic() - t0 < 30
+    t1 = time.monotonic()
+    assert tr.start_run("trial-0") is None  # skipped while the store is down
+    assert time.monotonic() - t1 < 0.5
