@@ -120,7 +120,11 @@ class TunerStudy:
                 directions=directions, load_if_exists=True,
             )
         except Exception as exc:  # noqa: BLE001 - bad URL, missing driver, unreachable database
-            raise ConfigError(f"cannot open the Optuna storage {storage_url!r}: {exc}", field="storage") from None
+            hint = ""
+            if storage_url.startswith("postgresql") and "import" in str(exc):
+                hint = " (install the driver: pip install 'tuner[postgres]', and use postgresql+psycopg://...)"
+            raise ConfigError(f"cannot open the Optuna storage {storage_url!r}: {exc}{hint}",
+                              field="storage") from None
         # A new session continues the study: re-seed the sampler past the trials already run, or a seeded
         # sampler would propose the same start-up configurations again in every cycle.
         n_done = len(self.study.get_trials(deepcopy=False))
