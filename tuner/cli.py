@@ -82,6 +82,7 @@ def run(
 
     from tuner.loop import TrialOutcome, open_session, run_cycle, state_dir_for
     from tuner.spec import load_agent
+    from tuner.tracking import safe_url
 
     try:
         agent = load_agent(agent_path)
@@ -111,7 +112,7 @@ def run(
             console.print("[yellow]stopped early: the running trial was recorded as interrupted[/]")
         if result.run_id:
             console.print(f"MLflow: experiment [cyan]{session.tracker.experiment_name}[/], "
-                          f"cycle run {result.run_id} ({session.tracker.uri}); `tuner ui` to browse")
+                          f"cycle run {result.run_id} ({safe_url(session.tracker.uri)}); `tuner ui` to browse")
     except TunerError as exc:
         raise fail(exc) from None
 

@@ -123,7 +123,10 @@ class TunerStudy:
             hint = ""
             if storage_url.startswith("postgresql") and "import" in str(exc):
                 hint = " (install the driver: pip install 'tuner[postgres]', and use postgresql+psycopg://...)"
-            raise ConfigError(f"cannot open the Optuna storage {storage_url!r}: {exc}{hint}",
+            from tuner.tracking import safe_url
+
+            msg = str(exc).replace(storage_url, safe_url(storage_url))
+            raise ConfigError(f"cannot open the Optuna storage {safe_url(storage_url)!r}: {msg}{hint}",
                               field="storage") from None
         # A new session continues the study: re-seed the sampler past the trials already run, or a seeded
         # sampler would propose the same start-up configurations again in every cycle.

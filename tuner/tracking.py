@@ -55,6 +55,13 @@ def _is_secret(name: str) -> bool:
     return bool(words) and (words[-1] in SECRET_MARKERS or any(w in _ALWAYS_SECRET for w in words))
 
 
+def safe_url(url: str) -> str:
+    """A URL fit for logs and messages: any password replaced by ***."""
+    import re
+
+    return re.sub(r"(//[^:/@]+:)[^@/]*@", r"\1***@", url)
+
+
 def records_csv(records: Iterable[RequestRecord]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)

@@ -68,3 +68,11 @@ def test_an_unreachable_tracking_server_costs_seconds_then_is_skipped(tmp_path: 
     t1 = time.monotonic()
     assert tr.start_run("trial-0") is None  # skipped while the store is down
     assert time.monotonic() - t1 < 0.5
+
+
+def test_urls_in_messages_hide_passwords() -> None:
+    from tuner.tracking import safe_url
+
+    assert safe_url("postgresql+psycopg://tuner:s3cret@db:5432/optuna") == "postgresql+psycopg://tuner:***@db:5432/optuna"
+    assert safe_url("http://u:p@mlflow:5000") == "http://u:***@mlflow:5000"
+    assert safe_url("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"
