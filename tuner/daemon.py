@@ -537,7 +537,7 @@ def _run_locked(agents: list[Any], state: Path, single: Any, triggers: dict[str,
     from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
     from apscheduler.schedulers.blocking import BlockingScheduler
 
-    from tuner.loop import open_session, reap
+    from tuner.loop import open_session
 
     groups = gpu_groups({a.name: a.spec.gpus for a in agents})
     group_locks = {g: threading.Lock() for g in set(groups.values())}
@@ -549,7 +549,7 @@ def _run_locked(agents: list[Any], state: Path, single: Any, triggers: dict[str,
     # resume after a SIGKILL: orphan servers and stale RUNNING trials of every agent, before anything new
     for a in agents:
         try:
-            reap(open_session(a, state, target=_target_of(a), study_name=current_study_name(state, a.name)))
+            open_session(a, state, target=_target_of(a), study_name=current_study_name(state, a.name))  # reaps
         except Exception as exc:  # noqa: BLE001 - a broken agent must not keep the others from running
             rt.agents[a.name].last_ok = False
             rt.agents[a.name].last_error = f"start-up: {type(exc).__name__}: {exc}"

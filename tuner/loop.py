@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,11 @@ class Session:
     target: Target
     study: TunerStudy
     tracker: Tracker
+
+    @cached_property
+    def description(self) -> dict[str, str]:
+        """The target's describe() (engine version, hardware), read once per session: it may probe NVML."""
+        return self.target.describe()
 
     @property
     def agent_dir(self) -> Path:
@@ -132,7 +138,7 @@ def run_cycle(
     study = session.study.study
     cycle = int(study.user_attrs.get("cycles", 0)) + 1
     study.set_user_attr("cycles", cycle)
-    desc = session.target.describe()
+    desc = session.description
     run_id = session.tracker.start_run(
         f"cycle-{cycle}",
         tags={"kind": "cycle", "cycle": cycle, "agent": spec.name, "study": session.study.name,
@@ -291,7 +297,7 @@ def _track_trial(session: Session, parent: str | None, number: int, baseline: bo
     spec = session.agent.spec
     tags = {"kind": "trial", "trial": number, "baseline": baseline, "state": "COMPLETE",
             "feasible": ev.feasible, "failure_cause": cause or "", "agent": spec.name,
-            **{f"target.{k}": v for k, v in session.target.describe().items()}}
+            **{f"target.{k}": v for k, v in session.description.items()}}
     if error:
         tags["error"] = error[:1000]
     if gpus:
