@@ -1,8 +1,12 @@
 """Decode throughput and memory-bandwidth utilisation (MBU) of the reference engine's decode step.
 
 For the `1b` preset in bfloat16 at context ~1024, batch 1, 8, 32, 64, 128 and 256, with and without
-CUDA graphs, this times the engine's real decode step (tuner.engine.runner.Runner.decode over a
-pre-allocated KV pool) and writes a markdown table to $OUT/decode.md (or --out DIR).
+CUDA graphs, and with each decode attention implementation of the engine (`--attention`: sdpa, matmul),
+this times the engine's real decode step (tuner.engine.runner.Runner.decode over a pre-allocated KV
+pool) and writes a markdown table to $OUT/decode.md (or --out DIR). On a GPU it adds two diagnoses of
+the largest batch: one layer's attention alone under each SDPA backend and the matmul form, against
+the K/V bytes it must read (with the reasons torch gives for refusing a backend), and the top kernels
+of one decode step by GPU time (torch.profiler).
 
 MBU = (weight bytes + KV bytes read per step) / step time / 4.2 TB/s (H200 HBM3e). Needs only torch
 (the engine modules it imports need nothing else). About 1-2 minutes on an H200.
@@ -18,15 +22,17 @@ import dataclasses
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 
-from tuner.engine.config import EngineConfig, slot_bytes  # noqa: E402
+from tuner.engine.config import ATTENTION, EngineConfig, slot_bytes  # noqa: E402
 from tuner.engine.engine import Engine  # noqa: E402
-from tuner.engine.model import weight_bytes  # noqa: E402
+from tuner.engine.model import decode_attention, decode_mask, weight_bytes  # noqa: E402
 from tuner.engine.runner import Runner  # noqa: E402
 
 PEAK_BW = 4.2e12  # bytes/s
@@ -73,21 +79,141 @@ def agreement(eager: Runner, graph: Runner, b: int, start: int) -> tuple[float, 
     return float((a == g).float().mean()), rel
 
 
+def attention_microbench(b: int, context: int, mc: Any, dtype: torch.dtype, reps: int, dev: str) -> list[str]:
+    """One layer's decode attention at batch b over `context` keys, each way torch can run it, timed alone.
+
+    Bytes: the K and V the step must read (b x context x kv_heads x head_dim x 2 tensors). The masked,
+    grouped query is what the engine runs; "flash, no mask, enable_gqa" is the unmasked [b, heads, 1, hd]
+    query of a plain benchmark whose rows all have the same length (a ceiling, not a correct engine step).
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    hkv, hd, g = mc.num_kv_heads, mc.head_dim, mc.num_heads // mc.num_kv_heads
+    slots = torch.zeros(b, hkv, context + 3, hd, dtype=dtype, device=dev).normal_()
+    keys = slots[:, :, :context]  # a view with the pool's strides, as in the engine
+    vals = torch.zeros_like(slots).normal_()[:, :, :context]
+    q = torch.randn(b, hkv, g, hd, dtype=dtype, device=dev)
+    pos = torch.randint(context // 2, context, (b,), device=dev)
+    mask = decode_mask(pos, context, dtype)
+    kv_bytes = 2 * b * context * hkv * hd * keys.element_size()
+
+    def run(label: str, fn: Any) -> str:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                for _ in range(3):
+                    fn()
+                sync(dev)
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    fn()
+                sync(dev)
+                dt = (time.perf_counter() - t0) / reps
+                return f"| {label} | {dt * 1e6:.1f} | {kv_bytes / dt / 1e9:,.0f} | {kv_bytes / dt / PEAK_BW:.0%} | |"
+            except Exception as exc:  # noqa: BLE001 - a refused backend is a finding, not a failure
+                why = "; ".join(str(w.message).replace("|", "/")[:160] for w in caught[:3])
+                return f"| {label} | - | - | - | {type(exc).__name__}: {str(exc)[:120]} {why} |"
+
+    def backend(kind: Any, **kw: Any) -> Any:
+        def fn() -> Any:
+            with sdpa_kernel(kind):
+                return torch.nn.functional.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, **kw)
+        return fn
+
+    q_flat = q.reshape(b, hkv * g, 1, hd)
+    rows = [run("sdpa, torch's choice (engine: attention=sdpa)", lambda: decode_attention(q, keys, vals, mask, "sdpa")),
+            run("matmul (engine: attention=matmul)", lambda: decode_attention(q, keys, vals, mask, "matmul"))]
+    for name in ("EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"):
+        kind = getattr(SDPBackend, name, None)
+        if kind is not None:
+            rows.append(run(f"sdpa forced to {name}", backend(kind)))
+
+    def flash() -> Any:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(q_flat, keys, vals, enable_gqa=True)
+
+    rows.append(run("flash, no mask, enable_gqa (ceiling)", flash))
+    chosen = "?"
+    try:
+        if dev != "cuda":
+            raise RuntimeError("not a CUDA device")
+        from torch.backends.cuda import SDPAParams, can_use_efficient_attention
+
+        params = SDPAParams(q, keys, vals, mask, 0.0, False, False)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ok = can_use_efficient_attention(params, True)
+        chosen = f"can_use_efficient_attention: {ok}" + (
+            "" if ok else " (" + "; ".join(str(w.message)[:200] for w in caught[:3]) + ")")
+    except Exception as exc:  # noqa: BLE001 - the probe's API moves between torch versions
+        chosen = f"backend probe unavailable: {type(exc).__name__}: {exc}"
+    return [f"### One layer's attention alone: batch {b}, {context} keys, {mc.num_heads} heads on {hkv} KV heads "
+            f"of {hd}, {str(dtype).removeprefix('torch.')}", "",
+            f"K+V bytes per call: {kv_bytes / 1e6:.1f} MB. {chosen}.", "",
+            "| implementation | us/call | GB/s | of 4.2 TB/s | refused because |", "|---|---:|---:|---:|---|", *rows]
+
+
+def kernel_profile(runner: Runner, b: int, start: int, top: int = 12) -> list[str]:
+    """The decode step's kernels by GPU time over 5 steps (eager: the same kernels a graph replays); on a
+    CPU, its operators by CPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    dev = runner.device
+    kind = torch.autograd.DeviceType.CUDA if runner.is_cuda else torch.autograd.DeviceType.CPU
+    activity = ProfilerActivity.CUDA if runner.is_cuda else ProfilerActivity.CPU
+
+    runner.model.attention = runner.cfg.attention  # the model is shared by every runner of the bench
+    with runner.stream_ctx():
+        runner.dec_pos[:b] = start
+        runner.decode(b, start + 1)
+        sync(dev)
+        with profile(activities=[activity]) as prof:
+            for i in range(5):
+                runner.decode(b, start + i + 2)
+            sync(dev)
+    stats: dict[str, list[float]] = {}
+    for ev in prof.events():
+        if runner.is_cuda:
+            us = getattr(ev, "device_time", None) or getattr(ev, "cuda_time", 0.0)
+        else:  # CPU operators nest: count the leaves' own time
+            us = ev.self_cpu_time_total
+        if ev.device_type == kind and us:
+            acc = stats.setdefault(ev.name, [0.0, 0.0])
+            acc[0] += us
+            acc[1] += 1
+    total = sum(v[0] for v in stats.values()) or 1.0
+    where = "GPU" if runner.is_cuda else "CPU"
+    lines = [f"### Kernels of one decode step, batch {b}, attention={runner.model.attention} "
+             f"(torch.profiler, 5 steps): {total / 5 / 1e3:.3f} ms of {where} time per step", "",
+             "| kernel | calls/step | us/step | share |", "|---|---:|---:|---:|"]
+    for name, (us, n) in sorted(stats.items(), key=lambda kv: -kv[1][0])[:top]:
+        lines.append(f"| `{name[:90].replace('|', '/')}` | {n / 5:.0f} | {us / 5:,.1f} | {us / total:.0%} |")
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="tiny preset, batches 1 and 4: checks the script")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder of decode.md (default $OUT)")
     ap.add_argument("--batches", default=None, help="comma-separated batch sizes")
+    ap.add_argument("--attention", default=",".join(ATTENTION),
+                    help=f"comma-separated decode attention implementations (default: {','.join(ATTENTION)})")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                     help="bfloat16 on a GPU, float32 on a CPU by default")
+    ap.add_argument("--diagnose", action=argparse.BooleanOptionalAction, default=None,
+                    help="the attention microbenchmark and kernel profile at the largest batch (default: on a GPU)")
     args = ap.parse_args()
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     preset = "tiny" if args.smoke else "1b"
     batches = [int(b) for b in args.batches.split(",")] if args.batches else (
         [1, 4] if args.smoke else [1, 8, 32, 64, 128, 256])
+    impls = [a.strip() for a in args.attention.split(",") if a.strip()]
+    for a in impls:
+        if a not in ATTENTION:
+            ap.error(f"--attention: {a!r} is not one of {', '.join(ATTENTION)}")
     context = min(args.context, 256) if args.smoke else args.context
     steps = args.steps or (3 if args.smoke else 20)
     warmup = 1 if args.smoke else 3
@@ -107,42 +233,46 @@ def main() -> int:
     engine.load()
     load_s = time.perf_counter() - t0
     mc = engine.mc
-    graph_runner = engine.runner
-    eager_cfg = dataclasses.replace(cfg, cuda_graphs=False)
-    eager_runner = Runner(eager_cfg, engine.model, engine.pool, device)
-    w_bytes = weight_bytes(engine.model)
+    model = engine.model
+    w_bytes = weight_bytes(model)
     kv_per_token = mc.num_layers * 2 * mc.num_kv_heads * mc.head_dim * (4 if dtype == "float32" else 2)
     name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
     print(f"{preset}: {mc.param_count() / 1e9:.2f} B params, {w_bytes / 1e9:.2f} GB read per step, "
           f"{dtype} on {name}; pool {engine.pool.capacity} slots; built in {load_s:.1f} s", flush=True)
 
     rows = []
-    for b in batches:
-        eager_s, ctx = time_steps(eager_runner, b, start, warmup, steps, device)
-        graph_s = None
-        agree = None
-        logit_diff = None
-        capture_s = 0.0
-        if graphs:
-            c0 = time.perf_counter()
-            with graph_runner.stream_ctx():
-                graph_runner.capture(b)
-            sync(device)
-            capture_s = time.perf_counter() - c0
-            graph_s, _ = time_steps(graph_runner, b, start, warmup, steps, device)
-            agree, logit_diff = agreement(eager_runner, graph_runner, b, start)
-        bytes_step = w_bytes + b * ctx * kv_per_token
-        floor_s = bytes_step / PEAK_BW
-        row = {"b": b, "eager_ms": eager_s * 1e3, "graph_ms": graph_s * 1e3 if graph_s else None,
-               "floor_ms": floor_s * 1e3, "mbu_eager": floor_s / eager_s,
-               "mbu_graph": floor_s / graph_s if graph_s else None, "tok_eager": b / eager_s,
-               "tok_graph": b / graph_s if graph_s else None, "capture_s": capture_s, "agree": agree,
-               "logit_diff": logit_diff}
-        rows.append(row)
-        print(f"batch {b}: eager {row['eager_ms']:.3f} ms" + (
-            f", graph {row['graph_ms']:.3f} ms (x{eager_s / graph_s:.1f}), MBU graph {row['mbu_graph']:.0%}, "
-            f"capture {capture_s:.3f} s, token agreement {agree:.0%}, max logit diff {logit_diff:.2g} std"
-            if graph_s else ""), flush=True)
+    runners: dict[str, tuple[Runner, Runner]] = {}
+    for impl in impls:
+        model.attention = impl
+        eager_runner = Runner(dataclasses.replace(cfg, cuda_graphs=False, attention=impl), model, engine.pool, device)
+        graph_runner = Runner(dataclasses.replace(cfg, attention=impl), model, engine.pool, device)
+        runners[impl] = (eager_runner, graph_runner)
+        for b in batches:
+            eager_s, ctx = time_steps(eager_runner, b, start, warmup, steps, device)
+            graph_s = None
+            agree = None
+            logit_diff = None
+            capture_s = 0.0
+            if graphs:
+                c0 = time.perf_counter()
+                with graph_runner.stream_ctx():
+                    graph_runner.capture(b, graph_runner.attn_bucket(start + 1))
+                sync(device)
+                capture_s = time.perf_counter() - c0
+                graph_s, _ = time_steps(graph_runner, b, start, warmup, steps, device)
+                agree, logit_diff = agreement(eager_runner, graph_runner, b, start)
+            bytes_step = w_bytes + b * ctx * kv_per_token
+            floor_s = bytes_step / PEAK_BW
+            row = {"b": b, "impl": impl, "eager_ms": eager_s * 1e3, "graph_ms": graph_s * 1e3 if graph_s else None,
+                   "floor_ms": floor_s * 1e3, "mbu_eager": floor_s / eager_s,
+                   "mbu_graph": floor_s / graph_s if graph_s else None, "tok_eager": b / eager_s,
+                   "tok_graph": b / graph_s if graph_s else None, "capture_s": capture_s, "agree": agree,
+                   "logit_diff": logit_diff}
+            rows.append(row)
+            print(f"{impl} batch {b}: eager {row['eager_ms']:.3f} ms" + (
+                f", graph {row['graph_ms']:.3f} ms (x{eager_s / graph_s:.1f}), MBU graph {row['mbu_graph']:.0%}, "
+                f"capture {capture_s:.3f} s, token agreement {agree:.0%}, max logit diff {logit_diff:.2g} std"
+                if graph_s else ""), flush=True)
 
     def f(v: float | None, fmt: str) -> str:
         return "-" if v is None else format(v, fmt)
@@ -153,37 +283,59 @@ def main() -> int:
         f"Device: {name}; torch {torch.__version__}. Weights read per step: {w_bytes / 1e9:.2f} GB; "
         f"KV read per step: batch x context x {kv_per_token} B. floor = bytes / {PEAK_BW / 1e12:.1f} TB/s; "
         "MBU = floor / measured step. Steps timed with the engine's own Runner.decode "
-        f"({steps} steps after {warmup} warm-up, host-synchronised).",
+        f"({steps} steps after {warmup} warm-up, host-synchronised); graphs replay the attention-length "
+        f"bucket {attn_bucket_label(cfg, start)}.",
         "",
-        "| batch | eager ms/step | CUDA graph ms/step | graph speed-up | floor ms | MBU eager | MBU graph "
-        "| tok/s eager | tok/s graph | capture s | greedy agreement | max logit diff (std) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| attention | batch | eager ms/step | CUDA graph ms/step | graph speed-up | floor ms | MBU eager "
+        "| MBU graph | tok/s eager | tok/s graph | capture s | greedy agreement | max logit diff (std) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         speed = r["eager_ms"] / r["graph_ms"] if r["graph_ms"] else None
         lines.append(
-            f"| {r['b']} | {r['eager_ms']:.3f} | {f(r['graph_ms'], '.3f')} | {f(speed, '.1f')}x "
+            f"| {r['impl']} | {r['b']} | {r['eager_ms']:.3f} | {f(r['graph_ms'], '.3f')} | {f(speed, '.1f')}x "
             f"| {r['floor_ms']:.3f} | {r['mbu_eager']:.0%} | {f(r['mbu_graph'], '.0%')} | {r['tok_eager']:,.0f} "
             f"| {f(r['tok_graph'], ',.0f')} | {r['capture_s']:.3f} | {f(r['agree'], '.0%')} "
             f"| {f(r['logit_diff'], '.2g')} |")
     verdicts = []
-    by_b = {r["b"]: r for r in rows}
-    if 1 in by_b and by_b[1]["graph_ms"]:
-        s = by_b[1]["eager_ms"] / by_b[1]["graph_ms"]
-        verdicts.append(f"- graphs vs eager at batch 1: {s:.1f}x (target >= {TARGET_GRAPH_SPEEDUP_B1:.0f}x): "
-                        f"{'met' if s >= TARGET_GRAPH_SPEEDUP_B1 else 'NOT met'}")
-    if 256 in by_b and by_b[256]["mbu_graph"]:
-        m = by_b[256]["mbu_graph"]
-        verdicts.append(f"- MBU at batch 256 with graphs: {m:.0%} (target >= {TARGET_MBU_B256:.0%}): "
-                        f"{'met' if m >= TARGET_MBU_B256 else 'NOT met'}")
+    for impl in impls:
+        by_b = {r["b"]: r for r in rows if r["impl"] == impl}
+        if 1 in by_b and by_b[1]["graph_ms"]:
+            s = by_b[1]["eager_ms"] / by_b[1]["graph_ms"]
+            verdicts.append(f"- attention={impl}: graphs vs eager at batch 1: {s:.1f}x (target >= "
+                            f"{TARGET_GRAPH_SPEEDUP_B1:.0f}x): {'met' if s >= TARGET_GRAPH_SPEEDUP_B1 else 'NOT met'}")
+        if 256 in by_b and by_b[256]["mbu_graph"]:
+            m = by_b[256]["mbu_graph"]
+            verdicts.append(f"- attention={impl}: MBU at batch 256 with graphs: {m:.0%} (target >= "
+                            f"{TARGET_MBU_B256:.0%}): {'met' if m >= TARGET_MBU_B256 else 'NOT met'}")
     if verdicts:
         lines += ["", *verdicts]
+    if args.diagnose or (args.diagnose is None and device == "cuda"):
+        for label, fn in [("attention microbenchmark", lambda: attention_microbench(
+                              bmax, context, mc, engine.pool.dtype, 20, device)),
+                          *[(f"kernel profile ({impl})", lambda impl=impl: kernel_profile(
+                              runners[impl][0], bmax, start)) for impl in impls]]:
+            try:
+                lines += ["", *fn()]
+            except Exception as exc:  # noqa: BLE001 - a diagnosis must not lose the table above
+                lines += ["", f"({label} failed: {type(exc).__name__}: {exc})"]
+            print(f"{label} done", flush=True)
     text = "\n".join(lines) + "\n"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "decode.md").write_text(text)
     print(text)
     return 0
+
+
+def attn_bucket_label(cfg: EngineConfig, start: int) -> str:
+    from tuner.engine.runner import attn_buckets
+
+    full = cfg.model_config().max_model_len + 1
+    for a in attn_buckets(full - 1):
+        if a >= start + 1:
+            return f"{a} (of a {full}-position slot)"
+    return str(full)
 
 
 if __name__ == "__main__":

@@ -98,6 +98,11 @@ def test_compile_keeps_greedy_output() -> None:
     assert agreement(out, reference()) >= 0.95
 
 
+def test_matmul_attention_keeps_greedy_output() -> None:
+    out = generate(max_batch_size=8, pre_allocate=True, cuda_graphs=True, attention="matmul")
+    assert agreement(out, reference()) >= 0.95
+
+
 def test_bf16_and_int8_mostly_agree_with_float32() -> None:
     for knobs in ({"dtype": "bfloat16"}, {"dtype": "bfloat16", "quantization": "int8"},
                   {"dtype": "bfloat16", "pre_allocate": True, "cuda_graphs": True}):

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tuner.engine.config import ModelConfig
+from tuner.engine.config import ATTENTION, ModelConfig
 from tuner.engine.kv_pool import KVPool
-from tuner.engine.model import QLinear, build_model, hf_model_config
+from tuner.engine.model import MASK_ALIGN, QLinear, build_model, decode_attention, decode_mask, hf_model_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -49,13 +49,53 @@ def test_logits_agree_with_transformers(tmp_path: Path, tie: bool) -> None:
         for start in range(0, 40, 16):
             last = model.prefill(ids[start:start + 16], start, 1, pool.k, pool.v)
         torch.testing.assert_close(last, ref[-1], rtol=1e-4, atol=1e-4)
-        # decode path: one token at a time from position 30, two rows (slots 0 and 1)
-        for pos in range(30, 40):
-            toks = torch.tensor([ids[pos], ids[pos]])
-            positions = torch.tensor([pos, pos])
-            logits = model.decode(toks, positions, pool.k, pool.v, attn_len=64)
-            torch.testing.assert_close(logits[0], ref[pos], rtol=1e-4, atol=1e-4)
-            torch.testing.assert_close(logits[1], ref[pos], rtol=1e-4, atol=1e-4)
+        # decode path, with each attention implementation: one token at a time from position 30, two
+        # rows (slots 0 and 1); the attention length (37) is not a multiple of the mask alignment
+        for how in ATTENTION:
+            model.attention = how
+            for pos in range(30, 37):
+                toks = torch.tensor([ids[pos], ids[pos]])
+                positions = torch.tensor([pos, pos])
+                logits = model.decode(toks, positions, pool.k, pool.v, attn_len=37)
+                torch.testing.assert_close(logits[0], ref[pos], rtol=1e-4, atol=1e-4, msg=how)
+                torch.testing.assert_close(logits[1], ref[pos], rtol=1e-4, atol=1e-4, msg=how)
+
+
+def test_decode_mask_hides_later_positions_and_has_an_aligned_row_stride() -> None:
+    positions = torch.tensor([0, 5, 36, 40])
+    mask = decode_mask(positions, 37, torch.bfloat16)
+    assert mask.shape == (4, 1, 1, 37) and mask.dtype == torch.bfloat16
+    assert mask.stride(0) % MASK_ALIGN == 0 and mask.stride(-1) == 1
+    for row, pos in enumerate(positions.tolist()):
+        visible = (mask[row, 0, 0] == 0).nonzero().flatten().tolist()
+        assert visible == list(range(min(pos, 36) + 1))
+        assert torch.isinf(mask[row, 0, 0, min(pos, 36) + 1:]).all()
+
+
+def test_matmul_attention_equals_sdpa_for_rows_of_different_lengths() -> None:
+    gen = torch.Generator().manual_seed(0)
+    b, hkv, g, length, hd = 3, 2, 4, 45, 16
+    q = torch.randn(b, hkv, g, hd, generator=gen)
+    keys = torch.randn(b, hkv, length, hd, generator=gen)
+    vals = torch.randn(b, hkv, length, hd, generator=gen)
+    mask = decode_mask(torch.tensor([3, 20, 44]), length, torch.float32)
+    ref = decode_attention(q, keys, vals, mask, "sdpa")
+    out = decode_attention(q, keys, vals, mask, "matmul")
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    # a row does not see keys past its own position: changing them leaves its output alone
+    keys2 = keys.clone()
+    keys2[0, :, 4:] = 100.0
+    out2 = decode_attention(q, keys2, vals, mask, "matmul")
+    torch.testing.assert_close(out2[0], out[0])
+    keys2[0, :, 3] = 100.0  # its own last position does count
+    assert not torch.allclose(decode_attention(q, keys2, vals, mask, "matmul")[0], out[0])
+
+
+def test_unknown_attention_is_rejected() -> None:
+    mc = ModelConfig(vocab_size=300, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                     intermediate_size=64, max_model_len=32)
+    with pytest.raises(ValueError, match="unknown attention 'flash'"):
+        build_model(mc, dtype="float32", device="cpu", attention="flash")
 
 
 def test_llama3_rope_scaling_agrees(tmp_path: Path) -> None:

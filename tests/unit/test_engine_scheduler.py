@@ -105,7 +105,8 @@ def reference() -> list[list[int]]:
     {"batching": "continuous", "max_batch_size": 3, "pre_allocate": True},
     {"batching": "continuous", "max_batch_size": 8, "kv_pool_mb": 7},  # 3 slots, growing on demand
     {"batching": "continuous", "max_batch_size": 5, "scheduling_policy": "shortest-prompt-first"},
-], ids=["static8", "static3", "cont8", "cont3-prealloc", "cont8-smallpool", "cont5-spf"])
+    {"batching": "continuous", "max_batch_size": 8, "attention": "matmul"},
+], ids=["static8", "static3", "cont8", "cont3-prealloc", "cont8-smallpool", "cont5-spf", "cont8-matmul"])
 def test_greedy_output_is_the_same_whatever_the_batching(reference: list[list[int]], knobs: dict) -> None:
     assert run_all(**knobs) == reference
 

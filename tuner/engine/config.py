@@ -73,6 +73,7 @@ BATCHING = ("static", "continuous")
 POLICIES = ("fcfs", "priority", "shortest-prompt-first")
 QUANTIZATION = ("none", "int8")
 STREAM_PRIORITY = ("normal", "high")
+ATTENTION = ("sdpa", "matmul")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -106,6 +107,8 @@ class EngineConfig:
     batch_timeout_ms: float = _knob(50.0, "static batching: longest wait for a batch to fill", minimum=0)
     prefill_chunk_tokens: int = _knob(512, "prompt tokens per prefill chunk (and per iteration)",
                                       minimum=1)
+    attention: str = _knob("sdpa", "decode attention: sdpa (torch picks the kernel) or matmul (two batched "
+                           "matmuls around a float32 softmax)", ATTENTION)
     scheduling_policy: str = _knob("fcfs", "order of the waiting queue", POLICIES)
     cuda_graphs: bool = _knob(False, "decode under CUDA graphs (needs pre_allocate)", gpu_only=True)
     cuda_graph_max_batch: int = _knob(64, "largest decode batch captured in a graph", minimum=1)

@@ -125,7 +125,8 @@ class Engine:
             torch.backends.cuda.matmul.allow_tf32 = False
         t0 = time.perf_counter()
         self.model = build_model(self.mc, dtype=cfg.dtype, device=self.device, seed=cfg.seed,
-                                 weights=cfg.weights, quantization=cfg.quantization)
+                                 weights=cfg.weights, quantization=cfg.quantization,
+                                 attention=cfg.attention)
         self._sync()
         self.phase_s["load"] = time.perf_counter() - t0
         t0 = time.perf_counter()

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tuner.engine.config import ModelConfig
+from tuner.engine.config import ATTENTION, ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +141,8 @@ class LlamaModel(nn.Module):
         self.rope_len = cfg.max_model_len + 1
         self.register_buffer("cos", torch.empty(0), persistent=False)
         self.register_buffer("sin", torch.empty(0), persistent=False)
+        # how a decode step computes attention (see `decode_attention`): "sdpa" or "matmul"
+        self.attention = "sdpa"
 
     @property
     def blocks(self) -> list[Block]:
@@ -203,10 +205,7 @@ class LlamaModel(nn.Module):
         hkv, hd = cfg.num_kv_heads, cfg.head_dim
         # where each row's new k/v goes: slot = row, position = positions[row] (one scatter per tensor)
         where = positions.view(b, 1, 1, 1).expand(b, hkv, 1, hd)
-        visible = torch.arange(attn_len, device=tokens.device)[None, :] <= positions[:, None]
-        # one additive mask per step (SDPA would convert a boolean one in every layer)
-        mask = torch.zeros(visible.shape, dtype=x.dtype, device=x.device).masked_fill_(
-            ~visible, float("-inf"))[:, None, None, :]
+        mask = decode_mask(positions, attn_len, x.dtype)
         nq = cfg.num_heads
         for i, layer in enumerate(self.blocks):
             h = layer.ln1(x)
@@ -221,15 +220,50 @@ class LlamaModel(nn.Module):
             keys = kc[:b, :, :attn_len]  # [b, Hkv, L, hd]
             vals = vc[:b, :, :attn_len]
             qg = q.reshape(b, hkv, group, hd)  # query heads grouped by their KV head
-            att = F.scaled_dot_product_attention(qg, keys, vals, attn_mask=mask)  # [b, Hkv, G, hd]
+            att = decode_attention(qg, keys, vals, mask, self.attention)  # [b, Hkv, G, hd]
             x = x + layer.o(att.reshape(b, -1))
             x = x + layer.mlp(layer.ln2(x))
         return self.lm_head(self.norm(x)).float()
 
 
+MASK_ALIGN = 16  # elements: the row stride SDPA's memory-efficient kernel wants for an attention bias
+
+
+def decode_mask(positions: torch.Tensor, attn_len: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive mask [b, 1, 1, attn_len]: 0 where key position <= the row's position, -inf elsewhere.
+
+    One per step, not per layer (SDPA would convert a boolean mask in every layer). Its rows are laid
+    out with a stride rounded up to MASK_ALIGN elements, so SDPA's memory-efficient kernel reads it as
+    it is instead of padding a copy in every layer.
+    """
+    b = positions.shape[0]
+    stride = -(-attn_len // MASK_ALIGN) * MASK_ALIGN
+    keys = torch.arange(stride, device=positions.device)[None, :]
+    full = torch.zeros(b, stride, dtype=dtype, device=positions.device)
+    full.masked_fill_(keys > positions[:, None], float("-inf"))
+    return full[:, None, None, :attn_len]
+
+
+def decode_attention(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, mask: torch.Tensor,
+                     how: str) -> torch.Tensor:
+    """Attention of a decode step: q [b, Hkv, G, hd] (query heads grouped by KV head), keys and vals
+    [b, Hkv, L, hd] (views into the KV pool), mask [b, 1, 1, L] additive. Returns [b, Hkv, G, hd].
+
+    "sdpa": torch's scaled_dot_product_attention, which picks its own kernel for a masked query.
+    "matmul": two batched matmuls around a softmax computed in float32: K and V are read once each
+    by cuBLAS whatever the query length, at the cost of writing the [b, Hkv, G, L] scores.
+    """
+    if how == "matmul":
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        scores = torch.matmul(q * scale, keys.transpose(-1, -2))  # [b, Hkv, G, L]
+        probs = torch.softmax(scores + mask, dim=-1, dtype=torch.float32).to(vals.dtype)
+        return torch.matmul(probs, vals)
+    return F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)
+
+
 # ---------------------------------------------------------------------------- construction
 def build_model(cfg: ModelConfig, *, dtype: str, device: str, seed: int = 0,
-                weights: str | None = None, quantization: str = "none") -> LlamaModel:
+                weights: str | None = None, quantization: str = "none", attention: str = "sdpa") -> LlamaModel:
     """Random weights (seeded, built on the CPU so every device gets the same ones) or a checkpoint."""
     torch_dtype = DTYPES[dtype]
     with torch.device("cpu"):
@@ -240,6 +274,9 @@ def build_model(cfg: ModelConfig, *, dtype: str, device: str, seed: int = 0,
         init_random(model, seed)
     model = model.to(device=device, dtype=torch_dtype)
     model.init_rope()
+    if attention not in ATTENTION:
+        raise ValueError(f"unknown attention {attention!r}; valid: {', '.join(ATTENTION)}")
+    model.attention = attention
     if quantization == "int8":
         for layer in model.blocks:
             for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):

@@ -1,0 +1,43 @@
+"""The prepared GPU experiment scripts run end to end on the CPU (their --smoke modes), so the one
+device call a GPU session can afford does not fail on a script error."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "experiments" / "h200-engine"
+
+
+def test_bench_decode_smoke_writes_a_row_per_attention_and_batch_and_the_diagnoses(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "bench_decode.py"), "--smoke", "--diagnose",
+                           "--device", "cpu", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = (tmp_path / "decode.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith(("| sdpa |", "| matmul |"))]
+    assert [r.split("|")[1:3] for r in rows] == [[" sdpa ", " 1 "], [" sdpa ", " 4 "], [" matmul ", " 1 "],
+                                                 [" matmul ", " 4 "]]
+    assert "One layer's attention alone" in text
+    assert "| matmul (engine: attention=matmul) |" in text
+    assert text.count("### Kernels of one decode step") == 2
+
+
+def test_bench_decode_rejects_an_unknown_attention(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "bench_decode.py"), "--smoke", "--attention", "flash",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2
+    assert "--attention: 'flash' is not one of sdpa, matmul" in proc.stderr
+
+
+def test_tune_smoke_runs_trials_and_writes_the_baseline_against_the_best(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "tune.py"), "--smoke", "--trials", "2",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = (tmp_path / "tune.md").read_text()
+    assert "| baseline |" in text and "| best (trial" in text
+    assert "tuned goodput / baseline goodput:" in text
+    trial_rows = [line for line in text.splitlines() if line.startswith(("| 0 |", "| 1 |"))]
+    assert len(trial_rows) == 2 and "attention=sdpa" in trial_rows[0]
