@@ -14,6 +14,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -51,14 +52,25 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     session = open_session(agent, out / "tune-state")
-    result = run_cycle(session, trials=trials,
-                       on_trial=lambda o: print(f"trial {o.number}: {o.values} {o.cause or ''} "
-                                                f"{time.perf_counter() - t0:.0f}s", flush=True))
+    outcomes: list[Any] = []
+
+    def on_trial(o: Any) -> None:
+        print(f"trial {o.number}: {o.values} {o.cause or ''} {time.perf_counter() - t0:.0f}s", flush=True)
+        outcomes.append(o)
+        # after every trial, so that a run cut short by its time limit still leaves its figures
+        write_report(out / "tune.md", agent, session, outcomes, time.perf_counter() - t0, final=False)
+
+    run_cycle(session, trials=trials, on_trial=on_trial)
+    print(write_report(out / "tune.md", agent, session, outcomes, time.perf_counter() - t0, final=True))
+
+
+def write_report(path: Path, agent: Any, session: Any, outcomes: list[Any], elapsed_s: float, *,
+                 final: bool) -> str:
     base = session.study.baseline()
     best = session.study.best()
+    status = "" if final else " (so far: the run is still going, or was cut short)"
     lines = [f"# Short tuning run of the reference engine ({agent.spec.target.options})", "",
-             f"{len(result.outcomes)} trials in {time.perf_counter() - t0:.0f} s; "
-             f"target {session.target.describe()}", ""]
+             f"{len(outcomes)} trials in {elapsed_s:.0f} s{status}; target {session.target.describe()}", ""]
     rows = [("baseline", base)] + [(f"best (trial {t.number})", t) for t in best[:1]]
     lines.append("| | " + " | ".join(h for _, h in KEYS) + " |")
     lines.append("|---|" + "---:|" * len(KEYS))
@@ -69,15 +81,20 @@ def main() -> None:
         lines.append(f"| {label} | " + " | ".join(f"{m.get(k, float('nan')):.4g}" for k, _ in KEYS) + " |")
     if base is not None and best and base.values and base.values[0] > 0:
         lines += ["", f"tuned goodput / baseline goodput: {best[0].values[0] / base.values[0]:.1f}x (target >= 5x)"]
+    elif base is not None and base.values is not None and base.values[0] <= 0:
+        lines += ["", "the baseline's goodput is 0: no request met the SLOs (see its p99 TTFT and ITL)"]
     if best:
         lines += ["", "best configuration: " + ", ".join(f"{k}={v}" for k, v in best[0].params.items())]
     lines += ["", "| trial | goodput | feasible | cause | params |", "|---:|---:|---|---|---|"]
-    for o in result.outcomes:
-        lines.append(f"| {o.number} | {o.values[0] if o.values else ''} | {o.feasible} | {o.cause or ''} | "
+    for o in outcomes:
+        value = format(o.values[0], ".4g") if o.values else ""
+        lines.append(f"| {o.number} | {value} | {o.feasible} | {o.cause or ''} | "
                      + ", ".join(f"{k}={v}" for k, v in o.params.items()) + " |")
     text = "\n".join(lines) + "\n"
-    (out / "tune.md").write_text(text)
-    print(text)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return text
 
 
 if __name__ == "__main__":
