@@ -199,10 +199,13 @@ class Runner:
 
     @torch.inference_mode()
     def capture_all(self) -> None:
-        # the full-slot graph of every batch size now; shorter attention lengths on first use
+        """Every graph serving can replay: each captured batch size x each attention-length bucket, the
+        largest first (later captures reuse the first ones' memory pool). Without this (warmup off), a
+        graph is captured the first time serving needs it, which costs that step a few milliseconds."""
         for b in sorted(self.graph_sizes, reverse=True):
-            if (b, self.L + 1) not in self.graphs:
-                self.capture(b, self.L + 1)
+            for a in sorted(self.attn_sizes, reverse=True):
+                if (b, a) not in self.graphs:
+                    self.capture(b, a)
 
     @torch.inference_mode()
     def sample_rows(self, logits: torch.Tensor, rows: list[tuple[int, float, torch.Generator]]) -> None:
