@@ -46,7 +46,11 @@ def daemon(agents: list[Path] = typer.Argument(..., help="agent spec files"),
            state_dir: Path | None = typer.Option(None, "--state-dir", help="state directory (default .tuner)"),
            port: int = typer.Option(8787, "--port", help="health/metrics port on 127.0.0.1 (0: any free, -1: off)"),
            grace_s: float = typer.Option(30.0, "--grace-s", help="seconds to tear down on SIGTERM")) -> None:
-    """Run PDCA cycles on each agent's schedule until SIGTERM."""
+    """Run PDCA cycles on each agent's schedule until SIGTERM.
+
+    Every cycle reads its agent file afresh; SIGHUP (`kill -HUP`, `systemctl reload`) also applies a changed
+    schedule or watch without a restart.
+    """
     from tuner.daemon import run_daemon
     from tuner.loop import state_dir_for
 

@@ -88,6 +88,10 @@ class AgentState:
     last_error: str | None = None
     last_end: float | None = None
     last_result: dict[str, Any] = field(default_factory=dict)
+    schedule: str = ""  # the trigger in force, as text (a reload compares it)
+    watch: dict[str, Any] | None = None  # the watch in force
+    watch_stop: threading.Event | None = None  # ends the running watch thread
+    gpus: list[int] | None = None
 
 
 @dataclass
@@ -576,9 +580,9 @@ def _run_locked(agents: list[Any], state: Path, single: Any, triggers: dict[str,
     write_heartbeat(rt)
     threading.Thread(target=_heartbeat_loop, args=(rt, hb_done), name="tuner-heartbeat", daemon=True).start()
     for a in agents:
-        if a.spec.watch is not None:
-            threading.Thread(target=_watch_loop, args=(rt, rt.agents[a.name], a.spec, hb_done),
-                             name=f"tuner-watch-{a.name}", daemon=True).start()
+        st = rt.agents[a.name]
+        st.schedule, st.gpus = str(triggers[a.name][0]), a.spec.gpus
+        _start_watch(rt, st, a.spec)
 
     def on_signal(signum: int, _frame: Any) -> None:
         if rt.stop.is_set():
@@ -587,9 +591,13 @@ def _run_locked(agents: list[Any], state: Path, single: Any, triggers: dict[str,
         rt.stop.set()
         threading.Thread(target=_shutdown, args=(scheduler,), daemon=True).start()
 
+    def on_hangup(_signum: int, _frame: Any) -> None:
+        threading.Thread(target=reload_agents, args=(rt,), name="tuner-reload", daemon=True).start()
+
     if install_signals:
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGHUP, on_hangup)
     log.info("daemon pid %d: %d agent(s), state %s", os.getpid(), len(agents), state)
     try:
         if not rt.stop.is_set():
@@ -602,6 +610,9 @@ def _run_locked(agents: list[Any], state: Path, single: Any, triggers: dict[str,
                 rt.idle.wait(timeout=max(0.05, deadline - time.monotonic()))
         clean = rt.in_flight == 0
         hb_done.set()
+        for st in rt.agents.values():
+            if st.watch_stop is not None:
+                st.watch_stop.set()
         write_heartbeat(rt, stopped=True)
         if srv is not None:
             srv.shutdown()
@@ -612,6 +623,62 @@ def _run_locked(agents: list[Any], state: Path, single: Any, triggers: dict[str,
         os._exit(1)  # worker threads are stuck: do not wait for them (servers die with us: PDEATHSIG)
     log.info("daemon stopped cleanly")
     return 0
+
+
+def _start_watch(rt: Runtime, st: AgentState, spec: Any) -> None:
+    """Start the agent's production watch (if its spec has one), ending the one that ran before."""
+    if st.watch_stop is not None:
+        st.watch_stop.set()
+        st.watch_stop = None
+    st.watch = spec.watch.model_dump() if spec.watch is not None else None
+    if spec.watch is None or rt.stop.is_set():
+        return
+    st.watch_stop = threading.Event()
+    threading.Thread(target=_watch_loop, args=(rt, st, spec, st.watch_stop), name=f"tuner-watch-{st.name}",
+                     daemon=True).start()
+
+
+def reload_agents(rt: Runtime) -> dict[str, list[str]]:
+    """Re-read every agent file (SIGHUP). Cycles always read their agent file afresh; this applies what
+    lives as long as the daemon: a changed schedule reschedules the agent's job, a changed watch restarts its
+    watcher. A file that no longer loads keeps the definition in force. Renaming an agent or changing its
+    GPUs needs a restart (the GPU groups are fixed at start-up); that is logged. Returns the changes."""
+    from tuner.spec import load_agent
+
+    changes: dict[str, list[str]] = {}
+    for st in list(rt.agents.values()):
+        done: list[str] = []
+        try:
+            agent = load_agent(st.path)
+            trigger, grace = _trigger(agent.spec)
+        except Exception as exc:  # noqa: BLE001 - a bad edit must not stop the daemon
+            log.error("reload: %s: %s; keeping the definition in force", st.path, exc)
+            changes[st.name] = [f"error: {exc}"]
+            continue
+        if agent.name != st.name:
+            log.error("reload: %s now names agent %r (was %r): restart the daemon to rename an agent",
+                      st.path, agent.name, st.name)
+            changes[st.name] = ["error: renamed"]
+            continue
+        if str(trigger) != st.schedule and rt.scheduler is not None:
+            rt.scheduler.reschedule_job(job_id(st.name), trigger=trigger)
+            rt.scheduler.modify_job(job_id(st.name), misfire_grace_time=grace)
+            log.warning("reload: %s now runs on %s (was %s)", st.name, trigger, st.schedule)
+            st.schedule = str(trigger)
+            done.append("schedule")
+        new_watch = agent.spec.watch.model_dump() if agent.spec.watch is not None else None
+        if new_watch != st.watch:
+            _start_watch(rt, st, agent.spec)
+            log.warning("reload: %s's watch %s", st.name, "restarted" if new_watch else "stopped")
+            done.append("watch")
+        if agent.spec.gpus != st.gpus:
+            log.warning("reload: %s's gpus changed to %s: restart the daemon to apply (GPU groups are fixed at "
+                        "start-up)", st.name, agent.spec.gpus)
+            done.append("gpus (needs a restart)")
+        changes[st.name] = done
+        if not done:
+            log.info("reload: %s unchanged (its next cycle reads the file afresh)", st.name)
+    return changes
 
 
 def _single_instance(state: Path) -> Any:

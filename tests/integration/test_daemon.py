@@ -227,3 +227,73 @@ def test_cycles_of_agents_sharing_gpus_never_overlap(tmp_path: Path) -> None:
     spans.sort()
     for (b1, e1, a1), (b2, _, a2) in zip(spans, spans[1:], strict=False):
         assert e1 <= b2, f"{a1} [{b1}, {e1}] overlaps {a2} from {b2}"
+
+
+def test_sighup_applies_an_edited_schedule_and_keeps_the_old_one_after_a_bad_edit(tmp_path: Path) -> None:
+    agent = write_agent(tmp_path)
+    agent.write_text(agent.read_text().replace("every: 5s", "every: 1h"))
+    sd = tmp_path / "state"
+    proc = subprocess.Popen([sys.executable, "-m", "tuner.cli_ops", "daemon", str(agent), "--state-dir", str(sd),
+                             "--port", "-1", "--grace-s", "20"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+    def wait_cycles(n: int, within_s: float) -> list[dict]:
+        deadline = time.monotonic() + within_s
+        while len(cycles(sd, "dsim")) < n and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            time.sleep(0.2)
+        return cycles(sd, "dsim")
+
+    try:
+        assert len(wait_cycles(1, 90)) == 1  # the first cycle runs at start-up
+        time.sleep(3)
+        assert len(cycles(sd, "dsim")) == 1  # then the hourly schedule holds
+        # a bad edit: the daemon logs it, keeps running and keeps the definition in force
+        good = agent.read_text()
+        agent.write_text(good.replace("schedule: {every: 1h", "schedule: {every: soon"))
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(2)
+        assert proc.poll() is None and len(cycles(sd, "dsim")) == 1
+        # a good edit: every 2 s from now on, without a restart
+        agent.write_text(good.replace("every: 1h", "every: 2s"))
+        proc.send_signal(signal.SIGHUP)
+        done = wait_cycles(3, 60)
+        assert len(done) >= 3 and all(c["outcome"] == "ok" for c in done), done
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0, out[-3000:]
+        bad = next(line for line in out.splitlines() if "keeping the definition in force" in line)
+        assert str(agent) in bad and "schedule.every" in bad
+        assert "dsim now runs on interval[0:00:02]" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_reload_restarts_a_changed_watch_and_stops_a_removed_one(tmp_path: Path) -> None:
+    import threading
+
+    from tuner.daemon import AgentState, DaemonMetrics, Runtime, reload_agents
+
+    agent = write_agent(tmp_path)
+    base = agent.read_text()
+    rt = Runtime(state_dir=tmp_path, stop=threading.Event(), agents={"dsim": AgentState("dsim", agent)},
+                 locks={}, metrics=DaemonMetrics(), grace_s=1.0)
+    st = rt.agents["dsim"]
+    st.schedule = "interval[0:00:05]"
+    # nothing changed but what the daemon tracks from the file
+    assert reload_agents(rt) == {"dsim": []}
+    agent.write_text(base + 'watch: {url: "http://127.0.0.1:9/metrics", interval_s: 30, window_s: 60}\n')
+    assert reload_agents(rt) == {"dsim": ["watch"]}
+    first = st.watch_stop
+    assert first is not None and not first.is_set() and st.watch is not None
+    agent.write_text(base + 'watch: {url: "http://127.0.0.1:9/metrics", interval_s: 10, window_s: 60}\n')
+    assert reload_agents(rt) == {"dsim": ["watch"]}
+    assert first.is_set() and st.watch_stop is not None and not st.watch_stop.is_set()
+    second = st.watch_stop
+    agent.write_text(base.replace("name: dsim", "name: other"))
+    assert reload_agents(rt) == {"dsim": ["error: renamed"]} and not second.is_set()
+    agent.write_text(base + "gpus: [0, 1]\n")
+    assert reload_agents(rt) == {"dsim": ["watch", "gpus (needs a restart)"]}
+    assert second.is_set() and st.watch_stop is None and st.watch is None
