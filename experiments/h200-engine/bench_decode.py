@@ -195,6 +195,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="tiny preset, batches 1 and 4: checks the script")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--preset", default=None, help="model preset (default: 1b; tiny with --smoke)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder of decode.md (default $OUT)")
     ap.add_argument("--batches", default=None, help="comma-separated batch sizes")
     ap.add_argument("--attention", default=",".join(ATTENTION),
@@ -207,7 +208,7 @@ def main() -> int:
                     help="the attention microbenchmark and kernel profile at the largest batch (default: on a GPU)")
     args = ap.parse_args()
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    preset = "tiny" if args.smoke else "1b"
+    preset = args.preset or ("tiny" if args.smoke else "1b")
     batches = [int(b) for b in args.batches.split(",")] if args.batches else (
         [1, 4] if args.smoke else [1, 8, 32, 64, 128, 256])
     impls = [a.strip() for a in args.attention.split(",") if a.strip()]
