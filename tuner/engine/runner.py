@@ -77,6 +77,10 @@ class Runner:
         self.attn_sizes = attn_buckets(self.L)
         self.graphs: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}  # (batch, attn_len) -> graph
         self.graph_pool: Any = None
+        # Every graph copies its logits into this one buffer (allocated outside the graphs' pool), so the
+        # graphs keep no output of their own: with one graph per (batch, attention bucket), per-graph
+        # outputs would pin sum(batch sizes) x buckets x vocab floats (GBs for a large vocabulary).
+        self.graph_logits: torch.Tensor | None = None
         self.capture_s = 0.0
         self.compile_s = 0.0
         self._compiled_sizes: set[int] = set()
@@ -179,6 +183,11 @@ class Runner:
         saved_pos = self.dec_pos[:b].clone()
         if self.graph_pool is None:
             self.graph_pool = torch.cuda.graph_pool_handle()
+        if self.graph_logits is None or self.graph_logits.shape[0] < b:
+            # (graphs captured before keep the old buffer alive through the views they hold)
+            rows = max(self.graph_sizes + [b])
+            self.graph_logits = torch.empty(rows, self.model.cfg.vocab_size, dtype=torch.float32, device=self.device)
+        out = self.graph_logits
         attn_len = self.L + 1 if attn_len is None else attn_len
         # warm-up runs on the side stream (compiles, and lets cuBLAS pick its kernels)
         for _ in range(2):
@@ -188,11 +197,11 @@ class Runner:
         self.stream.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.graph_pool, stream=self.stream):
-            logits = self._step(b, attn_len)
+            out[:b].copy_(self._step(b, attn_len))
         self.dec_tok[:b] = saved_tok
         self.dec_pos[:b] = saved_pos
         self.stream.synchronize()
-        self.graphs[(b, attn_len)] = (graph, logits)
+        self.graphs[(b, attn_len)] = (graph, out[:b])
         dt = time.perf_counter() - t0
         self.capture_s += dt
         log.debug("captured decode graph for batch %d, attention %d in %.3f s", b, attn_len, dt)
