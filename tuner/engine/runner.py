@@ -52,9 +52,24 @@ def attn_buckets(max_model_len: int) -> list[int]:
     return sorted({x for x in out if x <= max_model_len} | {max_model_len + 1})
 
 
+class GraphBackend:
+    """How the runner captures a decode step and replays it. Production: CUDA graphs."""
+
+    def pool(self) -> Any:
+        return torch.cuda.graph_pool_handle()
+
+    def capture(self, step: Callable[[], object], pool: Any, stream: Any) -> Callable[[], None]:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool, stream=stream):
+            step()
+        return graph.replay
+
+
 class Runner:
-    def __init__(self, cfg: EngineConfig, model: LlamaModel, pool: KVPool, device: str) -> None:
+    def __init__(self, cfg: EngineConfig, model: LlamaModel, pool: KVPool, device: str,
+                 graph_backend: GraphBackend | None = None) -> None:
         self.cfg = cfg
+        self.graph_backend = graph_backend or GraphBackend()
         self.model = model
         self.pool = pool
         self.device = device
@@ -75,7 +90,8 @@ class Runner:
             prio = -1 if cfg.stream_priority == "high" else 0
             self.stream = torch.cuda.Stream(device=device, priority=prio)
         self.attn_sizes = attn_buckets(self.L)
-        self.graphs: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}  # (batch, attn_len) -> graph
+        # (batch, attn_len) -> (replay, the logits it writes)
+        self.graphs: dict[tuple[int, int], tuple[Callable[[], None], torch.Tensor]] = {}
         self.graph_pool: Any = None
         # Every graph copies its logits into this one buffer (allocated outside the graphs' pool), so the
         # graphs keep no output of their own: with one graph per (batch, attention bucket), per-graph
@@ -147,8 +163,8 @@ class Runner:
             key = (b, self.attn_bucket(max_len))
             if key not in self.graphs:
                 self.capture(*key)
-            graph, logits = self.graphs[key]
-            graph.replay()
+            replay, logits = self.graphs[key]
+            replay()
             return logits[:n]
         if self.pad:
             attn_len = self.L + 1
@@ -162,6 +178,10 @@ class Runner:
             self._compiled_sizes.add(b)
             return logits[:n]
         return self._step(b, attn_len)[:n]
+
+    def _sync_stream(self) -> None:
+        if self.stream is not None:
+            self.stream.synchronize()
 
     def _sync(self) -> None:
         if self.is_cuda:
@@ -182,7 +202,7 @@ class Runner:
         saved_tok = self.dec_tok[:b].clone()
         saved_pos = self.dec_pos[:b].clone()
         if self.graph_pool is None:
-            self.graph_pool = torch.cuda.graph_pool_handle()
+            self.graph_pool = self.graph_backend.pool()
         if self.graph_logits is None or self.graph_logits.shape[0] < b:
             # (graphs captured before keep the old buffer alive through the views they hold)
             rows = max(self.graph_sizes + [b])
@@ -194,14 +214,13 @@ class Runner:
             self.dec_pos[:b] = self.L
             self._step(b, attn_len)
         self.dec_pos[:b] = self.L
-        self.stream.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.graph_pool, stream=self.stream):
-            out[:b].copy_(self._step(b, attn_len))
+        self._sync_stream()
+        replay = self.graph_backend.capture(lambda: out[:b].copy_(self._step(b, attn_len)), self.graph_pool,
+                                            self.stream)
         self.dec_tok[:b] = saved_tok
         self.dec_pos[:b] = saved_pos
-        self.stream.synchronize()
-        self.graphs[(b, attn_len)] = (graph, out[:b])
+        self._sync_stream()
+        self.graphs[(b, attn_len)] = (replay, out[:b])
         dt = time.perf_counter() - t0
         self.capture_s += dt
         log.debug("captured decode graph for batch %d, attention %d in %.3f s", b, attn_len, dt)

@@ -1,0 +1,78 @@
+"""The runner's graph bookkeeping on the CPU, with captured steps replayed by re-running them
+(tests/support/graph_double.py): the attention-length buckets, padded rows, the state kept across a
+capture, warm-up capturing every (batch, bucket) pair, and one shared logits buffer."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from tests.support.graph_double import RerunGraphs
+from tuner.engine.config import EngineConfig
+from tuner.engine.kv_pool import KVPool
+from tuner.engine.model import build_model
+from tuner.engine.runner import Runner
+
+CFG = EngineConfig(preset="tiny", device="cpu", max_model_len=512, kv_pool_mb=64, pre_allocate=True,
+                   batching="continuous", max_batch_size=16, cuda_graphs=True, cuda_graph_max_batch=8)
+LENGTHS = [30, 250, 100, 7, 180]  # prompt lengths of the sequences in slots 0..4
+
+
+@pytest.fixture()
+def setup() -> tuple[Runner, Runner, RerunGraphs, KVPool]:
+    torch.manual_seed(0)
+    mc = CFG.model_config()
+    model = build_model(mc, dtype="float32", device="cpu")
+    pool = KVPool(mc, dtype=torch.float32, device="cpu", pool_mb=CFG.kv_pool_mb, pre_allocate=True)
+    backend = RerunGraphs()
+    graphed = Runner(CFG, model, pool, "cpu", graph_backend=backend)
+    eager = Runner(dataclasses.replace(CFG, cuda_graphs=False), model, pool, "cpu")
+    gen = torch.Generator().manual_seed(1)
+    for slot, n in enumerate(LENGTHS):
+        assert pool.acquire() == slot
+        prompt = torch.randint(0, mc.vocab_size, (n,), generator=gen).tolist()
+        logits = graphed.prefill(prompt, 0, slot)
+        for r in (graphed, eager):
+            r.set_decode_state(slot, logits.argmax(), n)
+    return graphed, eager, backend, pool
+
+
+def test_graph_replays_equal_the_eager_step_across_attention_buckets(setup) -> None:
+    graphed, eager, backend, pool = setup
+    n = len(LENGTHS)
+    assert graphed.attn_sizes == [256, 384, 512, 513]
+    scratch_before = pool.data[:, :, n:8, :, : graphed.L].clone()  # the padded rows' real positions
+    used = set()
+    for step in range(10):  # the longest row crosses from the 256 bucket into the 384 one
+        max_len = max(LENGTHS) + step + 1
+        want = eager.decode(n, max_len).clone()
+        got = graphed.decode(n, max_len).clone()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert torch.equal(graphed.dec_tok[:n], eager.dec_tok[:n])
+        assert torch.equal(graphed.dec_pos[:n], eager.dec_pos[:n])
+        used.add(graphed.attn_bucket(max_len))
+    assert used == {256, 384}
+    assert set(graphed.graphs) == {(8, 256), (8, 384)}  # batch 5 padded to the captured size 8
+    assert backend.captures == 2 and backend.replays == 10
+    # padded rows wrote only the scratch column of their slots
+    assert torch.equal(pool.data[:, :, n:8, :, : graphed.L], scratch_before)
+
+
+def test_a_capture_keeps_the_rows_state(setup) -> None:
+    graphed, _, _, _ = setup
+    tok, pos = graphed.dec_tok.clone(), graphed.dec_pos.clone()
+    graphed.capture(8, 384)
+    assert torch.equal(graphed.dec_tok, tok) and torch.equal(graphed.dec_pos, pos)
+
+
+def test_warmup_captures_every_batch_size_and_bucket_into_one_logits_buffer(setup) -> None:
+    graphed, _, backend, _ = setup
+    graphed.capture_all()
+    assert graphed.graph_sizes == [1, 2, 4, 8]
+    assert set(graphed.graphs) == {(b, a) for b in graphed.graph_sizes for a in graphed.attn_sizes}
+    assert backend.captures == 16
+    assert graphed.graph_logits is not None
+    base = graphed.graph_logits.untyped_storage().data_ptr()
+    assert all(out.untyped_storage().data_ptr() == base for _, out in graphed.graphs.values())
