@@ -76,3 +76,20 @@ def test_warmup_captures_every_batch_size_and_bucket_into_one_logits_buffer(setu
     assert graphed.graph_logits is not None
     base = graphed.graph_logits.untyped_storage().data_ptr()
     assert all(out.untyped_storage().data_ptr() == base for _, out in graphed.graphs.values())
+
+
+def test_a_batch_larger_than_the_largest_graph_runs_eagerly_and_unpadded(setup) -> None:
+    _, eager, _, pool = setup
+    backend = RerunGraphs()
+    graphed = Runner(dataclasses.replace(CFG, cuda_graph_max_batch=2), eager.model, pool, "cpu",
+                     graph_backend=backend)
+    assert graphed.graph_sizes == [1, 2]
+    n = len(LENGTHS)
+    graphed.dec_tok[:n] = eager.dec_tok[:n]
+    graphed.dec_pos[:n] = eager.dec_pos[:n]
+    rest = graphed.dec_pos[n:8].clone()
+    want = eager.decode(n, max(LENGTHS) + 1)
+    got = graphed.decode(n, max(LENGTHS) + 1)
+    torch.testing.assert_close(got, want)
+    assert got.shape[0] == n and backend.captures == 0 and not graphed.graphs
+    assert torch.equal(graphed.dec_pos[n:8], rest)  # no padded rows

@@ -157,18 +157,23 @@ class Runner:
         Returns float32 logits of rows [0, n) (a view that the next step may overwrite).
         """
         b = self.padded_size(n)
-        if b > n:
-            self.dec_pos[n:b] = self.L  # padded rows write the scratch column
         if self.cfg.cuda_graphs and b in self.graph_sizes:
+            if b > n:
+                self.dec_pos[n:b] = self.L  # padded rows write the scratch column
             key = (b, self.attn_bucket(max_len))
             if key not in self.graphs:
                 self.capture(*key)
             replay, logits = self.graphs[key]
             replay()
             return logits[:n]
-        if self.pad:
+        if self.cfg.compile:
+            # few shapes for the compiler: batch sizes padded to buckets, attention over the whole slot
             attn_len = self.L + 1
+            if b > n:
+                self.dec_pos[n:b] = self.L
         else:
+            # eager (also a batch larger than the largest graph): the rows as they are, the live context
+            b = n
             attn_len = min(self.L + 1, -(-max_len // 64) * 64)
         if self.cfg.compile and b not in self._compiled_sizes:
             t0 = time.perf_counter()
