@@ -44,6 +44,8 @@ def test_graph_replays_equal_the_eager_step_across_attention_buckets(setup) -> N
     n = len(LENGTHS)
     assert graphed.attn_sizes == [256, 384, 512, 513]
     scratch_before = pool.data[:, :, n:8, :, : graphed.L].clone()  # the padded rows' real positions
+    graphed.dec_pos[n:8] = torch.tensor([3, 0, 77])  # other sequences' decode state in the padded rows
+    graphed.dec_tok[n:8] = torch.tensor([11, 12, 13])
     used = set()
     for step in range(10):  # the longest row crosses from the 256 bucket into the 384 one
         max_len = max(LENGTHS) + step + 1
@@ -56,8 +58,9 @@ def test_graph_replays_equal_the_eager_step_across_attention_buckets(setup) -> N
     assert used == {256, 384}
     assert set(graphed.graphs) == {(8, 256), (8, 384)}  # batch 5 padded to the captured size 8
     assert backend.captures == 2 and backend.replays == 10
-    # padded rows wrote only the scratch column of their slots
+    # padded rows wrote only the scratch column of their slots, and their decode state is kept
     assert torch.equal(pool.data[:, :, n:8, :, : graphed.L], scratch_before)
+    assert graphed.dec_pos[n:8].tolist() == [3, 0, 77] and graphed.dec_tok[n:8].tolist() == [11, 12, 13]
 
 
 def test_a_capture_keeps_the_rows_state(setup) -> None:

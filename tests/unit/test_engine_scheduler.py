@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.support.graph_double import RerunGraphs
 from tuner.engine.config import EngineConfig
 from tuner.engine.engine import Engine, EngineStats, Request
 
@@ -32,13 +33,14 @@ class Recorder(EngineStats):
 class Harness:
     """An engine in this process; collects outputs and the global order of events."""
 
-    def __init__(self, stats: EngineStats | None = None, **knobs: Any) -> None:
+    def __init__(self, stats: EngineStats | None = None, graph_backend: Any = None, **knobs: Any) -> None:
         self.tokens: dict[int, list[int]] = {}
         self.reasons: dict[int, str] = {}
         self.events: list[tuple[str, int]] = []  # ("first"|"finish", request id)
         self.done: dict[int, threading.Event] = {}
         self.lock = threading.Lock()
-        self.engine = Engine(EngineConfig(**{**BASE, **knobs}), emit=self._emit, stats=stats)
+        self.engine = Engine(EngineConfig(**{**BASE, **knobs}), emit=self._emit, stats=stats,
+                             graph_backend=graph_backend)
 
     def _emit(self, items: list[Any]) -> None:
         with self.lock:
@@ -109,6 +111,34 @@ def reference() -> list[list[int]]:
 ], ids=["static8", "static3", "cont8", "cont3-prealloc", "cont8-smallpool", "cont5-spf", "cont8-matmul"])
 def test_greedy_output_is_the_same_whatever_the_batching(reference: list[list[int]], knobs: dict) -> None:
     assert run_all(**knobs) == reference
+
+
+@pytest.mark.parametrize("knobs", [
+    {"batching": "continuous", "max_batch_size": 8},
+    {"batching": "continuous", "max_batch_size": 8, "cuda_graph_max_batch": 4, "warmup": True},
+    {"batching": "static", "max_batch_size": 6},
+], ids=["cont8", "cont8-graphs-to-4-warm", "static6"])
+def test_greedy_output_with_graph_replays_equals_the_reference(reference: list[list[int]], knobs: dict) -> None:
+    """CUDA-graph bookkeeping on the CPU: the captured steps are replayed by re-running them
+    (tests/support/graph_double.py). Batches are padded to captured sizes while other sequences finish
+    their prefill in the same iteration."""
+    backend = RerunGraphs()
+    assert run_all(graph_backend=backend, cuda_graphs=True, pre_allocate=True, **knobs) == reference
+    assert backend.captures > 0 and backend.replays > 0
+
+
+def test_a_sequence_finishing_its_prefill_beside_a_padded_batch_keeps_its_state() -> None:
+    """Three short prompts decode (3 rows, padded to a captured batch of 4) in the iteration where the
+    fourth finishes its prefill in slot 3: the padded row must not clobber that sequence's decode state
+    (it used to: position max_model_len + 1, an out-of-range RoPE index, a failed engine)."""
+    prompts = [[5, 6], [7, 8], [9, 10], list(range(20, 40))]
+    knobs: dict[str, Any] = {"batching": "continuous", "max_batch_size": 8}
+    outs = []
+    for kw in ({}, {"graph_backend": RerunGraphs(), "cuda_graphs": True, "pre_allocate": True}):
+        with Harness(**knobs, **kw) as h:
+            outs.append(h.wait([h.submit(p, 6) for p in prompts]))
+            assert h.engine.fatal is None
+    assert outs[1] == outs[0] and [len(o) for o in outs[0]] == [6] * 4
 
 
 def test_greedy_output_does_not_depend_on_arrival_order(reference: list[list[int]]) -> None:

@@ -135,8 +135,11 @@ class EngineConfig:
 
         return "cuda" if torch.cuda.is_available() else "cpu"
 
-    def validate(self, device: str) -> None:
-        """Raise EngineConfigError naming the knob, its value and the rule."""
+    def validate(self, device: str, *, runs_here: tuple[str, ...] = ()) -> None:
+        """Raise EngineConfigError naming the knob, its value and the rule.
+
+        runs_here: GPU-only knobs that can apply on this device all the same (the engine's graph backend
+        says so for `cuda_graphs` when it is a stand-in that runs anywhere)."""
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             choices = f.metadata.get("choices")
@@ -145,7 +148,7 @@ class EngineConfig:
             minimum = f.metadata.get("min")
             if minimum is not None and v is not None and v < minimum:
                 raise EngineConfigError(f"{f.name}={v!r} must be >= {minimum}", f.name)
-            if f.metadata.get("gpu_only") and device != "cuda" and v != f.default:
+            if f.metadata.get("gpu_only") and device != "cuda" and v != f.default and f.name not in runs_here:
                 raise EngineConfigError(
                     f"{f.name}={v!r} cannot apply on device {device!r}: it needs a CUDA GPU", f.name)
         if device == "cuda":

@@ -28,7 +28,7 @@ import torch
 from tuner.engine.config import EngineConfig, ModelConfig
 from tuner.engine.kv_pool import KVPool
 from tuner.engine.model import DTYPES, build_model, hf_model_config
-from tuner.engine.runner import Runner
+from tuner.engine.runner import GraphBackend, Runner
 
 log = logging.getLogger(__name__)
 
@@ -84,10 +84,11 @@ class EngineStats:
 
 class Engine:
     def __init__(self, cfg: EngineConfig, *, emit: Callable[[list[Output]], None],
-                 stats: EngineStats | None = None) -> None:
+                 stats: EngineStats | None = None, graph_backend: GraphBackend | None = None) -> None:
         self.cfg = cfg
         self.device = cfg.resolved_device()
-        cfg.validate(self.device)
+        self.graph_backend = graph_backend or GraphBackend()
+        cfg.validate(self.device, runs_here=("cuda_graphs",) if self.graph_backend.runs_on(self.device) else ())
         self.emit = emit
         self.stats = stats or EngineStats()
         self.phase_s: dict[str, float] = {}
@@ -132,7 +133,7 @@ class Engine:
         t0 = time.perf_counter()
         self.pool = KVPool(self.mc, dtype=DTYPES[cfg.dtype], device=self.device, pool_mb=cfg.kv_pool_mb,
                            pre_allocate=cfg.pre_allocate)
-        self.runner = Runner(cfg, self.model, self.pool, self.device)
+        self.runner = Runner(cfg, self.model, self.pool, self.device, graph_backend=self.graph_backend)
         self._sync()
         self.phase_s["allocate"] = time.perf_counter() - t0
         self.phase_s["capture"] = 0.0

@@ -55,6 +55,9 @@ def attn_buckets(max_model_len: int) -> list[int]:
 class GraphBackend:
     """How the runner captures a decode step and replays it. Production: CUDA graphs."""
 
+    def runs_on(self, device: str) -> bool:
+        return device.startswith("cuda")
+
     def pool(self) -> Any:
         return torch.cuda.graph_pool_handle()
 
@@ -157,32 +160,35 @@ class Runner:
         Returns float32 logits of rows [0, n) (a view that the next step may overwrite).
         """
         b = self.padded_size(n)
-        if self.cfg.cuda_graphs and b in self.graph_sizes:
-            if b > n:
-                self.dec_pos[n:b] = self.L  # padded rows write the scratch column
+        graphed = self.cfg.cuda_graphs and b in self.graph_sizes
+        if not graphed and not self.cfg.compile:
+            # eager (also a batch larger than the largest graph): the rows as they are, the live context
+            return self._step(n, min(self.L + 1, -(-max_len // 64) * 64))[:n]
+        # Padded rows [n, b) are slots of other sequences (prefilling, or done with their prefill in this
+        # very iteration): their decode state is set aside, they write only the scratch column, and their
+        # state is put back after the step.
+        kept = (self.dec_tok[n:b].clone(), self.dec_pos[n:b].clone()) if b > n else None
+        if kept is not None:
+            self.dec_pos[n:b] = self.L
+        if graphed:
             key = (b, self.attn_bucket(max_len))
             if key not in self.graphs:
                 self.capture(*key)
             replay, logits = self.graphs[key]
             replay()
-            return logits[:n]
-        if self.cfg.compile:
+        elif b not in self._compiled_sizes:
             # few shapes for the compiler: batch sizes padded to buckets, attention over the whole slot
-            attn_len = self.L + 1
-            if b > n:
-                self.dec_pos[n:b] = self.L
-        else:
-            # eager (also a batch larger than the largest graph): the rows as they are, the live context
-            b = n
-            attn_len = min(self.L + 1, -(-max_len // 64) * 64)
-        if self.cfg.compile and b not in self._compiled_sizes:
             t0 = time.perf_counter()
-            logits = self._step(b, attn_len)
+            logits = self._step(b, self.L + 1)
             self._sync()
             self.compile_s += time.perf_counter() - t0
             self._compiled_sizes.add(b)
-            return logits[:n]
-        return self._step(b, attn_len)[:n]
+        else:
+            logits = self._step(b, self.L + 1)
+        if kept is not None:
+            self.dec_tok[n:b] = kept[0]
+            self.dec_pos[n:b] = kept[1]
+        return logits[:n]
 
     def _sync_stream(self) -> None:
         if self.stream is not None:
