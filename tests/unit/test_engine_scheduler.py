@@ -117,7 +117,9 @@ def test_greedy_output_is_the_same_whatever_the_batching(reference: list[list[in
     {"batching": "continuous", "max_batch_size": 8},
     {"batching": "continuous", "max_batch_size": 8, "cuda_graph_max_batch": 4, "warmup": True},
     {"batching": "static", "max_batch_size": 6},
-], ids=["cont8", "cont8-graphs-to-4-warm", "static6"])
+    {"batching": "continuous", "max_batch_size": 5, "scheduling_policy": "shortest-prompt-first"},
+    {"batching": "continuous", "max_batch_size": 3, "attention": "matmul"},
+], ids=["cont8", "cont8-graphs-to-4-warm", "static6", "cont5-spf", "cont3-matmul"])
 def test_greedy_output_with_graph_replays_equals_the_reference(reference: list[list[int]], knobs: dict) -> None:
     """CUDA-graph bookkeeping on the CPU: the captured steps are replayed by re-running them
     (tests/support/graph_double.py). Batches are padded to captured sizes while other sequences finish
