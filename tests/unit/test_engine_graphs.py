@@ -96,3 +96,23 @@ def test_a_batch_larger_than_the_largest_graph_runs_eagerly_and_unpadded(setup) 
     torch.testing.assert_close(got, want)
     assert got.shape[0] == n and backend.captures == 0 and not graphed.graphs
     assert torch.equal(graphed.dec_pos[n:8], rest)  # no padded rows
+
+
+def test_a_batch_up_to_the_largest_graph_replays_it_when_that_size_is_not_a_bucket(setup) -> None:
+    """cuda_graph_max_batch=6 is captured but is no padding bucket (1, 2, 4, 8, 16): a batch of 5 must pad
+    to the graph of 6, not to the bucket 8 (which has no graph, so the step used to run eagerly and the
+    captured graph of 6 was never replayed)."""
+    _, eager, _, pool = setup
+    backend = RerunGraphs()
+    graphed = Runner(dataclasses.replace(CFG, cuda_graph_max_batch=6), eager.model, pool, "cpu",
+                     graph_backend=backend)
+    assert graphed.graph_sizes == [1, 2, 4, 6]
+    n = len(LENGTHS)
+    graphed.dec_tok[:n] = eager.dec_tok[:n]
+    graphed.dec_pos[:n] = eager.dec_pos[:n]
+    graphed.dec_pos[n] = 42  # another sequence's state in the padded row
+    want = eager.decode(n, max(LENGTHS) + 1)
+    got = graphed.decode(n, max(LENGTHS) + 1)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert set(graphed.graphs) == {(6, 256)} and backend.replays == 1
+    assert torch.equal(graphed.dec_tok[:n], eager.dec_tok[:n]) and graphed.dec_pos[n] == 42

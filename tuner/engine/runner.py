@@ -148,6 +148,10 @@ class Runner:
     def padded_size(self, n: int) -> int:
         if not self.pad:
             return n
+        # the smallest captured graph that fits (the largest graph size need not be a bucket)
+        for b in self.graph_sizes if self.cfg.cuda_graphs else ():
+            if b >= n:
+                return b
         for b in self.buckets:
             if b >= n:
                 return b
