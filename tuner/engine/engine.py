@@ -260,7 +260,11 @@ class Engine:
     def _loop(self) -> None:
         while not self._stop.is_set():
             self._intake(None)
-            wait_s = self._admit()
+            # on the runner's stream: admission may grow the KV pool (allocate, zero, copy), which must be
+            # ordered with the prefill and decode work that reads and writes the pool (that stream does not
+            # wait for the default one)
+            with self.runner.stream_ctx():
+                wait_s = self._admit()
             if not self.running:
                 self._flush()
                 self._publish()
