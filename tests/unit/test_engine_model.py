@@ -82,6 +82,12 @@ def test_matmul_attention_equals_sdpa_for_rows_of_different_lengths() -> None:
     ref = decode_attention(q, keys, vals, mask, "sdpa")
     out = decode_attention(q, keys, vals, mask, "matmul")
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    # in bfloat16 (scores and probabilities kept in bf16) within bf16 rounding of the float32 result
+    bf = torch.bfloat16
+    out16 = decode_attention(q.to(bf), keys.to(bf), vals.to(bf), decode_mask(torch.tensor([3, 20, 44]), length, bf),
+                             "matmul")
+    assert out16.dtype == bf
+    torch.testing.assert_close(out16.float(), ref, rtol=0.05, atol=0.05)
     # a row does not see keys past its own position: changing them leaves its output alone
     keys2 = keys.clone()
     keys2[0, :, 4:] = 100.0

@@ -108,7 +108,7 @@ class EngineConfig:
     prefill_chunk_tokens: int = _knob(512, "prompt tokens per prefill chunk (and per iteration)",
                                       minimum=1)
     attention: str = _knob("sdpa", "decode attention: sdpa (torch picks the kernel) or matmul (two batched "
-                           "matmuls around a float32 softmax)", ATTENTION)
+                           "matmuls around a softmax)", ATTENTION)
     scheduling_policy: str = _knob("fcfs", "order of the waiting queue", POLICIES)
     cuda_graphs: bool = _knob(False, "decode under CUDA graphs (needs pre_allocate)", gpu_only=True)
     cuda_graph_max_batch: int = _knob(64, "largest decode batch captured in a graph", minimum=1)
