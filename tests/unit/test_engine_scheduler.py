@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Iterable
 from typing import Any
 
 import pytest
 import torch
 
-from tests.support.graph_double import RerunGraphs
+from tests.support.graph_double import LaggedHostCopy, RerunGraphs
 from tuner.engine.config import EngineConfig
 from tuner.engine.engine import Engine, EngineStats, Request
 
@@ -33,14 +34,15 @@ class Recorder(EngineStats):
 class Harness:
     """An engine in this process; collects outputs and the global order of events."""
 
-    def __init__(self, stats: EngineStats | None = None, graph_backend: Any = None, **knobs: Any) -> None:
+    def __init__(self, stats: EngineStats | None = None, graph_backend: Any = None, host_copy: Any = None,
+                 **knobs: Any) -> None:
         self.tokens: dict[int, list[int]] = {}
         self.reasons: dict[int, str] = {}
         self.events: list[tuple[str, int]] = []  # ("first"|"finish", request id)
         self.done: dict[int, threading.Event] = {}
         self.lock = threading.Lock()
         self.engine = Engine(EngineConfig(**{**BASE, **knobs}), emit=self._emit, stats=stats,
-                             graph_backend=graph_backend)
+                             graph_backend=graph_backend, host_copy=host_copy)
 
     def _emit(self, items: list[Any]) -> None:
         with self.lock:
@@ -141,6 +143,40 @@ def test_a_sequence_finishing_its_prefill_beside_a_padded_batch_keeps_its_state(
             outs.append(h.wait([h.submit(p, 6) for p in prompts]))
             assert h.engine.fatal is None
     assert outs[1] == outs[0] and [len(o) for o in outs[0]] == [6] * 4
+
+
+@pytest.mark.parametrize("knobs", [
+    {"batching": "continuous", "max_batch_size": 8},
+    {"batching": "static", "max_batch_size": 3},
+    {"batching": "continuous", "max_batch_size": 5, "cuda_graphs": True, "pre_allocate": True},
+], ids=["cont8", "static3", "cont5-graphs"])
+def test_async_output_delivers_the_same_tokens_one_iteration_late(reference: list[list[int]], knobs: dict) -> None:
+    """async_output's delivery lag on the CPU (tests/support/graph_double.py stands in for the pinned
+    copy and its CUDA event)."""
+    copy = LaggedHostCopy()
+    extra = {"graph_backend": RerunGraphs()} if knobs.get("cuda_graphs") else {}
+    assert run_all(host_copy=copy, async_output=True, **extra, **knobs) == reference
+    assert copy.copies > 0 and copy.waits > 0
+
+
+def test_async_output_stops_at_eos_and_frees_slots_after_an_abort(reference: list[list[int]]) -> None:
+    ref = reference[2]
+    eos = ref[3]
+    copy = LaggedHostCopy()
+    h = Harness(batching="continuous", max_batch_size=4, kv_pool_mb=7, async_output=True, host_copy=copy)
+    h.engine.mc = dataclasses.replace(h.engine.mc, eos_token_id=eos)
+    with h:
+        stops = h.submit(PROMPTS[2], MAX_TOKENS[2], ignore_eos=False)
+        long = h.submit(PROMPTS[0], 400)
+        h.first_token(long)
+        h.engine.abort(long)
+        (out_stop,) = h.wait([stops])
+        (after,) = h.wait([h.submit(PROMPTS[1], 4)])
+        deadline = time.monotonic() + 10
+        while h.engine.pool.used and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert out_stop == ref[: ref.index(eos) + 1] and h.reasons[stops.id] == "stop"
+    assert len(after) == 4 and long.aborted and h.engine.pool.used == 0
 
 
 def test_greedy_output_does_not_depend_on_arrival_order(reference: list[list[int]]) -> None:

@@ -28,7 +28,7 @@ import torch
 from tuner.engine.config import EngineConfig, ModelConfig
 from tuner.engine.kv_pool import KVPool
 from tuner.engine.model import DTYPES, build_model, hf_model_config
-from tuner.engine.runner import GraphBackend, Runner
+from tuner.engine.runner import GraphBackend, HostCopy, Runner
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +84,15 @@ class EngineStats:
 
 class Engine:
     def __init__(self, cfg: EngineConfig, *, emit: Callable[[list[Output]], None],
-                 stats: EngineStats | None = None, graph_backend: GraphBackend | None = None) -> None:
+                 stats: EngineStats | None = None, graph_backend: GraphBackend | None = None,
+                 host_copy: HostCopy | None = None) -> None:
         self.cfg = cfg
         self.device = cfg.resolved_device()
         self.graph_backend = graph_backend or GraphBackend()
-        cfg.validate(self.device, runs_here=("cuda_graphs",) if self.graph_backend.runs_on(self.device) else ())
+        self.host_copy = host_copy or HostCopy()
+        runs_here = [name for name, backend in (("cuda_graphs", self.graph_backend), ("async_output", self.host_copy))
+                     if backend.runs_on(self.device)]
+        cfg.validate(self.device, runs_here=tuple(runs_here))
         self.emit = emit
         self.stats = stats or EngineStats()
         self.phase_s: dict[str, float] = {}
@@ -326,10 +330,7 @@ class Engine:
             self._flush()
             return
         if self.cfg.async_output:
-            host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
-            host.copy_(out, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(self.runner.stream)
+            host, event = self.host_copy.start(out, self.runner.stream)
             previous, self._pending = self._pending, (emits, host, event)
             if previous is not None:
                 self._deliver(*previous)
@@ -373,7 +374,7 @@ class Engine:
 
     def _deliver(self, emits: list[tuple[Request, bool]], host: torch.Tensor, event: Any) -> None:
         if event is not None:
-            event.synchronize()
+            self.host_copy.wait(event)
         tokens = host.tolist()
         now = time.monotonic()
         outputs: list[Output] = []

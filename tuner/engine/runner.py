@@ -68,6 +68,24 @@ class GraphBackend:
         return graph.replay
 
 
+class HostCopy:
+    """How `async_output` brings a step's new tokens to the host without waiting for the step. Production:
+    a non-blocking copy into pinned memory and a CUDA event recorded after it on the engine's stream."""
+
+    def runs_on(self, device: str) -> bool:
+        return device.startswith("cuda")
+
+    def start(self, out: torch.Tensor, stream: Any) -> tuple[torch.Tensor, Any]:
+        host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+        host.copy_(out, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(stream)
+        return host, event
+
+    def wait(self, event: Any) -> None:
+        event.synchronize()
+
+
 class Runner:
     def __init__(self, cfg: EngineConfig, model: LlamaModel, pool: KVPool, device: str,
                  graph_backend: GraphBackend | None = None) -> None:
