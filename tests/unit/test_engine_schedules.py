@@ -1,0 +1,67 @@
+"""Seeded random schedules of the engine on the CPU against each request decoded alone: batching, batch
+and graph sizes, warm-up, async output, pool sizes and prefill chunks drawn at random, CUDA graphs and the
+async copy stood in for by tests/support/graph_double.py. Greedy tokens must not depend on the schedule."""
+
+from __future__ import annotations
+
+import random
+import threading
+from typing import Any
+
+import pytest
+
+from tests.support.graph_double import LaggedHostCopy, RerunGraphs
+from tuner.engine.config import EngineConfig
+from tuner.engine.engine import Engine, Request
+
+
+def generate(prompts: list[list[int]], max_tokens: list[int], **knobs: Any) -> list[list[int]]:
+    tokens: dict[int, list[int]] = {}
+    done: dict[int, threading.Event] = {}
+
+    def emit(items: list[Any]) -> None:
+        for req, toks, reason in items:
+            tokens.setdefault(req.id, []).extend(toks)
+            if reason is not None:
+                done[req.id].set()
+
+    engine = Engine(EngineConfig(device="cpu", cpu_threads=1, max_model_len=160, **knobs), emit=emit,
+                    graph_backend=RerunGraphs(), host_copy=LaggedHostCopy())
+    engine.start()
+    assert engine.ready.wait(30)
+    try:
+        reqs = [Request(prompt=p, max_tokens=m, ignore_eos=True) for p, m in zip(prompts, max_tokens, strict=True)]
+        for r in reqs:
+            done[r.id] = threading.Event()
+            engine.submit(r)
+        for r in reqs:
+            assert done[r.id].wait(60), f"request did not finish: {knobs}"
+        assert engine.fatal is None and engine.pool.used == 0
+        return [tokens[r.id] for r in reqs]
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_random_schedule_gives_each_request_its_tokens_alone(seed: int) -> None:
+    rng = random.Random(seed)
+    n = rng.randint(3, 9)
+    prompts = [[rng.randrange(3, 500) for _ in range(rng.randint(1, 100))] for _ in range(n)]
+    max_tokens = [rng.randint(1, 160 - 1 - len(p)) if rng.random() < 0.2 else rng.randint(1, 24) for p in prompts]
+    graphs = rng.random() < 0.6
+    knobs: dict[str, Any] = {
+        "batching": rng.choice(["static", "continuous"]),
+        "max_batch_size": rng.randint(1, 10),
+        "batch_timeout_ms": rng.choice([0.0, 5.0]),
+        "prefill_chunk_tokens": rng.choice([7, 16, 64, 512]),
+        "scheduling_policy": rng.choice(["fcfs", "shortest-prompt-first"]),
+        "kv_pool_mb": rng.choice([1, 2, 8]),  # 6, 12 or 50 slots of 161 positions
+        "pre_allocate": graphs or rng.random() < 0.5,
+        "cuda_graphs": graphs,
+        "cuda_graph_max_batch": rng.randint(1, 10),
+        "warmup": rng.random() < 0.5,
+        "async_output": rng.random() < 0.5,
+        "attention": rng.choice(["sdpa", "matmul"]),
+    }
+    alone = generate(prompts, max_tokens, batching="continuous", max_batch_size=1)
+    assert generate(prompts, max_tokens, **knobs) == alone, knobs
