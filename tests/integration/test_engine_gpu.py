@@ -10,7 +10,6 @@ import json
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -29,8 +28,8 @@ try:
 except ImportError:  # run as a script on a host without pytest
     pytest = None  # type: ignore[assignment]
 
+from tests.support.engine_run import generate as run  # noqa: E402
 from tuner.engine.config import EngineConfig  # noqa: E402
-from tuner.engine.engine import Engine, Request  # noqa: E402
 
 PROMPTS = [list(range(7 + 3 * i, 7 + 3 * i + n)) for i, n in enumerate([5, 33, 17, 90, 9, 48, 2, 64, 21, 3])]
 MAX_TOKENS = [12, 5, 20, 8, 16, 3, 11, 9, 30, 7]
@@ -38,31 +37,7 @@ BASE = {"device": "cuda", "prefill_chunk_tokens": 16, "batching": "continuous", 
 
 
 def generate(**knobs: Any) -> list[list[int]]:
-    tokens: dict[int, list[int]] = {}
-    done: dict[int, threading.Event] = {}
-
-    def emit(items: list[Any]) -> None:
-        for req, toks, reason in items:
-            tokens.setdefault(req.id, []).extend(toks)
-            if reason is not None:
-                done[req.id].set()
-
-    engine = Engine(EngineConfig(**{**BASE, **knobs}), emit=emit)
-    engine.start()
-    assert engine.ready.wait(600), "engine not ready"
-    try:
-        reqs = []
-        for p, m in zip(PROMPTS, MAX_TOKENS, strict=True):
-            r = Request(prompt=p, max_tokens=m, ignore_eos=True)
-            done[r.id] = threading.Event()
-            reqs.append(r)
-            engine.submit(r)
-        for r in reqs:
-            assert done[r.id].wait(300), "request did not finish"
-        assert engine.fatal is None
-        return [tokens[r.id] for r in reqs]
-    finally:
-        engine.stop()
+    return run(EngineConfig(**{**BASE, **knobs}), PROMPTS, MAX_TOKENS)
 
 
 _reference: list[list[int]] = []

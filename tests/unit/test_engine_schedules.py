@@ -5,41 +5,19 @@ async copy stood in for by tests/support/graph_double.py. Greedy tokens must not
 from __future__ import annotations
 
 import random
-import threading
 from typing import Any
 
 import pytest
 
+from tests.support.engine_run import generate as run
 from tests.support.graph_double import LaggedHostCopy, RerunGraphs
 from tuner.engine.config import EngineConfig
-from tuner.engine.engine import Engine, Request
 
 
 def generate(prompts: list[list[int]], max_tokens: list[int], **knobs: Any) -> list[list[int]]:
-    tokens: dict[int, list[int]] = {}
-    done: dict[int, threading.Event] = {}
-
-    def emit(items: list[Any]) -> None:
-        for req, toks, reason in items:
-            tokens.setdefault(req.id, []).extend(toks)
-            if reason is not None:
-                done[req.id].set()
-
-    engine = Engine(EngineConfig(device="cpu", cpu_threads=1, max_model_len=160, **knobs), emit=emit,
-                    graph_backend=RerunGraphs(), host_copy=LaggedHostCopy())
-    engine.start()
-    assert engine.ready.wait(30)
-    try:
-        reqs = [Request(prompt=p, max_tokens=m, ignore_eos=True) for p, m in zip(prompts, max_tokens, strict=True)]
-        for r in reqs:
-            done[r.id] = threading.Event()
-            engine.submit(r)
-        for r in reqs:
-            assert done[r.id].wait(60), f"request did not finish: {knobs}"
-        assert engine.fatal is None and engine.pool.used == 0
-        return [tokens[r.id] for r in reqs]
-    finally:
-        engine.stop()
+    cfg = EngineConfig(device="cpu", cpu_threads=1, max_model_len=160, **knobs)
+    return run(cfg, prompts, max_tokens, ready_s=30, finish_s=60, graph_backend=RerunGraphs(),
+               host_copy=LaggedHostCopy())
 
 
 @pytest.mark.parametrize("seed", range(10))
