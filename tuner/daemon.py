@@ -620,7 +620,7 @@ def _run_locked(agents: list[Any], state: Path, single: Any, triggers: dict[str,
         single.close()
     if not clean:
         log.error("the running cycle did not stop within %.0fs; exiting anyway", grace_s)
-        os._exit(1)  # worker threads are stuck: do not wait for them (servers die with us: PDEATHSIG)
+        os._exit(1)  # worker threads are stuck: do not wait for them (servers die with us: their guards see us go)
     log.info("daemon stopped cleanly")
     return 0
 

@@ -58,8 +58,10 @@ def test_each_template_element_is_one_argument_never_a_shell(tmp_path: Path) -> 
     with t.deploy({"name": evil}, ctx) as dep:
         with urllib.request.urlopen(f"{dep.endpoint}/v1/models", timeout=5) as r:
             assert json.loads(r.read())["data"][0]["id"] == evil  # arrived as one argument, verbatim
+        # the group leader is the server's guard: `python -I guard.py FD -- argv...`, argv passed through
         cmdline = Path(f"/proc/{dep.server.pid}/cmdline").read_bytes().split(b"\0")[:-1]
-        assert len(cmdline) == len(argv) and cmdline[-1].decode() == evil
+        server_argv = cmdline[cmdline.index(b"--") + 1:]
+        assert len(server_argv) == len(argv) and server_argv[-1].decode() == evil
     assert not list(tmp_path.rglob("PWNED*"))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -317,42 +318,67 @@ def test_command_preview_uses_placeholder_port_and_gpus(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- a killed tuner leaves nothing behind
-def test_sigkilled_host_leaves_no_server_and_next_start_reaps(tmp_path: Path) -> None:
+def _host_with_server(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path, int, int, int]:
+    """A stand-in tuner (tests/support/fault_host.py) whose ready server has a child of its own.
+    Returns the host, the state dir, the guard's PID (the group leader), the server's and its child's."""
     state = tmp_path / "state"
     info = tmp_path / "info.json"
-    child_file = tmp_path / "child.pid"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     host = subprocess.Popen([sys.executable, str(SUPPORT / "fault_host.py"), str(state), str(info),
-                             "--mode", "spawn-child", "--child-pid-file", str(child_file)], env=env)
+                             "--mode", "spawn-child", "--child-pid-file", str(tmp_path / "child.pid"),
+                             "--pid-file", str(tmp_path / "server.pid")], env=env)
+    end = time.monotonic() + 60
+    while not info.exists():
+        assert host.poll() is None, "the host process died early"
+        assert time.monotonic() < end, "the host's server never became ready"
+        time.sleep(0.05)
+    guard = json.loads(info.read_text())["server_pid"]
+    server = int((tmp_path / "server.pid").read_text())
+    child = int((tmp_path / "child.pid").read_text())
+    assert all(pid_alive(p) for p in (guard, server, child)) and len({guard, server, child}) == 3
+    assert os.getpgid(server) == os.getpgid(child) == guard
+    assert (state / "pids" / f"{guard}.json").exists()
+    return host, state, guard, server, child
+
+
+def _kill_all(*pids: int) -> None:
+    for pid in pids:
+        if pid_alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_sigkilled_host_takes_its_server_and_the_servers_children_down(tmp_path: Path) -> None:
+    host, state, guard, server, child = _host_with_server(tmp_path)
     try:
-        end = time.monotonic() + 60
-        while not info.exists():
-            assert host.poll() is None, "the host process died early"
-            assert time.monotonic() < end, "the host's server never became ready"
-            time.sleep(0.05)
-        pids = json.loads(info.read_text())
-        server_pid = pids["server_pid"]
-        grandchild = int(child_file.read_text())
-        assert pid_alive(server_pid) and pid_alive(grandchild)
-        assert (state / "pids" / f"{server_pid}.json").exists()
         host.send_signal(signal.SIGKILL)
         host.wait(timeout=10)
-        # the parent-death signal takes the server down with its tuner
-        assert wait_dead(server_pid), f"server {server_pid} outlived its SIGKILLed host"
-        # its own child is still in the server's process group: the next start's reap kills it
-        assert pid_alive(grandchild)
-        killed = reap_orphans(state)
-        assert killed == [server_pid]
-        assert wait_dead(grandchild), "reap_orphans must kill what is left of the group"
+        # the guard sees its lifeline close and stops the whole group: server and grandchild alike
+        for pid in (server, child, guard):
+            assert wait_dead(pid), f"process {pid} outlived its SIGKILLed tuner"
+        assert reap_orphans(state) == []  # nothing left to reap; the stale entry goes
         assert list((state / "pids").glob("*.json")) == []
     finally:
         if host.poll() is None:
             host.kill()
-        for f in (child_file,):
-            if f.exists():
-                pid = int(f.read_text())
-                if pid_alive(pid):
-                    os.kill(pid, signal.SIGKILL)
+        _kill_all(guard, server, child)
+
+
+def test_a_group_whose_guard_died_too_is_reaped_at_the_next_start(tmp_path: Path) -> None:
+    host, state, guard, server, child = _host_with_server(tmp_path)
+    try:
+        os.kill(guard, signal.SIGKILL)  # e.g. `kill -9` of both: nothing is left to stop the group
+        host.send_signal(signal.SIGKILL)
+        host.wait(timeout=10)
+        assert wait_dead(guard)
+        assert pid_alive(server) and pid_alive(child)
+        assert reap_orphans(state) == [guard]  # the group outlives its leader: killed by its PGID
+        assert wait_dead(server) and wait_dead(child), "reap_orphans must kill what is left of the group"
+        assert list((state / "pids").glob("*.json")) == []
+    finally:
+        if host.poll() is None:
+            host.kill()
+        _kill_all(guard, server, child)
 
 
 def test_reap_orphans_spares_live_owners_and_reused_pids(tmp_path: Path) -> None:
@@ -385,3 +411,27 @@ def test_reap_orphans_spares_live_owners_and_reused_pids(tmp_path: Path) -> None
     finally:
         if victim.poll() is None:
             victim.kill()
+
+
+@pytest.mark.parametrize(("code", "want"), [("raise SystemExit(7)", 7),
+                                            ("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)",
+                                             -signal.SIGSEGV)])
+def test_the_guard_exits_with_the_servers_status(code: str, want: int) -> None:
+    from tuner.targets.process import GUARD
+
+    r, w = os.pipe()
+    try:
+        proc = subprocess.run([sys.executable, "-I", str(GUARD), str(r), "--", sys.executable, "-c", code],
+                              pass_fds=(r,), timeout=30, capture_output=True)
+    finally:
+        os.close(r)
+        os.close(w)
+    assert proc.returncode == want, proc.stderr
+
+
+def test_a_missing_program_is_invalid_config_before_anything_starts(tmp_path: Path) -> None:
+    server = ServerProcess(["no-such-server-binary", "--port", "1"], log_path=tmp_path / "s.log",
+                           state_dir=tmp_path)
+    with pytest.raises(DeployError, match="no such program") as info:
+        server.start()
+    assert info.value.cause == "invalid_config" and server.proc is None

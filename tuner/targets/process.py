@@ -3,8 +3,9 @@
 One careful way to start a server:
 
 - an argument list, never a shell; the trial's environment (CUDA_VISIBLE_DEVICES for its GPUs);
-- its own process group (``start_new_session=True``) and the parent-death signal (``PR_SET_PDEATHSIG``,
-  SIGKILL) so that no server outlives a killed tuner;
+- its own process group (``start_new_session=True``), led by a guard (``tuner/targets/guard.py``) that runs
+  the server as its child and takes the whole group down, the server's own children included, when the tuner
+  dies however it dies (the guard holds the read end of a pipe only the tuner can write: EOF means gone);
 - a PID registry in the state dir (``<state-dir>/pids/<pgid>.json``) that :func:`reap_orphans` reads on the
   next start, killing the groups whose owner died and whose recorded start time still matches;
 - readiness by polling a health URL with a deadline, failing fast when the process exits;
@@ -14,9 +15,7 @@ One careful way to start a server:
 Failures are classified by :func:`classify_failure` into TrialError subclasses whose ``cause`` the study
 records (out_of_memory, invalid_config, port_in_use, startup_timeout, crashed_during_run, server_errors).
 
-Note on PR_SET_PDEATHSIG: Linux delivers it when the *thread* that forked the child ends. Every deployment
-starts and stops its server inside one ``with`` block on one thread, so the server never outlives that thread
-unless the whole process dies, which is exactly when the signal should fire.
+The guard exits with the server's own status (code or signal), so classification sees what the server did.
 """
 
 from __future__ import annotations
@@ -29,9 +28,11 @@ import logging
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -59,6 +60,7 @@ log = logging.getLogger(__name__)
 
 PREVIEW_PORT = 8000  # the port command_preview shows in place of a free one
 LOG_TAIL_LINES = 40
+GUARD = Path(__file__).with_name("guard.py")
 
 # ---------------------------------------------------------------- failure classification
 # (cause, error class, patterns) in priority order: the first match wins.
@@ -303,6 +305,7 @@ class ServerProcess:
         self._log_offset = 0
         self._stopped = False
         self._lock = threading.Lock()
+        self._lifeline: int | None = None  # write end of the guard's lifeline pipe
 
     # -- environment
     def environment(self) -> dict[str, str]:
@@ -338,20 +341,27 @@ class ServerProcess:
             self._log_offset = logf.tell()  # the tail of *this* run only (the file may hold earlier ones)
             logf.write(f"$ {shlex.join(self.argv)}\n".encode())
             logf.flush()
+            env = self.environment()
+            if not _findable(self.argv[0], env.get("PATH"), self.cwd):
+                raise DeployError(f"cannot start {self.argv[0]!r}: no such program (PATH and working directory "
+                                  "searched)", cause=CAUSE_INVALID)
+            lifeline_r, self._lifeline = os.pipe()  # only this process holds the write end
             try:
                 self.proc = subprocess.Popen(  # noqa: S603 - an argument list, never a shell
-                    self.argv,
+                    [sys.executable, "-I", str(GUARD), str(lifeline_r), "--", *self.argv],
                     stdin=subprocess.DEVNULL,
                     stdout=logf,
                     stderr=subprocess.STDOUT,
-                    env=self.environment(),
+                    env=env,
                     cwd=self.cwd,
                     start_new_session=True,
-                    preexec_fn=parent_death_preexec(os.getpid()),  # noqa: PLW1509
-                    close_fds=True,
+                    pass_fds=(lifeline_r,),
                 )
             except OSError as exc:
+                self._close_lifeline()
                 raise DeployError(f"cannot start {self.argv[0]!r}: {exc}", cause=CAUSE_INVALID) from exc
+            finally:
+                os.close(lifeline_r)
         self.started_at = time.monotonic()
         self._register()
 
@@ -447,10 +457,17 @@ class ServerProcess:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=max(grace, 5.0))
             _wait_group_gone(pgid, timeout_s=5.0)
+            self._close_lifeline()
             if self._registry_path is not None:
                 self._registry_path.unlink(missing_ok=True)
             log.info("server group %d stopped (%s)", pgid, describe_exit(self.proc.returncode))
             return self.proc.returncode
+
+    def _close_lifeline(self) -> None:
+        if self._lifeline is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._lifeline)
+            self._lifeline = None
 
     def __enter__(self) -> ServerProcess:
         self.start()
@@ -458,6 +475,14 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _findable(program: str, path: str | None, cwd: Path | None) -> bool:
+    """Whether exec would find `program`: a path (relative to cwd) to an executable file, or a name on PATH."""
+    if os.sep in program:
+        p = Path(program) if Path(program).is_absolute() else Path(cwd or ".") / program
+        return p.is_file() and os.access(p, os.X_OK)
+    return shutil.which(program, path=path) is not None
 
 
 def _wait_group_gone(pgid: int, timeout_s: float) -> None:
