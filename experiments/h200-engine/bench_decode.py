@@ -201,6 +201,9 @@ def main() -> int:
     ap.add_argument("--attention", default=",".join(ATTENTION),
                     help=f"comma-separated decode attention implementations (default: {','.join(ATTENTION)})")
     ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--max-model-len", type=int, default=None,
+                    help="the pool's slot length, as a server would size it (default: the preset's, e.g. 2048 "
+                         "for 1b; at least context + 2): graphs replay the attention bucket covering the context")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                     help="bfloat16 on a GPU, float32 on a CPU by default")
@@ -220,7 +223,8 @@ def main() -> int:
     warmup = 1 if args.smoke else 3
     graphs = device == "cuda"
     dtype = args.dtype or ("bfloat16" if device == "cuda" else "float32")
-    max_len = context + 2  # positions start-1 .. context-1 are decoded; +1 scratch column in the pool
+    # positions start-1 .. context-1 are decoded; the slot holds max_len + 1 positions (one scratch column)
+    max_len = max(context + 2, args.max_model_len or EngineConfig(preset=preset).model_config().max_model_len)
     start = context - steps
     bmax = max(batches)
     probe = EngineConfig(preset=preset, max_model_len=max_len)
