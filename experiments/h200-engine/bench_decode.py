@@ -79,7 +79,8 @@ def agreement(eager: Runner, graph: Runner, b: int, start: int) -> tuple[float, 
     return float((a == g).float().mean()), rel
 
 
-def attention_microbench(b: int, context: int, mc: Any, dtype: torch.dtype, reps: int, dev: str) -> list[str]:
+def attention_microbench(b: int, context: int, slot_len: int, mc: Any, dtype: torch.dtype, reps: int,
+                         dev: str) -> list[str]:
     """One layer's decode attention at batch b over `context` keys, each way torch can run it, timed alone.
 
     Bytes: the K and V the step must read (b x context x kv_heads x head_dim x 2 tensors). The masked,
@@ -89,7 +90,7 @@ def attention_microbench(b: int, context: int, mc: Any, dtype: torch.dtype, reps
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     hkv, hd, g = mc.num_kv_heads, mc.head_dim, mc.num_heads // mc.num_kv_heads
-    slots = torch.zeros(b, hkv, context + 3, hd, dtype=dtype, device=dev).normal_()
+    slots = torch.zeros(b, hkv, slot_len, hd, dtype=dtype, device=dev).normal_()
     keys = slots[:, :, :context]  # a view with the pool's strides, as in the engine
     vals = torch.zeros_like(slots).normal_()[:, :, :context]
     q = torch.randn(b, hkv, g, hd, dtype=dtype, device=dev)
@@ -317,7 +318,7 @@ def main() -> int:
         lines += ["", *verdicts]
     if args.diagnose or (args.diagnose is None and device == "cuda"):
         for label, fn in [("attention microbenchmark", lambda: attention_microbench(
-                              bmax, context, mc, engine.pool.dtype, 20, device)),
+                              bmax, context, max_len + 1, mc, engine.pool.dtype, 20, device)),
                           *[(f"kernel profile ({impl})", lambda impl=impl: kernel_profile(
                               runners[impl][0], bmax, start)) for impl in impls]]:
             try:
