@@ -290,7 +290,7 @@ def main() -> int:
         f"KV read per step: batch x context x {kv_per_token} B. floor = bytes / {PEAK_BW / 1e12:.1f} TB/s; "
         "MBU = floor / measured step. Steps timed with the engine's own Runner.decode "
         f"({steps} steps after {warmup} warm-up, host-synchronised); graphs replay the attention-length "
-        f"bucket {attn_bucket_label(cfg, start)}.",
+        f"bucket {engine.runner.attn_bucket(start + 1)} (of a {engine.runner.L + 1}-position slot).",
         "",
         "| attention | batch | eager ms/step | CUDA graph ms/step | graph speed-up | floor ms | MBU eager "
         "| MBU graph | tok/s eager | tok/s graph | capture s | greedy agreement | max logit diff (std) |",
@@ -332,16 +332,6 @@ def main() -> int:
     (out / "decode.md").write_text(text)
     print(text)
     return 0
-
-
-def attn_bucket_label(cfg: EngineConfig, start: int) -> str:
-    from tuner.engine.runner import attn_buckets
-
-    full = cfg.model_config().max_model_len + 1
-    for a in attn_buckets(full - 1):
-        if a >= start + 1:
-            return f"{a} (of a {full}-position slot)"
-    return str(full)
 
 
 if __name__ == "__main__":

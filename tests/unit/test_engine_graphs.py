@@ -1,5 +1,5 @@
 """The runner's graph bookkeeping on the CPU, with captured steps replayed by re-running them
-(tests/support/graph_double.py): the attention-length buckets, padded rows, the state kept across a
+(tests/support/gpu_doubles.py): the attention-length buckets, padded rows, the state kept across a
 capture, warm-up capturing every (batch, bucket) pair, and one shared logits buffer."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from tests.support.graph_double import RerunGraphs
+from tests.support.gpu_doubles import RerunGraphs
 from tuner.engine.config import EngineConfig
 from tuner.engine.kv_pool import KVPool
 from tuner.engine.model import build_model

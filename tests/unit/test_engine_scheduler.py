@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.support.graph_double import LaggedHostCopy, RerunGraphs
+from tests.support.gpu_doubles import LaggedHostCopy, RerunGraphs
 from tuner.engine.config import EngineConfig
 from tuner.engine.engine import Engine, EngineStats, Request
 
@@ -124,7 +124,7 @@ def test_greedy_output_is_the_same_whatever_the_batching(reference: list[list[in
 ], ids=["cont8", "cont8-graphs-to-4-warm", "static6", "cont5-spf", "cont3-matmul"])
 def test_greedy_output_with_graph_replays_equals_the_reference(reference: list[list[int]], knobs: dict) -> None:
     """CUDA-graph bookkeeping on the CPU: the captured steps are replayed by re-running them
-    (tests/support/graph_double.py). Batches are padded to captured sizes while other sequences finish
+    (tests/support/gpu_doubles.py). Batches are padded to captured sizes while other sequences finish
     their prefill in the same iteration."""
     backend = RerunGraphs()
     assert run_all(graph_backend=backend, cuda_graphs=True, pre_allocate=True, **knobs) == reference
@@ -151,7 +151,7 @@ def test_a_sequence_finishing_its_prefill_beside_a_padded_batch_keeps_its_state(
     {"batching": "continuous", "max_batch_size": 5, "cuda_graphs": True, "pre_allocate": True},
 ], ids=["cont8", "static3", "cont5-graphs"])
 def test_async_output_delivers_the_same_tokens_one_iteration_late(reference: list[list[int]], knobs: dict) -> None:
-    """async_output's delivery lag on the CPU (tests/support/graph_double.py stands in for the pinned
+    """async_output's delivery lag on the CPU (tests/support/gpu_doubles.py stands in for the pinned
     copy and its CUDA event)."""
     copy = LaggedHostCopy()
     extra = {"graph_backend": RerunGraphs()} if knobs.get("cuda_graphs") else {}

@@ -1,6 +1,6 @@
 """Seeded random schedules of the engine on the CPU against each request decoded alone: batching, batch
 and graph sizes, warm-up, async output, pool sizes and prefill chunks drawn at random, CUDA graphs and the
-async copy stood in for by tests/support/graph_double.py. Greedy tokens must not depend on the schedule."""
+async copy stood in for by tests/support/gpu_doubles.py. Greedy tokens must not depend on the schedule."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.support.engine_run import generate as run
-from tests.support.graph_double import LaggedHostCopy, RerunGraphs
+from tests.support.gpu_doubles import LaggedHostCopy, RerunGraphs
 from tuner.engine.config import EngineConfig
 
 

@@ -171,7 +171,11 @@ class Engine:
         try:
             self.load()
             self.ready.set()
-            self._loop()
+            # every device operation of the loop on the runner's stream: prefill, decode, sampling, and the
+            # KV pool's growth at admission (allocate, zero, copy), which must be ordered with the work that
+            # reads and writes the pool (that stream does not wait for the default one)
+            with self.runner.stream_ctx():
+                self._loop()
         except BaseException as exc:  # noqa: BLE001 - reported through /health and every request
             log.exception("engine failed")
             self.fatal = exc
@@ -264,18 +268,13 @@ class Engine:
     def _loop(self) -> None:
         while not self._stop.is_set():
             self._intake(None)
-            # on the runner's stream: admission may grow the KV pool (allocate, zero, copy), which must be
-            # ordered with the prefill and decode work that reads and writes the pool (that stream does not
-            # wait for the default one)
-            with self.runner.stream_ctx():
-                wait_s = self._admit()
+            wait_s = self._admit()
             if not self.running:
                 self._flush()
                 self._publish()
                 self._intake(wait_s if wait_s is not None else 0.5)
                 continue
-            with self.runner.stream_ctx():
-                self._iteration()
+            self._iteration()
             self._publish()
 
     def _publish(self) -> None:
