@@ -1,10 +1,12 @@
 """Decode throughput and memory-bandwidth utilisation (MBU) of the reference engine's decode step.
 
 For the `1b` preset in bfloat16 at context ~1024, batch 1, 8, 32, 64, 128 and 256, with and without
-CUDA graphs, and with each decode attention implementation of the engine (`--attention`: sdpa, matmul),
+CUDA graphs, and with each decode attention implementation of the engine (`--attention`: sdpa, matmul and,
+where torch's flash kernel runs, flash),
 this times the engine's real decode step (tuner.engine.runner.Runner.decode over a pre-allocated KV
-pool) and writes a markdown table to $OUT/decode.md (or --out DIR). On a GPU it adds two diagnoses of
-the largest batch: one layer's attention alone under each SDPA backend and the matmul form, against
+pool) and writes a markdown table to $OUT/decode.md (or --out DIR), with each implementation's logits
+against sdpa's. On a GPU it adds two diagnoses of the largest batch: one layer's attention alone under each
+SDPA backend, the matmul form and the flash varlen form, against
 the K/V bytes it must read (with the reasons torch gives for refusing a backend), and the top kernels
 of one decode step by GPU time (torch.profiler).
 
@@ -32,8 +34,15 @@ import torch  # noqa: E402
 
 from tuner.engine.config import ATTENTION, EngineConfig, slot_bytes  # noqa: E402
 from tuner.engine.engine import Engine  # noqa: E402
-from tuner.engine.model import decode_attention, decode_mask, weight_bytes  # noqa: E402
+from tuner.engine.model import (  # noqa: E402
+    FlashSeqs,
+    decode_attention,
+    decode_mask,
+    flash_decode_attention,
+    weight_bytes,
+)
 from tuner.engine.runner import Runner  # noqa: E402
+from tuner.engine.varlen import VarlenAttention  # noqa: E402
 
 PEAK_BW = 4.2e12  # bytes/s
 TARGET_GRAPH_SPEEDUP_B1 = 3.0
@@ -62,19 +71,22 @@ def time_steps(runner: Runner, b: int, start: int, warmup: int, steps: int, devi
 
 
 def agreement(eager: Runner, graph: Runner, b: int, start: int) -> tuple[float, float]:
-    """Share of rows whose greedy token is the same from the eager step and the graph replay, and the
-    largest logit difference between the two (relative to the logits' spread)."""
+    """Share of rows whose greedy token is the same from two runners' steps (eager and graph replay, or two
+    attention implementations), and the largest logit difference between the two (relative to the logits'
+    spread)."""
     with eager.stream_ctx():
         tok0 = torch.randint(0, 256, (b,), device=eager.dec_tok.device)
+        eager.model.attention = eager.cfg.attention  # the model is shared by every runner of the bench
         eager.dec_tok[:b] = tok0
         eager.dec_pos[:b] = start
         le = eager.decode(b, start + 1).clone()
         a = eager.dec_tok[:b].clone()
+        graph.model.attention = graph.cfg.attention
         graph.dec_tok[:b] = tok0
         graph.dec_pos[:b] = start
         lg = graph.decode(b, start + 1).clone()
         g = graph.dec_tok[:b].clone()
-        torch.cuda.synchronize()  # the clones ran on the engine's stream; read them only once done
+        sync(eager.device)  # the clones ran on the engine's stream; read them only once done
     rel = float((le.double() - lg.double()).abs().max() / le.double().std().clamp(min=1e-12))
     return float((a == g).float().mean()), rel
 
@@ -92,7 +104,8 @@ def attention_microbench(b: int, context: int, slot_len: int, mc: Any, dtype: to
     hkv, hd, g = mc.num_kv_heads, mc.head_dim, mc.num_heads // mc.num_kv_heads
     slots = torch.zeros(b, hkv, slot_len, hd, dtype=dtype, device=dev).normal_()
     keys = slots[:, :, :context]  # a view with the pool's strides, as in the engine
-    vals = torch.zeros_like(slots).normal_()[:, :, :context]
+    vals_slots = torch.zeros_like(slots).normal_()
+    vals = vals_slots[:, :, :context]
     q = torch.randn(b, hkv, g, hd, dtype=dtype, device=dev)
     pos = torch.randint(context // 2, context, (b,), device=dev)
     mask = decode_mask(pos, context, dtype)
@@ -134,6 +147,10 @@ def attention_microbench(b: int, context: int, slot_len: int, mc: Any, dtype: to
             return torch.nn.functional.scaled_dot_product_attention(q_flat, keys, vals, enable_gqa=True)
 
     rows.append(run("flash, no mask, enable_gqa (ceiling)", flash))
+    if VarlenAttention().unavailable(dev, str(dtype).removeprefix("torch.")) is None:
+        seqs = FlashSeqs.of(pos, hkv, slot_len, context)
+        rows.insert(2, run("flash varlen, each row's own length (engine: attention=flash)",
+                           lambda: flash_decode_attention(VarlenAttention(), q, slots, vals_slots, seqs)))
     chosen = "?"
     try:
         if dev != "cuda":
@@ -199,8 +216,9 @@ def main() -> int:
     ap.add_argument("--preset", default=None, help="model preset (default: 1b; tiny with --smoke)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder of decode.md (default $OUT)")
     ap.add_argument("--batches", default=None, help="comma-separated batch sizes")
-    ap.add_argument("--attention", default=",".join(ATTENTION),
-                    help=f"comma-separated decode attention implementations (default: {','.join(ATTENTION)})")
+    ap.add_argument("--attention", default=None,
+                    help=f"comma-separated decode attention implementations, of {', '.join(ATTENTION)} (default: "
+                         "each one that runs on the device in the dtype)")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--max-model-len", type=int, default=None,
                     help="the pool's slot length, as a server would size it (default: the preset's, e.g. 2048 "
@@ -215,15 +233,21 @@ def main() -> int:
     preset = args.preset or ("tiny" if args.smoke else "1b")
     batches = [int(b) for b in args.batches.split(",")] if args.batches else (
         [1, 4] if args.smoke else [1, 8, 32, 64, 128, 256])
-    impls = [a.strip() for a in args.attention.split(",") if a.strip()]
+    dtype = args.dtype or ("bfloat16" if device == "cuda" else "float32")
+    flash_why = VarlenAttention().unavailable(device, dtype)
+    if args.attention is None:
+        impls = [a for a in ATTENTION if a != "flash" or flash_why is None]
+    else:
+        impls = [a.strip() for a in args.attention.split(",") if a.strip()]
     for a in impls:
         if a not in ATTENTION:
             ap.error(f"--attention: {a!r} is not one of {', '.join(ATTENTION)}")
+        if a == "flash" and flash_why:
+            ap.error(f"--attention: flash cannot run on {device} in {dtype}: {flash_why}")
     context = min(args.context, 256) if args.smoke else args.context
     steps = args.steps or (3 if args.smoke else 20)
     warmup = 1 if args.smoke else 3
     graphs = device == "cuda"
-    dtype = args.dtype or ("bfloat16" if device == "cuda" else "float32")
     # positions start-1 .. context-1 are decoded; the slot holds max_len + 1 positions (one scratch column)
     max_len = max(context + 2, args.max_model_len or EngineConfig(preset=preset).model_config().max_model_len)
     start = context - steps
@@ -316,6 +340,12 @@ def main() -> int:
                             f"{TARGET_MBU_B256:.0%}): {'met' if m >= TARGET_MBU_B256 else 'NOT met'}")
     if verdicts:
         lines += ["", *verdicts]
+    if "sdpa" in runners:
+        lines.append("")
+        for impl in (i for i in impls if i != "sdpa"):
+            same, diff = agreement(runners["sdpa"][0], runners[impl][0], bmax, start)
+            lines.append(f"- attention={impl} against sdpa (eager step, batch {bmax}): greedy agreement {same:.0%}, "
+                         f"max logit diff {diff:.2g} std")
     if args.diagnose or (args.diagnose is None and device == "cuda"):
         for label, fn in [("attention microbenchmark", lambda: attention_microbench(
                               bmax, context, max_len + 1, mc, engine.pool.dtype, 20, device)),

@@ -23,13 +23,19 @@ def test_bench_decode_smoke_writes_a_row_per_attention_and_batch_and_the_diagnos
     assert "One layer's attention alone" in text
     assert "| matmul (engine: attention=matmul) |" in text
     assert text.count("### Kernels of one decode step") == 2
+    assert "- attention=matmul against sdpa (eager step, batch 4): greedy agreement 100%" in text
+    assert "| flash |" not in text and "attention=flash" not in text  # its kernel does not run on a CPU
 
 
-def test_bench_decode_rejects_an_unknown_attention(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, str(SCRIPTS / "bench_decode.py"), "--smoke", "--attention", "flash",
-                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert proc.returncode == 2
-    assert "--attention: 'flash' is not one of sdpa, matmul" in proc.stderr
+def test_bench_decode_rejects_an_unknown_attention_and_one_that_cannot_run(tmp_path: Path) -> None:
+    for impl, error in (("paged", "--attention: 'paged' is not one of sdpa, matmul, flash"),
+                        ("sdpa,flash", "--attention: flash cannot run on cpu in float32: the flash kernel runs in "
+                                       "bfloat16 or float16 only")):
+        proc = subprocess.run([sys.executable, str(SCRIPTS / "bench_decode.py"), "--smoke", "--device", "cpu",
+                               "--attention", impl, "--out", str(tmp_path)],
+                              capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert proc.returncode == 2
+        assert error in proc.stderr
 
 
 def test_tune_smoke_runs_trials_and_writes_the_baseline_against_the_best(tmp_path: Path) -> None:

@@ -7,9 +7,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from tuner.engine.config import ATTENTION, ModelConfig
+from tests.support.gpu_doubles import ReferenceVarlen
+from tuner.engine.config import ATTENTION, EngineConfig, EngineConfigError, ModelConfig
 from tuner.engine.kv_pool import KVPool
-from tuner.engine.model import MASK_ALIGN, QLinear, build_model, decode_attention, decode_mask, hf_model_config
+from tuner.engine.model import (
+    MASK_ALIGN,
+    FlashSeqs,
+    QLinear,
+    build_model,
+    decode_attention,
+    decode_mask,
+    flash_decode_attention,
+    hf_model_config,
+)
+from tuner.engine.varlen import VarlenAttention
 
 transformers = pytest.importorskip("transformers")
 
@@ -50,7 +61,9 @@ def test_logits_agree_with_transformers(tmp_path: Path, tie: bool) -> None:
             last = model.prefill(ids[start:start + 16], start, 1, pool.k, pool.v)
         torch.testing.assert_close(last, ref[-1], rtol=1e-4, atol=1e-4)
         # decode path, with each attention implementation: one token at a time from position 30, two
-        # rows (slots 0 and 1); the attention length (37) is not a multiple of the mask alignment
+        # rows (slots 0 and 1); the attention length (37) is not a multiple of the mask alignment. flash runs
+        # the varlen kernel's contract on the CPU (the kernel itself is CUDA only)
+        model.varlen = ReferenceVarlen()
         for how in ATTENTION:
             model.attention = how
             for pos in range(30, 37):
@@ -100,8 +113,46 @@ def test_matmul_attention_equals_sdpa_for_rows_of_different_lengths() -> None:
 def test_unknown_attention_is_rejected() -> None:
     mc = ModelConfig(vocab_size=300, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
                      intermediate_size=64, max_model_len=32)
-    with pytest.raises(ValueError, match="unknown attention 'flash'"):
-        build_model(mc, dtype="float32", device="cpu", attention="flash")
+    with pytest.raises(ValueError, match="unknown attention 'paged'"):
+        build_model(mc, dtype="float32", device="cpu", attention="paged")
+
+
+def test_flash_attention_reads_each_rows_own_keys_in_the_pool() -> None:
+    """The varlen form over the pool as it lies (one sequence per slot and KV head) equals the masked SDPA
+    step, for rows of different lengths and a padded row at the scratch column past the attention length."""
+    gen = torch.Generator().manual_seed(0)
+    slots, hkv, g, positions, hd, attn_len = 5, 2, 4, 50, 16, 45
+    k_layer = torch.randn(slots, hkv, positions, hd, generator=gen)
+    v_layer = torch.randn(slots, hkv, positions, hd, generator=gen)
+    pos = torch.tensor([3, 20, 44, positions - 1])  # row 3: a padded row (scratch column)
+    b = pos.shape[0]
+    q = torch.randn(b, hkv, g, hd, generator=gen)
+    kernel = ReferenceVarlen()
+    seqs = FlashSeqs.of(pos, hkv, positions, attn_len)
+    assert seqs.used.tolist() == [4, 4, 21, 21, 45, 45, 45, 45] and seqs.max_k == attn_len
+    out = flash_decode_attention(kernel, q, k_layer, v_layer, seqs)
+    ref = decode_attention(q, k_layer[:b, :, :attn_len], v_layer[:b, :, :attn_len],
+                           decode_mask(pos, attn_len, torch.float32), "sdpa")
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert kernel.calls == 1
+    # a row reads nothing past its own position, nor another slot's keys
+    k2 = k_layer.clone()
+    k2[0, :, 4:] = 100.0
+    k2[4:] = 100.0
+    torch.testing.assert_close(flash_decode_attention(kernel, q, k2, v_layer, seqs)[:3], out[:3])
+
+
+def test_flash_attention_is_refused_where_the_kernel_cannot_run() -> None:
+    cfg = EngineConfig(device="cpu", dtype="bfloat16", attention="flash")
+    with pytest.raises(EngineConfigError, match="attention='flash' cannot apply on device 'cpu' in bfloat16: "
+                                                "torch's flash kernel needs a CUDA GPU; use attention=sdpa or matmul"):
+        cfg.validate("cpu")
+    f32 = EngineConfig(device="cpu", dtype="float32", attention="flash")
+    with pytest.raises(EngineConfigError, match="runs in bfloat16 or float16 only"):
+        f32.validate("cpu")
+    assert VarlenAttention().unavailable("cuda", "float32") == "the flash kernel runs in bfloat16 or float16 only"
+    # a kernel that runs here (the CPU reference) is accepted in any dtype
+    f32.validate("cpu", varlen=ReferenceVarlen())
 
 
 def test_llama3_rope_scaling_agrees(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """Seeded random schedules of the engine on the CPU against each request decoded alone: batching, batch
-and graph sizes, warm-up, async output, pool sizes and prefill chunks drawn at random, CUDA graphs and the
-async copy stood in for by tests/support/gpu_doubles.py. Greedy tokens must not depend on the schedule."""
+and graph sizes, warm-up, async output, attention, pool sizes and prefill chunks drawn at random; CUDA graphs,
+the async copy and the flash kernel stood in for by tests/support/gpu_doubles.py. Greedy tokens must not depend
+on the schedule."""
 
 from __future__ import annotations
 
@@ -10,14 +11,14 @@ from typing import Any
 import pytest
 
 from tests.support.engine_run import generate as run
-from tests.support.gpu_doubles import LaggedHostCopy, RerunGraphs
+from tests.support.gpu_doubles import LaggedHostCopy, ReferenceVarlen, RerunGraphs
 from tuner.engine.config import EngineConfig
 
 
 def generate(prompts: list[list[int]], max_tokens: list[int], **knobs: Any) -> list[list[int]]:
     cfg = EngineConfig(device="cpu", cpu_threads=1, max_model_len=160, **knobs)
     return run(cfg, prompts, max_tokens, ready_s=30, finish_s=60, graph_backend=RerunGraphs(),
-               host_copy=LaggedHostCopy())
+               host_copy=LaggedHostCopy(), varlen=ReferenceVarlen())
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -39,7 +40,7 @@ def test_a_random_schedule_gives_each_request_its_tokens_alone(seed: int) -> Non
         "cuda_graph_max_batch": rng.randint(1, 10),
         "warmup": rng.random() < 0.5,
         "async_output": rng.random() < 0.5,
-        "attention": rng.choice(["sdpa", "matmul"]),
+        "attention": rng.choice(["sdpa", "matmul", "flash"]),
     }
-    alone = generate(prompts, max_tokens, batching="continuous", max_batch_size=1)
+    alone = generate(prompts, max_tokens, batching="continuous", max_batch_size=1, attention=knobs["attention"])
     assert generate(prompts, max_tokens, **knobs) == alone, knobs

@@ -9,7 +9,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tuner.engine.varlen import VarlenAttention
 
 
 class EngineConfigError(ValueError):
@@ -73,7 +76,7 @@ BATCHING = ("static", "continuous")
 POLICIES = ("fcfs", "priority", "shortest-prompt-first")
 QUANTIZATION = ("none", "int8")
 STREAM_PRIORITY = ("normal", "high")
-ATTENTION = ("sdpa", "matmul")
+ATTENTION = ("sdpa", "matmul", "flash")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -107,8 +110,9 @@ class EngineConfig:
     batch_timeout_ms: float = _knob(50.0, "static batching: longest wait for a batch to fill", minimum=0)
     prefill_chunk_tokens: int = _knob(512, "prompt tokens per prefill chunk (and per iteration)",
                                       minimum=1)
-    attention: str = _knob("sdpa", "decode attention: sdpa (torch picks the kernel) or matmul (two batched "
-                           "matmuls around a softmax)", ATTENTION)
+    attention: str = _knob("sdpa", "decode attention: sdpa (torch picks the kernel), matmul (two batched "
+                           "matmuls around a softmax) or flash (FlashAttention's varlen kernel reading each "
+                           "sequence's own length; CUDA, bfloat16/float16)", ATTENTION)
     scheduling_policy: str = _knob("fcfs", "order of the waiting queue", POLICIES)
     cuda_graphs: bool = _knob(False, "decode under CUDA graphs (needs pre_allocate)", gpu_only=True)
     cuda_graph_max_batch: int = _knob(64, "largest decode batch captured in a graph", minimum=1)
@@ -135,11 +139,13 @@ class EngineConfig:
 
         return "cuda" if torch.cuda.is_available() else "cpu"
 
-    def validate(self, device: str, *, runs_here: tuple[str, ...] = ()) -> None:
+    def validate(self, device: str, *, runs_here: tuple[str, ...] = (), varlen: VarlenAttention | None = None) -> None:
         """Raise EngineConfigError naming the knob, its value and the rule.
 
         runs_here: GPU-only knobs that can apply on this device all the same (the engine's graph backend
-        says so for `cuda_graphs` when it is a stand-in that runs anywhere)."""
+        says so for `cuda_graphs` when it is a stand-in that runs anywhere).
+        varlen: the kernel `attention=flash` would run (default: torch's flash kernel), which says whether it
+        can run on this device and dtype."""
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             choices = f.metadata.get("choices")
@@ -156,11 +162,23 @@ class EngineConfig:
 
             if not torch.cuda.is_available():
                 raise EngineConfigError("device 'cuda' requested but torch sees no CUDA GPU", "device")
+        if self.attention == "flash":
+            self._check_flash(device, varlen)
         if self.cuda_graphs and not self.pre_allocate:
             raise EngineConfigError("cuda_graphs=True needs pre_allocate=True (graphs need fixed KV addresses)",
                                     "cuda_graphs")
         if self.weights is None:
             check_pool(self.model_config(), self.dtype, self.kv_pool_mb)
+
+    def _check_flash(self, device: str, varlen: VarlenAttention | None) -> None:
+        if varlen is None:
+            from tuner.engine.varlen import VarlenAttention as Kernel
+
+            varlen = Kernel()
+        why = varlen.unavailable(device, self.dtype)
+        if why:
+            raise EngineConfigError(f"attention='flash' cannot apply on device {device!r} in {self.dtype}: {why}; "
+                                    "use attention=sdpa or matmul", "attention")
 
     def knobs(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata.get("knob")}

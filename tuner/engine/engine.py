@@ -29,6 +29,7 @@ from tuner.engine.config import EngineConfig, ModelConfig
 from tuner.engine.kv_pool import KVPool
 from tuner.engine.model import DTYPES, build_model, hf_model_config
 from tuner.engine.runner import GraphBackend, HostCopy, Runner
+from tuner.engine.varlen import VarlenAttention
 
 log = logging.getLogger(__name__)
 
@@ -85,14 +86,15 @@ class EngineStats:
 class Engine:
     def __init__(self, cfg: EngineConfig, *, emit: Callable[[list[Output]], None],
                  stats: EngineStats | None = None, graph_backend: GraphBackend | None = None,
-                 host_copy: HostCopy | None = None) -> None:
+                 host_copy: HostCopy | None = None, varlen: VarlenAttention | None = None) -> None:
         self.cfg = cfg
         self.device = cfg.resolved_device()
         self.graph_backend = graph_backend or GraphBackend()
         self.host_copy = host_copy or HostCopy()
+        self.varlen = varlen or VarlenAttention()
         runs_here = [name for name, backend in (("cuda_graphs", self.graph_backend), ("async_output", self.host_copy))
                      if backend.runs_on(self.device)]
-        cfg.validate(self.device, runs_here=tuple(runs_here))
+        cfg.validate(self.device, runs_here=tuple(runs_here), varlen=self.varlen)
         self.emit = emit
         self.stats = stats or EngineStats()
         self.phase_s: dict[str, float] = {}
@@ -131,7 +133,7 @@ class Engine:
         t0 = time.perf_counter()
         self.model = build_model(self.mc, dtype=cfg.dtype, device=self.device, seed=cfg.seed,
                                  weights=cfg.weights, quantization=cfg.quantization,
-                                 attention=cfg.attention)
+                                 attention=cfg.attention, varlen=self.varlen)
         self._sync()
         self.phase_s["load"] = time.perf_counter() - t0
         t0 = time.perf_counter()

@@ -14,13 +14,14 @@ import json
 import logging
 import math
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from tuner.engine.config import ATTENTION, ModelConfig
+from tuner.engine.varlen import VarlenAttention
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +142,10 @@ class LlamaModel(nn.Module):
         self.rope_len = cfg.max_model_len + 1
         self.register_buffer("cos", torch.empty(0), persistent=False)
         self.register_buffer("sin", torch.empty(0), persistent=False)
-        # how a decode step computes attention (see `decode_attention`): "sdpa" or "matmul"
+        # how a decode step computes attention: "sdpa" or "matmul" (see `decode_attention`), or "flash"
+        # (`flash_decode_attention`, through `varlen`: the CUDA kernel, or a stand-in passed to build_model)
         self.attention = "sdpa"
+        self.varlen = VarlenAttention()
 
     @property
     def blocks(self) -> list[Block]:
@@ -205,7 +208,11 @@ class LlamaModel(nn.Module):
         hkv, hd = cfg.num_kv_heads, cfg.head_dim
         # where each row's new k/v goes: slot = row, position = positions[row] (one scatter per tensor)
         where = positions.view(b, 1, 1, 1).expand(b, hkv, 1, hd)
-        mask = decode_mask(positions, attn_len, x.dtype)
+        flash = self.attention == "flash"
+        if flash:
+            seqs = FlashSeqs.of(positions, hkv, k_cache[0].shape[2], attn_len)
+        else:
+            mask = decode_mask(positions, attn_len, x.dtype)
         nq = cfg.num_heads
         for i, layer in enumerate(self.blocks):
             h = layer.ln1(x)
@@ -217,10 +224,13 @@ class LlamaModel(nn.Module):
             kc, vc = k_cache[i], v_cache[i]
             kc[:b].scatter_(2, where, k.unsqueeze(2))
             vc[:b].scatter_(2, where, v.unsqueeze(2))
-            keys = kc[:b, :, :attn_len]  # [b, Hkv, L, hd]
-            vals = vc[:b, :, :attn_len]
             qg = q.reshape(b, hkv, group, hd)  # query heads grouped by their KV head
-            att = decode_attention(qg, keys, vals, mask, self.attention)  # [b, Hkv, G, hd]
+            if flash:
+                att = flash_decode_attention(self.varlen, qg, kc, vc, seqs)
+            else:
+                keys = kc[:b, :, :attn_len]  # [b, Hkv, L, hd]
+                vals = vc[:b, :, :attn_len]
+                att = decode_attention(qg, keys, vals, mask, self.attention)  # [b, Hkv, G, hd]
             x = x + layer.o(att.reshape(b, -1))
             x = x + layer.mlp(layer.ln2(x))
         return self.lm_head(self.norm(x)).float()
@@ -261,9 +271,44 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, ma
     return F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)
 
 
+class FlashSeqs(NamedTuple):
+    """The varlen kernel's view of one decode step: sequence i = (row i // Hkv, KV head i % Hkv)."""
+
+    cu_q: torch.Tensor  # [n + 1] int32: one query token per sequence
+    cu_k: torch.Tensor  # [n + 1] int32: sequence i's keys start at i x positions in the layer's flat k
+    used: torch.Tensor  # [n] int32: keys each sequence reads (its row's position + 1)
+    max_k: int
+
+    @staticmethod
+    def of(positions: torch.Tensor, kv_heads: int, slot_positions: int, attn_len: int) -> FlashSeqs:
+        """For rows at `positions` [b] attending over at most `attn_len` keys of slots of `slot_positions`.
+
+        No host synchronisation (graph-capturable). A padded row's position is the scratch column, past
+        attn_len: its length is clamped to attn_len (its output is discarded anyway)."""
+        b = positions.shape[0]
+        n = b * kv_heads
+        cu_q = torch.arange(n + 1, dtype=torch.int32, device=positions.device)
+        used = (positions + 1).clamp(max=attn_len).to(torch.int32)[:, None].expand(b, kv_heads).reshape(n)
+        return FlashSeqs(cu_q, cu_q * slot_positions, used, attn_len)
+
+
+def flash_decode_attention(varlen: VarlenAttention, q: torch.Tensor, k_layer: torch.Tensor,
+                           v_layer: torch.Tensor, seqs: FlashSeqs) -> torch.Tensor:
+    """Attention of a decode step through the varlen kernel (see tuner.engine.varlen): q [b, Hkv, G, hd];
+    k_layer and v_layer one layer's whole pool [slots, Hkv, positions, hd], read in place (rows are slots
+    0..b-1). Returns [b, Hkv, G, hd]."""
+    b, hkv, g, hd = q.shape
+    n = b * hkv
+    flat = n * k_layer.shape[2]
+    out = varlen(q.reshape(n, g, hd).contiguous(), k_layer[:b].view(flat, 1, hd), v_layer[:b].view(flat, 1, hd),
+                 seqs.cu_q, seqs.cu_k, 1, seqs.max_k, seqs.used, 1.0 / math.sqrt(hd))
+    return out.view(b, hkv, g, hd)
+
+
 # ---------------------------------------------------------------------------- construction
 def build_model(cfg: ModelConfig, *, dtype: str, device: str, seed: int = 0,
-                weights: str | None = None, quantization: str = "none", attention: str = "sdpa") -> LlamaModel:
+                weights: str | None = None, quantization: str = "none", attention: str = "sdpa",
+                varlen: VarlenAttention | None = None) -> LlamaModel:
     """Random weights or a checkpoint's.
 
     Random weights are seeded. On a CPU they are drawn on the CPU; on a GPU they are drawn on the GPU by
@@ -284,6 +329,8 @@ def build_model(cfg: ModelConfig, *, dtype: str, device: str, seed: int = 0,
     if attention not in ATTENTION:
         raise ValueError(f"unknown attention {attention!r}; valid: {', '.join(ATTENTION)}")
     model.attention = attention
+    if varlen is not None:
+        model.varlen = varlen
     if quantization == "int8":
         for layer in model.blocks:
             for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
