@@ -91,6 +91,26 @@ def agreement(eager: Runner, graph: Runner, b: int, start: int) -> tuple[float, 
     return float((a == g).float().mean()), rel
 
 
+def measure(eager: Runner, graph: Runner, b: int, start: int, warmup: int, steps: int,
+            graphs: bool) -> dict[str, Any]:
+    """One batch size of one implementation: eager step time and, with graphs, capture, replay time and the
+    replay's agreement with the eager step."""
+    device = eager.device
+    eager_s, ctx = time_steps(eager, b, start, warmup, steps, device)
+    row: dict[str, Any] = {"b": b, "ctx": ctx, "eager_ms": eager_s * 1e3, "graph_ms": None, "capture_s": 0.0,
+                           "agree": None, "logit_diff": None}
+    if graphs:
+        c0 = time.perf_counter()
+        with graph.stream_ctx():
+            graph.capture(b, graph.attn_bucket(start + 1))
+        sync(device)
+        row["capture_s"] = time.perf_counter() - c0
+        graph_s, _ = time_steps(graph, b, start, warmup, steps, device)
+        row["graph_ms"] = graph_s * 1e3
+        row["agree"], row["logit_diff"] = agreement(eager, graph, b, start)
+    return row
+
+
 def attention_microbench(b: int, context: int, slot_len: int, mc: Any, dtype: torch.dtype, reps: int,
                          dev: str) -> list[str]:
     """One layer's decode attention at batch b over `context` keys, each way torch can run it, timed alone.
@@ -272,37 +292,29 @@ def main() -> int:
 
     rows = []
     runners: dict[str, tuple[Runner, Runner]] = {}
+    failures: list[str] = []
     for impl in impls:
         model.attention = impl
         eager_runner = Runner(dataclasses.replace(cfg, cuda_graphs=False, attention=impl), model, engine.pool, device)
         graph_runner = Runner(dataclasses.replace(cfg, attention=impl), model, engine.pool, device)
         runners[impl] = (eager_runner, graph_runner)
         for b in batches:
-            eager_s, ctx = time_steps(eager_runner, b, start, warmup, steps, device)
-            graph_s = None
-            agree = None
-            logit_diff = None
-            capture_s = 0.0
-            if graphs:
-                c0 = time.perf_counter()
-                with graph_runner.stream_ctx():
-                    graph_runner.capture(b, graph_runner.attn_bucket(start + 1))
-                sync(device)
-                capture_s = time.perf_counter() - c0
-                graph_s, _ = time_steps(graph_runner, b, start, warmup, steps, device)
-                agree, logit_diff = agreement(eager_runner, graph_runner, b, start)
-            bytes_step = w_bytes + b * ctx * kv_per_token
-            floor_s = bytes_step / PEAK_BW
-            row = {"b": b, "impl": impl, "eager_ms": eager_s * 1e3, "graph_ms": graph_s * 1e3 if graph_s else None,
-                   "floor_ms": floor_s * 1e3, "mbu_eager": floor_s / eager_s,
-                   "mbu_graph": floor_s / graph_s if graph_s else None, "tok_eager": b / eager_s,
-                   "tok_graph": b / graph_s if graph_s else None, "capture_s": capture_s, "agree": agree,
-                   "logit_diff": logit_diff}
+            try:
+                row = measure(eager_runner, graph_runner, b, start, warmup, steps, graphs)
+            except Exception as exc:  # noqa: BLE001 - one implementation's failure must not lose the others' rows
+                failures.append(f"- attention={impl} failed at batch {b}: {type(exc).__name__}: {str(exc)[:300]}")
+                print(failures[-1], flush=True)
+                runners.pop(impl)
+                break
+            floor_s = (w_bytes + b * row["ctx"] * kv_per_token) / PEAK_BW
+            eager_s, graph_s = row["eager_ms"] / 1e3, (row["graph_ms"] or 0) / 1e3
+            row.update(impl=impl, floor_ms=floor_s * 1e3, mbu_eager=floor_s / eager_s, tok_eager=b / eager_s,
+                       mbu_graph=floor_s / graph_s if graph_s else None, tok_graph=b / graph_s if graph_s else None)
             rows.append(row)
             print(f"{impl} batch {b}: eager {row['eager_ms']:.3f} ms" + (
                 f", graph {row['graph_ms']:.3f} ms (x{eager_s / graph_s:.1f}), MBU graph {row['mbu_graph']:.0%}, "
-                f"capture {capture_s:.3f} s, token agreement {agree:.0%}, max logit diff {logit_diff:.2g} std"
-                if graph_s else ""), flush=True)
+                f"capture {row['capture_s']:.3f} s, token agreement {row['agree']:.0%}, max logit diff "
+                f"{row['logit_diff']:.2g} std" if graph_s else ""), flush=True)
 
     def f(v: float | None, fmt: str) -> str:
         return "-" if v is None else format(v, fmt)
@@ -340,17 +352,22 @@ def main() -> int:
                             f"{TARGET_MBU_B256:.0%}): {'met' if m >= TARGET_MBU_B256 else 'NOT met'}")
     if verdicts:
         lines += ["", *verdicts]
+    if failures:
+        lines += ["", *failures]
     if "sdpa" in runners:
         lines.append("")
-        for impl in (i for i in impls if i != "sdpa"):
-            same, diff = agreement(runners["sdpa"][0], runners[impl][0], bmax, start)
-            lines.append(f"- attention={impl} against sdpa (eager step, batch {bmax}): greedy agreement {same:.0%}, "
-                         f"max logit diff {diff:.2g} std")
+        for impl in (i for i in runners if i != "sdpa"):
+            try:
+                same, diff = agreement(runners["sdpa"][0], runners[impl][0], bmax, start)
+                lines.append(f"- attention={impl} against sdpa (eager step, batch {bmax}): greedy agreement "
+                             f"{same:.0%}, max logit diff {diff:.2g} std")
+            except Exception as exc:  # noqa: BLE001
+                lines.append(f"- attention={impl} against sdpa: failed: {type(exc).__name__}: {str(exc)[:300]}")
     if args.diagnose or (args.diagnose is None and device == "cuda"):
         for label, fn in [("attention microbenchmark", lambda: attention_microbench(
                               bmax, context, max_len + 1, mc, engine.pool.dtype, 20, device)),
                           *[(f"kernel profile ({impl})", lambda impl=impl: kernel_profile(
-                              runners[impl][0], bmax, start)) for impl in impls]]:
+                              runners[impl][0], bmax, start)) for impl in runners]]:
             try:
                 lines += ["", *fn()]
             except Exception as exc:  # noqa: BLE001 - a diagnosis must not lose the table above

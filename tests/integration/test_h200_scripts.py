@@ -47,3 +47,29 @@ def test_tune_smoke_runs_trials_and_writes_the_baseline_against_the_best(tmp_pat
     assert "tuned goodput / baseline goodput:" in text
     trial_rows = [line for line in text.splitlines() if line.startswith(("| 0 |", "| 1 |"))]
     assert len(trial_rows) == 2 and "attention=sdpa" in trial_rows[0]
+
+
+def test_bench_measure_times_graph_replays_and_checks_them_against_the_eager_step() -> None:
+    """The bench's graph branch (GPU only in a run) on the CPU, with the graph stand-in passed to its Runner."""
+    import dataclasses
+    import importlib.util
+
+    from tests.support.gpu_doubles import RerunGraphs
+    from tuner.engine.config import EngineConfig
+    from tuner.engine.engine import Engine
+    from tuner.engine.runner import Runner
+
+    spec = importlib.util.spec_from_file_location("bench_decode", SCRIPTS / "bench_decode.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cfg = EngineConfig(device="cpu", max_model_len=300, kv_pool_mb=4, pre_allocate=True, batching="continuous",
+                       max_batch_size=4, cuda_graphs=True, cuda_graph_max_batch=4)
+    graphs = RerunGraphs()
+    engine = Engine(cfg, emit=lambda items: None, graph_backend=graphs)
+    engine.load()
+    eager = Runner(dataclasses.replace(cfg, cuda_graphs=False), engine.model, engine.pool, "cpu")
+    graph = Runner(cfg, engine.model, engine.pool, "cpu", graph_backend=graphs)
+    row = bench.measure(eager, graph, 3, 250, 1, 2, True)
+    assert row["graph_ms"] > 0 and row["agree"] == 1.0 and row["logit_diff"] == 0.0
+    assert graphs.captures == 1 and graphs.replays >= 3  # warm-up + timed steps + agreement, all replays
