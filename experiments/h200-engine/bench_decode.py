@@ -111,6 +111,20 @@ def measure(eager: Runner, graph: Runner, b: int, start: int, warmup: int, steps
     return row
 
 
+class SplitVarlen(VarlenAttention):
+    """The engine's varlen call with FlashAttention's split-KV count forced (where torch's schema has it)."""
+
+    def __init__(self, num_splits: int) -> None:
+        self.num_splits = num_splits
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+                 max_q: int, max_k: int, seqused_k: torch.Tensor, scale: float) -> torch.Tensor:
+        out: Any = torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, False, False,
+                                                           scale=scale, seqused_k=seqused_k,
+                                                           num_splits=self.num_splits)
+        return out[0]
+
+
 def attention_microbench(b: int, context: int, slot_len: int, mc: Any, dtype: torch.dtype, reps: int,
                          dev: str) -> list[str]:
     """One layer's decode attention at batch b over `context` keys, each way torch can run it, timed alone.
@@ -171,6 +185,11 @@ def attention_microbench(b: int, context: int, slot_len: int, mc: Any, dtype: to
         seqs = FlashSeqs.of(pos, hkv, slot_len, context)
         rows.insert(2, run("flash varlen, each row's own length (engine: attention=flash)",
                            lambda: flash_decode_attention(VarlenAttention(), q, slots, vals_slots, seqs)))
+        if "num_splits" in str(torch.ops.aten._flash_attention_forward.default._schema):
+            # whether FlashAttention's split-KV kernel (half the query tile of the plain one) would read faster
+            rows[3:3] = [run(f"flash varlen, num_splits={n} (not in the engine)",
+                             lambda n=n: flash_decode_attention(SplitVarlen(n), q, slots, vals_slots, seqs))
+                         for n in (2, 4, 8)]
     chosen = "?"
     try:
         if dev != "cuda":
