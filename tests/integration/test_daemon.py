@@ -16,6 +16,7 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
+from tests.support.logged_proc import finish, output, start_logged
 from tuner import cli_ops
 from tuner.daemon import gpu_groups, run_agent_cycle
 from tuner.study import default_storage
@@ -62,13 +63,13 @@ def app() -> typer.Typer:
 def test_daemon_runs_cycles_on_schedule_serves_health_and_stops_on_sigterm(tmp_path: Path) -> None:
     agent = write_agent(tmp_path)
     sd = tmp_path / "state"
-    proc = subprocess.Popen([sys.executable, "-m", "tuner.cli_ops", "daemon", str(agent), "--state-dir", str(sd),
-                             "--port", "0", "--grace-s", "20"], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "daemon.log"
+    proc = start_logged([sys.executable, "-m", "tuner.cli_ops", "daemon", str(agent), "--state-dir", str(sd),
+                         "--port", "0", "--grace-s", "20"], log, REPO)
     try:
         deadline = time.monotonic() + 90
         while len(cycles(sd, "dsim")) < 3 and time.monotonic() < deadline:
-            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            assert proc.poll() is None, output(log)
             time.sleep(0.25)
         done = cycles(sd, "dsim")
         assert len(done) >= 3, done
@@ -92,7 +93,7 @@ def test_daemon_runs_cycles_on_schedule_serves_health_and_stops_on_sigterm(tmp_p
         assert run(app(), ["check", "--state-dir", str(sd)]).exit_code == 0
 
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=30)
+        out = finish(proc, log, 30)
         assert proc.returncode == 0, out[-3000:]
         assert "stopped cleanly" in out
     finally:
@@ -208,16 +209,16 @@ def test_cycles_of_agents_sharing_gpus_never_overlap(tmp_path: Path) -> None:
         p = write_agent(tmp_path, name)
         p.write_text(p.read_text().replace("every: 5s", "every: 1s") + "gpus: [0, 1]\ntracking: {enabled: false}\n")
         agents.append(p)
-    proc = subprocess.Popen([sys.executable, "-m", "tuner.cli_ops", "daemon", *map(str, agents), "--state-dir",
-                             str(sd), "--port", "-1"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    log = tmp_path / "daemon.log"
+    proc = start_logged([sys.executable, "-m", "tuner.cli_ops", "daemon", *map(str, agents), "--state-dir",
+                         str(sd), "--port", "-1"], log, REPO)
     try:
         deadline = time.monotonic() + 90
         while min(len(cycles(sd, "gpu-a")), len(cycles(sd, "gpu-b"))) < 3 and time.monotonic() < deadline:
-            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            assert proc.poll() is None, output(log)
             time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=30)
+        proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -233,14 +234,14 @@ def test_sighup_applies_an_edited_schedule_and_keeps_the_old_one_after_a_bad_edi
     agent = write_agent(tmp_path)
     agent.write_text(agent.read_text().replace("every: 5s", "every: 1h"))
     sd = tmp_path / "state"
-    proc = subprocess.Popen([sys.executable, "-m", "tuner.cli_ops", "daemon", str(agent), "--state-dir", str(sd),
-                             "--port", "-1", "--grace-s", "20"], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "daemon.log"
+    proc = start_logged([sys.executable, "-m", "tuner.cli_ops", "daemon", str(agent), "--state-dir", str(sd),
+                         "--port", "-1", "--grace-s", "20"], log, REPO)
 
     def wait_cycles(n: int, within_s: float) -> list[dict]:
         deadline = time.monotonic() + within_s
         while len(cycles(sd, "dsim")) < n and time.monotonic() < deadline:
-            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            assert proc.poll() is None, output(log)
             time.sleep(0.2)
         return cycles(sd, "dsim")
 
@@ -260,7 +261,7 @@ def test_sighup_applies_an_edited_schedule_and_keeps_the_old_one_after_a_bad_edi
         done = wait_cycles(3, 60)
         assert len(done) >= 3 and all(c["outcome"] == "ok" for c in done), done
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=30)
+        out = finish(proc, log, 30)
         assert proc.returncode == 0, out[-3000:]
         bad = next(line for line in out.splitlines() if "keeping the definition in force" in line)
         assert str(agent) in bad and "schedule.every" in bad

@@ -18,6 +18,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from tests.support.logged_proc import finish, output, start_logged
 from tuner.study import default_storage
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,9 +67,13 @@ pytestmark = pytest.mark.skipif(not FAKE.is_file(), reason="fake server missing"
 
 
 def start(agent: Path, sd: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "tuner.cli_ops", "daemon", str(agent), "--state-dir", str(sd),
-                             "--port", "-1", "--grace-s", "20"], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    """The daemon, its output appended to daemon.log next to the agent (see `log_of`)."""
+    return start_logged([sys.executable, "-m", "tuner.cli_ops", "daemon", str(agent), "--state-dir", str(sd),
+                         "--port", "-1", "--grace-s", "20"], log_of(agent), REPO)
+
+
+def log_of(agent: Path) -> Path:
+    return agent.with_name("daemon.log")
 
 
 def trials(sd: Path) -> list[optuna.trial.FrozenTrial]:
@@ -102,12 +107,12 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-def wait_for(cond, timeout_s: float, proc: subprocess.Popen[str] | None = None) -> None:
+def wait_for(cond, timeout_s: float, proc: subprocess.Popen[str] | None = None, log: Path | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while not cond():
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(proc.communicate()[0][-3000:])
-        assert time.monotonic() < deadline, "timed out"
+            raise AssertionError(f"the daemon exited {proc.returncode}:\n" + (output(log) if log else ""))
+        assert time.monotonic() < deadline, "timed out\n" + (output(log) if log else "")
         time.sleep(0.1)
 
 
@@ -131,7 +136,7 @@ def test_sigkill_during_a_trial_then_restart_loses_nothing(tmp_path: Path) -> No
             running = [t for t in trials(sd) if t.state == optuna.trial.TrialState.RUNNING]
             return bool(done) and bool(running) and bool(server_groups(sd))
 
-        wait_for(mid_trial, 90, proc)
+        wait_for(mid_trial, 90, proc, log_of(agent))
         groups = server_groups(sd)
         seen |= groups
         before = {t.number: t.values for t in trials(sd) if t.state == optuna.trial.TrialState.COMPLETE}
@@ -147,9 +152,9 @@ def test_sigkill_during_a_trial_then_restart_loses_nothing(tmp_path: Path) -> No
     proc = start(agent, sd)
     try:
         wait_for(lambda: any(t.state == optuna.trial.TrialState.COMPLETE and t.number > max(running)
-                             for t in trials(sd)), 90, proc)
+                             for t in trials(sd)), 90, proc, log_of(agent))
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=40)
+        out = finish(proc, log_of(agent), 40)
         assert proc.returncode == 0, out[-3000:]
     finally:
         if proc.poll() is None:
@@ -170,11 +175,11 @@ def test_sigterm_during_a_trial_tears_down_and_exits_zero(tmp_path: Path) -> Non
     agent, sd = setup(tmp_path)
     proc = start(agent, sd)
     try:
-        wait_for(lambda: bool(server_groups(sd)), 90, proc)
+        wait_for(lambda: bool(server_groups(sd)), 90, proc, log_of(agent))
         groups = server_groups(sd)
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=40)
+        out = finish(proc, log_of(agent), 40)
         assert proc.returncode == 0, out[-3000:]
         assert time.monotonic() - t0 < 20  # within the grace
     finally:

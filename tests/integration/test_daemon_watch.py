@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from tests.support.logged_proc import finish, output, start_logged
 from tuner.daemon import detect_anomalies
 from tuner.measure.scrape import parse
 from tuner.spec import AgentSpec
@@ -129,18 +129,19 @@ schedule: {{every: 1h, trials_per_cycle: 1}}
 watch: {{url: "{prod.url}", interval_s: 0.3, window_s: 1.5}}
 """)
     sd = tmp_path / "state"
-    proc = subprocess.Popen([sys.executable, "-m", "tuner.cli_ops", "daemon", str(agent), "--state-dir", str(sd),
-                             "--port", "-1"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "daemon.log"
+    proc = start_logged([sys.executable, "-m", "tuner.cli_ops", "daemon", str(agent), "--state-dir", str(sd),
+                         "--port", "-1"], log, REPO)
     cyc = sd / "watched" / "cycles.jsonl"
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            assert proc.poll() is None, output(log)
             if cyc.is_file() and len(cyc.read_text().splitlines()) >= 2:
                 break
             time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=30)
+        out = finish(proc, log, 30)
     finally:
         if proc.poll() is None:
             proc.kill()
