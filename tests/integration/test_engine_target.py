@@ -67,7 +67,14 @@ def test_gpu_knob_on_cpu_is_infeasible_before_anything_starts(tmp_path: Path) ->
     with pytest.raises(InfeasibleConfig, match="cuda_graphs"):
         with t.deploy({"cuda_graphs": True, "pre_allocate": True}, ctx):
             pass
+    with pytest.raises(InfeasibleConfig, match="attention='flash' cannot apply on device 'cpu' in bfloat16: torch's "
+                                               "flash kernel needs a CUDA GPU"):
+        with t.deploy({"attention": "flash", "dtype": "bfloat16"}, ctx):
+            pass
     assert not (tmp_path / "logs" / "trial-1.log").exists()
+    # the search space keeps such a sample from being proposed at all
+    space = load_space(ROOT / "search_spaces" / "torch_engine.yaml").bind_facts(t.facts())
+    assert space.violations({**space.defaults(), "attention": "flash", "dtype": "bfloat16"})
 
 
 def test_deploy_measure_and_quality_probe(tmp_path: Path) -> None:
