@@ -129,7 +129,8 @@ def attention_microbench(b: int, context: int, slot_len: int, mc: Any, dtype: to
                          dev: str) -> list[str]:
     """One layer's decode attention at batch b over `context` keys, each way torch can run it, timed alone.
 
-    Bytes: the K and V the step must read (b x context x kv_heads x head_dim x 2 tensors). The masked,
+    Bytes: the K and V the step must read (b x context x kv_heads x head_dim x 2 tensors; for the flash rows,
+    which read only each row's own length, those keys). The masked,
     grouped query is what the engine runs; "flash, no mask, enable_gqa" is the unmasked [b, heads, 1, hd]
     query of a plain benchmark whose rows all have the same length (a ceiling, not a correct engine step).
     """
@@ -141,11 +142,11 @@ def attention_microbench(b: int, context: int, slot_len: int, mc: Any, dtype: to
     vals_slots = torch.zeros_like(slots).normal_()
     vals = vals_slots[:, :, :context]
     q = torch.randn(b, hkv, g, hd, dtype=dtype, device=dev)
-    pos = torch.randint(context // 2, context, (b,), device=dev)
+    pos = torch.randint(context - 32, context, (b,), device=dev)  # near-full rows, as in the decode table
     mask = decode_mask(pos, context, dtype)
     kv_bytes = 2 * b * context * hkv * hd * keys.element_size()
 
-    def run(label: str, fn: Any) -> str:
+    def run(label: str, fn: Any, nbytes: int = kv_bytes) -> str:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
@@ -157,7 +158,7 @@ def attention_microbench(b: int, context: int, slot_len: int, mc: Any, dtype: to
                     fn()
                 sync(dev)
                 dt = (time.perf_counter() - t0) / reps
-                return f"| {label} | {dt * 1e6:.1f} | {kv_bytes / dt / 1e9:,.0f} | {kv_bytes / dt / PEAK_BW:.0%} | |"
+                return f"| {label} | {dt * 1e6:.1f} | {nbytes / dt / 1e9:,.0f} | {nbytes / dt / PEAK_BW:.0%} | |"
             except Exception as exc:  # noqa: BLE001 - a refused backend is a finding, not a failure
                 why = "; ".join(str(w.message).replace("|", "/")[:160] for w in caught[:3])
                 return f"| {label} | - | - | - | {type(exc).__name__}: {str(exc)[:120]} {why} |"
@@ -183,12 +184,13 @@ def attention_microbench(b: int, context: int, slot_len: int, mc: Any, dtype: to
     rows.append(run("flash, no mask, enable_gqa (ceiling)", flash))
     if VarlenAttention().unavailable(dev, str(dtype).removeprefix("torch.")) is None:
         seqs = FlashSeqs.of(pos, hkv, slot_len, context)
+        read = int(seqs.used.sum()) * hd * 2 * keys.element_size()  # it reads each row's own keys, no more
         rows.insert(2, run("flash varlen, each row's own length (engine: attention=flash)",
-                           lambda: flash_decode_attention(VarlenAttention(), q, slots, vals_slots, seqs)))
+                           lambda: flash_decode_attention(VarlenAttention(), q, slots, vals_slots, seqs), read))
         if "num_splits" in str(torch.ops.aten._flash_attention_forward.default._schema):
             # whether FlashAttention's split-KV kernel (half the query tile of the plain one) would read faster
-            rows[3:3] = [run(f"flash varlen, num_splits={n} (not in the engine)",
-                             lambda n=n: flash_decode_attention(SplitVarlen(n), q, slots, vals_slots, seqs))
+            rows[3:3] = [run(f"flash varlen, num_splits={n} forced (the engine lets the kernel choose)",
+                             lambda n=n: flash_decode_attention(SplitVarlen(n), q, slots, vals_slots, seqs), read)
                          for n in (2, 4, 8)]
     chosen = "?"
     try:
@@ -309,7 +311,18 @@ def main() -> int:
     print(f"{preset}: {mc.param_count() / 1e9:.2f} B params, {w_bytes / 1e9:.2f} GB read per step, "
           f"{dtype} on {name}; pool {engine.pool.capacity} slots; built in {load_s:.1f} s", flush=True)
 
-    rows = []
+    header = [
+        f"# Decode step of the reference engine: `{preset}` preset, {dtype}, context ~{context}",
+        "",
+        f"Device: {name}; torch {torch.__version__}. Weights read per step: {w_bytes / 1e9:.2f} GB; "
+        f"KV read per step: batch x context x {kv_per_token} B. floor = bytes / {PEAK_BW / 1e12:.1f} TB/s; "
+        "MBU = floor / measured step. Steps timed with the engine's own Runner.decode "
+        f"({steps} steps after {warmup} warm-up, host-synchronised); graphs replay the attention-length "
+        f"bucket {engine.runner.attn_bucket(start + 1)} (of a {engine.runner.L + 1}-position slot).",
+        "",
+    ]
+    out = Path(args.out)
+    rows: list[dict[str, Any]] = []
     runners: dict[str, tuple[Runner, Runner]] = {}
     failures: list[str] = []
     for impl in impls:
@@ -330,49 +343,15 @@ def main() -> int:
             row.update(impl=impl, floor_ms=floor_s * 1e3, mbu_eager=floor_s / eager_s, tok_eager=b / eager_s,
                        mbu_graph=floor_s / graph_s if graph_s else None, tok_graph=b / graph_s if graph_s else None)
             rows.append(row)
+            write(out, [*header, *table(rows, impls), "", f"(still measuring: the last row is attention={impl}, "
+                                                          f"batch {b})"])
             print(f"{impl} batch {b}: eager {row['eager_ms']:.3f} ms" + (
                 f", graph {row['graph_ms']:.3f} ms (x{eager_s / graph_s:.1f}), MBU graph {row['mbu_graph']:.0%}, "
                 f"capture {row['capture_s']:.3f} s, token agreement {row['agree']:.0%}, max logit diff "
                 f"{row['logit_diff']:.2g} std" if graph_s else ""), flush=True)
 
-    def f(v: float | None, fmt: str) -> str:
-        return "-" if v is None else format(v, fmt)
-
-    lines = [
-        f"# Decode step of the reference engine: `{preset}` preset, {dtype}, context ~{context}",
-        "",
-        f"Device: {name}; torch {torch.__version__}. Weights read per step: {w_bytes / 1e9:.2f} GB; "
-        f"KV read per step: batch x context x {kv_per_token} B. floor = bytes / {PEAK_BW / 1e12:.1f} TB/s; "
-        "MBU = floor / measured step. Steps timed with the engine's own Runner.decode "
-        f"({steps} steps after {warmup} warm-up, host-synchronised); graphs replay the attention-length "
-        f"bucket {engine.runner.attn_bucket(start + 1)} (of a {engine.runner.L + 1}-position slot).",
-        "",
-        "| attention | batch | eager ms/step | CUDA graph ms/step | graph speed-up | floor ms | MBU eager "
-        "| MBU graph | tok/s eager | tok/s graph | capture s | greedy agreement | max logit diff (std) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        speed = r["eager_ms"] / r["graph_ms"] if r["graph_ms"] else None
-        lines.append(
-            f"| {r['impl']} | {r['b']} | {r['eager_ms']:.3f} | {f(r['graph_ms'], '.3f')} | {f(speed, '.1f')}x "
-            f"| {r['floor_ms']:.3f} | {r['mbu_eager']:.0%} | {f(r['mbu_graph'], '.0%')} | {r['tok_eager']:,.0f} "
-            f"| {f(r['tok_graph'], ',.0f')} | {r['capture_s']:.3f} | {f(r['agree'], '.0%')} "
-            f"| {f(r['logit_diff'], '.2g')} |")
-    verdicts = []
-    for impl in impls:
-        by_b = {r["b"]: r for r in rows if r["impl"] == impl}
-        if 1 in by_b and by_b[1]["graph_ms"]:
-            s = by_b[1]["eager_ms"] / by_b[1]["graph_ms"]
-            verdicts.append(f"- attention={impl}: graphs vs eager at batch 1: {s:.1f}x (target >= "
-                            f"{TARGET_GRAPH_SPEEDUP_B1:.0f}x): {'met' if s >= TARGET_GRAPH_SPEEDUP_B1 else 'NOT met'}")
-        if 256 in by_b and by_b[256]["mbu_graph"]:
-            m = by_b[256]["mbu_graph"]
-            verdicts.append(f"- attention={impl}: MBU at batch 256 with graphs: {m:.0%} (target >= "
-                            f"{TARGET_MBU_B256:.0%}): {'met' if m >= TARGET_MBU_B256 else 'NOT met'}")
-    if verdicts:
-        lines += ["", *verdicts]
-    if failures:
-        lines += ["", *failures]
+    lines = header + table(rows, impls) + (["", *failures] if failures else [])
+    write(out, lines)
     if "sdpa" in runners:
         lines.append("")
         for impl in (i for i in runners if i != "sdpa"):
@@ -391,13 +370,49 @@ def main() -> int:
                 lines += ["", *fn()]
             except Exception as exc:  # noqa: BLE001 - a diagnosis must not lose the table above
                 lines += ["", f"({label} failed: {type(exc).__name__}: {exc})"]
+            write(out, lines)  # after each diagnosis: a time limit never loses what is done
             print(f"{label} done", flush=True)
-    text = "\n".join(lines) + "\n"
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "decode.md").write_text(text)
-    print(text)
+    print(write(out, lines))
     return 0
+
+
+def table(rows: list[dict[str, Any]], impls: list[str]) -> list[str]:
+    """The decode table and the targets' verdicts."""
+    def f(v: float | None, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    lines = ["| attention | batch | eager ms/step | CUDA graph ms/step | graph speed-up | floor ms | MBU eager "
+             "| MBU graph | tok/s eager | tok/s graph | capture s | greedy agreement | max logit diff (std) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        speed = r["eager_ms"] / r["graph_ms"] if r["graph_ms"] else None
+        lines.append(
+            f"| {r['impl']} | {r['b']} | {r['eager_ms']:.3f} | {f(r['graph_ms'], '.3f')} | {f(speed, '.1f')}x "
+            f"| {r['floor_ms']:.3f} | {r['mbu_eager']:.0%} | {f(r['mbu_graph'], '.0%')} | {r['tok_eager']:,.0f} "
+            f"| {f(r['tok_graph'], ',.0f')} | {r['capture_s']:.3f} | {f(r['agree'], '.0%')} "
+            f"| {f(r['logit_diff'], '.2g')} |")
+    verdicts = []
+    for impl in impls:
+        by_b = {r["b"]: r for r in rows if r["impl"] == impl}
+        if 1 in by_b and by_b[1]["graph_ms"]:
+            s = by_b[1]["eager_ms"] / by_b[1]["graph_ms"]
+            verdicts.append(f"- attention={impl}: graphs vs eager at batch 1: {s:.1f}x (target >= "
+                            f"{TARGET_GRAPH_SPEEDUP_B1:.0f}x): {'met' if s >= TARGET_GRAPH_SPEEDUP_B1 else 'NOT met'}")
+        if 256 in by_b and by_b[256]["mbu_graph"]:
+            m = by_b[256]["mbu_graph"]
+            verdicts.append(f"- attention={impl}: MBU at batch 256 with graphs: {m:.0%} (target >= "
+                            f"{TARGET_MBU_B256:.0%}): {'met' if m >= TARGET_MBU_B256 else 'NOT met'}")
+    return lines + (["", *verdicts] if verdicts else [])
+
+
+def write(out: Path, lines: list[str]) -> str:
+    """decode.md in `out`, replaced whole (a reader never sees half a file)."""
+    text = "\n".join(lines) + "\n"
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "decode.md.tmp"
+    tmp.write_text(text)
+    tmp.replace(out / "decode.md")
+    return text
 
 
 if __name__ == "__main__":

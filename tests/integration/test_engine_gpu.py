@@ -78,32 +78,6 @@ def test_matmul_attention_keeps_greedy_output() -> None:
     assert agreement(out, reference()) >= 0.95
 
 
-def test_flash_kernel_keeps_the_varlen_contract() -> None:
-    """torch's flash kernel, called on the pool as the engine calls it, against the contract's reference."""
-    from tests.support.gpu_doubles import ReferenceVarlen
-    from tuner.engine.model import FlashSeqs, flash_decode_attention
-    from tuner.engine.varlen import VarlenAttention
-
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    slots, hkv, g, positions, hd, attn_len = 6, 8, 4, 300, 64, 256
-    k, v = (torch.randn(slots, hkv, positions, hd, device="cuda", generator=gen).bfloat16() for _ in range(2))
-    pos = torch.tensor([0, 5, 100, 255, positions - 1], device="cuda")  # the last: a padded row (scratch)
-    q = torch.randn(pos.shape[0], hkv, g, hd, device="cuda", generator=gen).bfloat16()
-    seqs = FlashSeqs.of(pos, hkv, positions, attn_len)
-    assert VarlenAttention().unavailable("cuda", "bfloat16") is None
-    out = flash_decode_attention(VarlenAttention(), q, k, v, seqs)
-    ref = flash_decode_attention(ReferenceVarlen(), q, k, v, seqs)
-    torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
-
-
-def test_flash_attention_serves_under_graphs_like_sdpa() -> None:
-    knobs = {"max_batch_size": 8, "dtype": "bfloat16", "pre_allocate": True, "cuda_graphs": True, "warmup": True}
-    sdpa = generate(**knobs)
-    flash = generate(**knobs, attention="flash")
-    assert [len(o) for o in flash] == MAX_TOKENS
-    assert agreement(flash, sdpa) >= 0.9
-
-
 def test_bf16_and_int8_mostly_agree_with_float32() -> None:
     for knobs in ({"dtype": "bfloat16"}, {"dtype": "bfloat16", "quantization": "int8"},
                   {"dtype": "bfloat16", "pre_allocate": True, "cuda_graphs": True}):
@@ -119,7 +93,7 @@ def test_server_on_gpu_with_every_knob(tmp_path: Path | None = None) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "tuner.engine.server", "--port", str(port), "--device", "cuda",
                              "--preset", "tiny", "--batching", "continuous", "--pre-allocate", "--cuda-graphs",
                              "--async-output", "--stream-priority", "high", "--warmup", "--dtype", "bfloat16",
-                             "--max-batch-size", "16", "--attention", "flash"], cwd=ROOT)
+                             "--max-batch-size", "16"], cwd=ROOT)
     base = f"http://127.0.0.1:{port}"
     try:
         end = time.monotonic() + 300
@@ -143,6 +117,34 @@ def test_server_on_gpu_with_every_knob(tmp_path: Path | None = None) -> None:
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+# ---- last: a fault in the flash kernel must not take the checks above with it (one process)
+def test_flash_kernel_keeps_the_varlen_contract() -> None:
+    """torch's flash kernel, called on the pool as the engine calls it, against the contract's reference."""
+    from tests.support.gpu_doubles import ReferenceVarlen
+    from tuner.engine.model import FlashSeqs, flash_decode_attention
+    from tuner.engine.varlen import VarlenAttention
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    assert VarlenAttention().unavailable("cuda", "bfloat16") is None
+    slots, hkv, positions, hd, attn_len = 6, 8, 300, 64, 256
+    k, v = (torch.randn(slots, hkv, positions, hd, device="cuda", generator=gen).bfloat16() for _ in range(2))
+    pos = torch.tensor([0, 5, 100, 255, positions - 1], device="cuda")  # the last: a padded row (scratch)
+    seqs = FlashSeqs.of(pos, hkv, positions, attn_len)
+    for g in (4, 1):  # grouped-query heads (the kernel's swapped-groups path) and plain multi-head
+        q = torch.randn(pos.shape[0], hkv, g, hd, device="cuda", generator=gen).bfloat16()
+        out = flash_decode_attention(VarlenAttention(), q, k, v, seqs)
+        ref = flash_decode_attention(ReferenceVarlen(), q, k, v, seqs)
+        torch.testing.assert_close(out[:4].float(), ref[:4].float(), rtol=2e-2, atol=2e-2, msg=f"group {g}")
+
+
+def test_flash_attention_serves_under_graphs_like_sdpa() -> None:
+    knobs = {"max_batch_size": 8, "dtype": "bfloat16", "pre_allocate": True, "cuda_graphs": True, "warmup": True}
+    sdpa = generate(**knobs)
+    flash = generate(**knobs, attention="flash")
+    assert [len(o) for o in flash] == MAX_TOKENS
+    assert agreement(flash, sdpa) >= 0.9
 
 
 if __name__ == "__main__":

@@ -119,27 +119,29 @@ def test_unknown_attention_is_rejected() -> None:
 
 def test_flash_attention_reads_each_rows_own_keys_in_the_pool() -> None:
     """The varlen form over the pool as it lies (one sequence per slot and KV head) equals the masked SDPA
-    step, for rows of different lengths and a padded row at the scratch column past the attention length."""
+    step, for rows of different lengths; a padded row at the scratch column reads a single key."""
     gen = torch.Generator().manual_seed(0)
     slots, hkv, g, positions, hd, attn_len = 5, 2, 4, 50, 16, 45
     k_layer = torch.randn(slots, hkv, positions, hd, generator=gen)
     v_layer = torch.randn(slots, hkv, positions, hd, generator=gen)
-    pos = torch.tensor([3, 20, 44, positions - 1])  # row 3: a padded row (scratch column)
+    pos = torch.tensor([3, 20, 44, positions - 1])  # row 3: a padded row (scratch column): reads one key
     b = pos.shape[0]
     q = torch.randn(b, hkv, g, hd, generator=gen)
     kernel = ReferenceVarlen()
     seqs = FlashSeqs.of(pos, hkv, positions, attn_len)
-    assert seqs.used.tolist() == [4, 4, 21, 21, 45, 45, 45, 45] and seqs.max_k == attn_len
+    assert seqs.used.tolist() == [4, 4, 21, 21, 45, 45, 1, 1] and seqs.max_k == attn_len
     out = flash_decode_attention(kernel, q, k_layer, v_layer, seqs)
     ref = decode_attention(q, k_layer[:b, :, :attn_len], v_layer[:b, :, :attn_len],
                            decode_mask(pos, attn_len, torch.float32), "sdpa")
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out[:3], ref[:3], rtol=1e-5, atol=1e-5)  # the padded row's output is discarded
     assert kernel.calls == 1
     # a row reads nothing past its own position, nor another slot's keys
     k2 = k_layer.clone()
     k2[0, :, 4:] = 100.0
     k2[4:] = 100.0
     torch.testing.assert_close(flash_decode_attention(kernel, q, k2, v_layer, seqs)[:3], out[:3])
+    with pytest.raises(ValueError, match="overflow the flash kernel's int32 key offsets"):
+        FlashSeqs.of(torch.zeros(2**16, dtype=torch.long), 8, 2**12 + 1, 256)
 
 
 def test_flash_attention_is_refused_where_the_kernel_cannot_run() -> None:

@@ -283,12 +283,17 @@ class FlashSeqs(NamedTuple):
     def of(positions: torch.Tensor, kv_heads: int, slot_positions: int, attn_len: int) -> FlashSeqs:
         """For rows at `positions` [b] attending over at most `attn_len` keys of slots of `slot_positions`.
 
-        No host synchronisation (graph-capturable). A padded row's position is the scratch column, past
-        attn_len: its length is clamped to attn_len (its output is discarded anyway)."""
+        No host synchronisation (graph-capturable). A padded row's position is the scratch column (the
+        slot's last): it reads one key, since its output is discarded. No length exceeds attn_len: the
+        kernel would not read keys past max_k."""
         b = positions.shape[0]
         n = b * kv_heads
+        if n * slot_positions >= 2**31:
+            raise ValueError(f"{b} rows x {kv_heads} KV heads x {slot_positions} positions overflow the flash "
+                             "kernel's int32 key offsets")
         cu_q = torch.arange(n + 1, dtype=torch.int32, device=positions.device)
-        used = (positions + 1).clamp(max=attn_len).to(torch.int32)[:, None].expand(b, kv_heads).reshape(n)
+        lengths = torch.where(positions >= slot_positions - 1, 1, (positions + 1).clamp(max=attn_len))
+        used = lengths.to(torch.int32)[:, None].expand(b, kv_heads).reshape(n)
         return FlashSeqs(cu_q, cu_q * slot_positions, used, attn_len)
 
 
