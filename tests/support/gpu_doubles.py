@@ -69,7 +69,7 @@ class ReferenceVarlen(VarlenAttention):
     def __init__(self) -> None:
         self.calls = 0
 
-    def unavailable(self, device: str, dtype: str) -> str | None:
+    def unavailable(self, device: str, dtype: str, head_dim: int | None = None) -> str | None:
         return None
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,

@@ -153,6 +153,7 @@ def test_flash_attention_is_refused_where_the_kernel_cannot_run() -> None:
     with pytest.raises(EngineConfigError, match="runs in bfloat16 or float16 only"):
         f32.validate("cpu")
     assert VarlenAttention().unavailable("cuda", "float32") == "the flash kernel runs in bfloat16 or float16 only"
+    assert "multiple of 8 and at most 256 (not 12)" in str(VarlenAttention().unavailable("cuda", "bfloat16", 12))
     # a kernel that runs here (the CPU reference) is accepted in any dtype
     f32.validate("cpu", varlen=ReferenceVarlen())
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from tuner.engine.config import EngineConfig, ModelConfig
+from tuner.engine.config import EngineConfig, EngineConfigError, ModelConfig
 from tuner.engine.kv_pool import KVPool
 from tuner.engine.model import DTYPES, build_model, hf_model_config
 from tuner.engine.runner import GraphBackend, HostCopy, Runner
@@ -109,6 +109,11 @@ class Engine:
         self.iterations = 0
         self._pending: tuple[list[tuple[Request, bool]], torch.Tensor, Any] | None = None
         self.mc: ModelConfig = self._model_config()
+        if cfg.attention == "flash":  # the model's shapes are known only now (a checkpoint's come from its config)
+            why = self.varlen.unavailable(self.device, cfg.dtype, self.mc.head_dim)
+            if why:
+                raise EngineConfigError(f"attention='flash' cannot run this model: {why}; use attention=sdpa or "
+                                        "matmul", "attention")
 
     def _model_config(self) -> ModelConfig:
         if self.cfg.weights:

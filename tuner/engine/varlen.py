@@ -30,10 +30,13 @@ class VarlenAttention:
 
     Production: torch's FlashAttention-2 kernel (aten::_flash_attention_forward, varlen form)."""
 
-    def unavailable(self, device: str, dtype: str) -> str | None:
-        """Why the kernel cannot run on `device` in `dtype` (a name: "bfloat16"), or None when it can."""
+    def unavailable(self, device: str, dtype: str, head_dim: int | None = None) -> str | None:
+        """Why the kernel cannot run on `device` in `dtype` (a name: "bfloat16") for heads of `head_dim`
+        (when known), or None when it can."""
         if dtype not in FLASH_DTYPES:
             return f"the flash kernel runs in {' or '.join(FLASH_DTYPES)} only"
+        if head_dim is not None and (head_dim % 8 or head_dim > 256):
+            return f"the flash kernel needs a head dimension that is a multiple of 8 and at most 256 (not {head_dim})"
         if not device.startswith("cuda"):
             return "torch's flash kernel needs a CUDA GPU"
         schema = str(torch.ops.aten._flash_attention_forward.default._schema)
