@@ -1,4 +1,5 @@
-"""SQLite settings for the tuner's stores: WAL journal and synchronous=NORMAL.
+"""SQLite settings for the tuner's stores: WAL journal and synchronous=NORMAL, and a lock around a store's
+first opening.
 
 Each Optuna suggest/tell and each MLflow write is its own transaction; with the default rollback journal
 every commit pays an fsync (about 10 ms here). In WAL mode with synchronous=NORMAL a commit survives a
@@ -7,7 +8,11 @@ crash or SIGKILL of the process (only a power loss can drop the last transaction
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -32,3 +37,37 @@ def tune_engine(engine: Any) -> None:
     if not event.contains(engine, "connect", _on_connect):
         event.listen(engine, "connect", _on_connect)
         engine.dispose()  # pooled connections were opened without the settings
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The database file of a SQLite URL (None for another database or an in-memory one)."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy can read: no file to lock
+        return None
+    if not parsed.drivername.startswith("sqlite") or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database)
+
+
+@contextlib.contextmanager
+def init_lock(url: str) -> Iterator[None]:
+    """Hold an exclusive lock (fcntl.flock on `<db>.init.lock`) while a process opens a SQLite store.
+
+    Opening a store creates its tables when the file is new, and two processes doing that at once race:
+    the loser fails with "table ... already exists" (a `tuner status` or a promote next to a starting
+    `tuner run` or daemon, say). Opening one at a time, the second finds the tables made. A no-op for
+    other databases."""
+    path = sqlite_path(url)
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".init.lock"), "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)

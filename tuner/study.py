@@ -12,6 +12,7 @@ import math
 import os
 import socket
 import threading
+import time
 import warnings
 from collections import Counter
 from collections.abc import Mapping
@@ -94,13 +95,24 @@ def make_sampler(spec: AgentSpec, space: SearchSpace) -> optuna.samplers.BaseSam
 
 
 def _storage(url: str) -> optuna.storages.BaseStorage:
+    """The study's storage. Opening it creates its tables when the database is new: on SQLite one process
+    at a time (tuner.sqlite.init_lock); elsewhere a process that loses the race to create them retries."""
     if url.startswith("sqlite:"):
-        from tuner.sqlite import tune_engine
+        from tuner.sqlite import init_lock, tune_engine
 
-        storage = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 30}})
+        with init_lock(url):
+            storage = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 30}})
         tune_engine(storage.engine)
         return storage
-    return optuna.storages.RDBStorage(url)
+    for attempt in range(3):
+        try:
+            return optuna.storages.RDBStorage(url)
+        except Exception as exc:  # noqa: BLE001 - re-raised unless another process was creating the tables
+            text = str(exc).lower()
+            if attempt == 2 or ("already exists" not in text and "duplicate key" not in text):
+                raise
+            time.sleep(0.5)
+    raise AssertionError("unreachable")
 
 
 class TunerStudy:

@@ -131,11 +131,16 @@ class Tracker:
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
             from mlflow.tracking import MlflowClient
 
-            self._client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
-            if self.uri.startswith("sqlite:"):
-                from tuner.sqlite import tune_engine
+            from tuner.sqlite import init_lock, tune_engine
 
-                tune_engine(getattr(self._client._tracking_client.store, "engine", None))
+            with init_lock(self.uri):  # a store migrates a new file's tables when first used (no-op off SQLite)
+                client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
+                store = client._tracking_client.store
+                if self.uri.startswith("sqlite:"):
+                    client._get_registry_client().store  # noqa: B018 - the registry's store migrates too
+            if self.uri.startswith("sqlite:"):
+                tune_engine(getattr(store, "engine", None))
+            self._client = client
         return self._client
 
     @property

@@ -115,20 +115,24 @@ def test_sigkill_mid_cycle_loses_nothing(tmp_path: Path) -> None:
     agent = write_agent(tmp_path, n=400)
     sd = tmp_path / "state"
     env = {**os.environ, "TUNER_STATE_DIR": str(sd)}
-    proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "run", str(agent), "--trials", "200"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    log = tmp_path / "run.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "run", str(agent), "--trials", "200"],
+                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 90
     done = 0
-    while time.monotonic() < deadline:
+    last_error = ""
+    while time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.5)
         if (sd / "optuna.db").exists():
             try:
                 done = _count_states(sd).get("COMPLETE", 0)
-            except Exception:  # noqa: BLE001 - the study may not exist yet
-                done = 0
+            except Exception as exc:  # noqa: BLE001 - the study may not exist yet
+                done, last_error = 0, f"{type(exc).__name__}: {exc}"
             if done >= 4:
                 break
-    assert done >= 4, "the run never got going"
+    assert done >= 4, (f"the run never got going (exit status {proc.poll()}, last read error: {last_error or '-'}):\n"
+                       + log.read_text(errors="replace")[-3000:])
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=10)
     before = _count_states(sd)

@@ -1,0 +1,41 @@
+"""Processes that open the same new SQLite store at once (a `tuner status` or a promote next to a starting
+`tuner run` or daemon): each open creates the tables of a new file, and without tuner.sqlite.init_lock the
+losers of that race failed with "table ... already exists" (7 of 10 rounds of 4 processes did)."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+PROCESSES = 4
+
+
+def _open_study(url: str, barrier: Any) -> None:
+    from tuner.study import _storage
+
+    barrier.wait()
+    _storage(url)
+
+
+def _open_tracking(url: str, barrier: Any) -> None:
+    from tuner.tracking import Tracker
+
+    barrier.wait()
+    Tracker(url, "race").client  # noqa: B018 - the property opens the store
+
+
+@pytest.mark.parametrize(("opener", "rounds"), [(_open_study, 6), (_open_tracking, 3)], ids=["optuna", "mlflow"])
+def test_processes_opening_a_new_store_at_once_all_succeed(tmp_path: Path, opener: Any, rounds: int) -> None:
+    ctx = multiprocessing.get_context("fork")
+    for r in range(rounds):
+        url = f"sqlite:///{tmp_path / f'round-{r}.db'}"
+        barrier = ctx.Barrier(PROCESSES)
+        procs = [ctx.Process(target=opener, args=(url, barrier)) for _ in range(PROCESSES)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(120)
+        assert [p.exitcode for p in procs] == [0] * PROCESSES, f"round {r}"
