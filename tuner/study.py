@@ -94,7 +94,7 @@ def make_sampler(spec: AgentSpec, space: SearchSpace) -> optuna.samplers.BaseSam
     return optuna.samplers.GridSampler(grid, seed=s.seed)
 
 
-def _storage(url: str) -> optuna.storages.BaseStorage:
+def open_storage(url: str) -> optuna.storages.BaseStorage:
     """The study's storage. Opening it creates its tables when the database is new: on SQLite one process
     at a time (tuner.sqlite.init_lock); elsewhere a process that loses the race to create them retries."""
     if url.startswith("sqlite:"):
@@ -128,7 +128,7 @@ class TunerStudy:
         directions = [o.direction for o in spec.objectives]
         try:
             self.study = optuna.create_study(
-                storage=_storage(storage_url), sampler=make_sampler(spec, space), study_name=self.name,
+                storage=open_storage(storage_url), sampler=make_sampler(spec, space), study_name=self.name,
                 directions=directions, load_if_exists=True,
             )
         except Exception as exc:  # noqa: BLE001 - bad URL, missing driver, unreachable database

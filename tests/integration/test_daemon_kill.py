@@ -19,7 +19,7 @@ import optuna
 import pytest
 
 from tests.support.logged_proc import finish, output, start_logged
-from tuner.study import default_storage
+from tuner.study import default_storage, open_storage
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE = REPO / "tests" / "support" / "fake_openai_server.py"
@@ -80,7 +80,8 @@ def trials(sd: Path) -> list[optuna.trial.FrozenTrial]:
     if not (sd / "optuna.db").is_file():
         return []
     try:
-        return optuna.load_study(study_name="dkill", storage=default_storage(sd)).trials
+        # through the tuner's own opening, so that this read never races the daemon creating the tables
+        return optuna.load_study(study_name="dkill", storage=open_storage(default_storage(sd))).trials
     except KeyError:
         return []
 

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from tuner.cli import app
 from tuner.loop import open_session, run_cycle
 from tuner.spec import load_agent
-from tuner.study import default_storage
+from tuner.study import default_storage, open_storage
 
 AGENT = """\
 name: loop-test
@@ -103,7 +103,8 @@ def test_constraint_violation_is_never_deployed(tmp_path: Path) -> None:
 
 
 def _count_states(sd: Path, name: str = "loop-test") -> dict[str, int]:
-    study = optuna.load_study(study_name=name, storage=default_storage(sd))
+    # through the tuner's own opening, so that this read never races the run creating the tables
+    study = optuna.load_study(study_name=name, storage=open_storage(default_storage(sd)))
     out: dict[str, int] = {}
     for t in study.get_trials(deepcopy=False):
         out[t.state.name] = out.get(t.state.name, 0) + 1

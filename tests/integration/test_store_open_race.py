@@ -14,10 +14,10 @@ PROCESSES = 4
 
 
 def _open_study(url: str, barrier: Any) -> None:
-    from tuner.study import _storage
+    from tuner.study import open_storage
 
     barrier.wait()
-    _storage(url)
+    open_storage(url)
 
 
 def _open_tracking(url: str, barrier: Any) -> None:
