@@ -64,8 +64,14 @@ def init_lock(url: str) -> Iterator[None]:
     if path is None:
         yield
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".init.lock"), "a") as f:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path.with_name(path.name + ".init.lock"), "a")  # noqa: SIM115 - closed below
+    except OSError as exc:  # a read-only state dir (a reader such as `tuner status`): open without the lock
+        log.debug("no init lock for %s: %s", path, exc)
+        yield
+        return
+    with f:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         try:
             yield

@@ -39,3 +39,19 @@ def test_processes_opening_a_new_store_at_once_all_succeed(tmp_path: Path, opene
         for p in procs:
             p.join(120)
         assert [p.exitcode for p in procs] == [0] * PROCESSES, f"round {r}"
+
+
+def test_a_store_whose_lock_file_cannot_be_made_still_opens(tmp_path: Path) -> None:
+    """A reader without write access to the state dir (say, `tuner status` as another user) cannot make the
+    lock file: it opens the store without the lock. Stood in for, even as root, by a folder in its place."""
+    from tuner.sqlite import init_lock
+    from tuner.study import open_storage
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    open_storage(url)  # made by its owner
+    lock = tmp_path / "optuna.db.init.lock"
+    lock.unlink()
+    lock.mkdir()
+    with init_lock(url):
+        pass
+    assert open_storage(url).get_all_studies() == []
