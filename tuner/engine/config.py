@@ -175,7 +175,8 @@ class EngineConfig:
             from tuner.engine.varlen import VarlenAttention as Kernel
 
             varlen = Kernel()
-        why = varlen.unavailable(device, self.dtype)
+        # a checkpoint's head dimension is known only once its config is read (the engine checks it then)
+        why = varlen.unavailable(device, self.dtype, None if self.weights else self.model_config().head_dim)
         if why:
             raise EngineConfigError(f"attention='flash' cannot apply on device {device!r} in {self.dtype}: {why}; "
                                     "use attention=sdpa or matmul", "attention")

@@ -109,7 +109,7 @@ class Engine:
         self.iterations = 0
         self._pending: tuple[list[tuple[Request, bool]], torch.Tensor, Any] | None = None
         self.mc: ModelConfig = self._model_config()
-        if cfg.attention == "flash":  # the model's shapes are known only now (a checkpoint's come from its config)
+        if cfg.attention == "flash" and cfg.weights:  # a checkpoint's head dimension is known only now
             why = self.varlen.unavailable(self.device, cfg.dtype, self.mc.head_dim)
             if why:
                 raise EngineConfigError(f"attention='flash' cannot run this model: {why}; use attention=sdpa or "
