@@ -135,11 +135,9 @@ class Tracker:
 
             with init_lock(self.uri):  # a store migrates a new file's tables when first used (no-op off SQLite)
                 client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
-                store = client._tracking_client.store
                 if self.uri.startswith("sqlite:"):
+                    tune_engine(getattr(client._tracking_client.store, "engine", None))
                     client._get_registry_client().store  # noqa: B018 - the registry's store migrates too
-            if self.uri.startswith("sqlite:"):
-                tune_engine(getattr(store, "engine", None))
             self._client = client
         return self._client
 

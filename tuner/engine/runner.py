@@ -110,7 +110,9 @@ class Runner:
         if self.is_cuda:
             prio = -1 if cfg.stream_priority == "high" else 0
             self.stream = torch.cuda.Stream(device=device, priority=prio)
-        self.attn_sizes = attn_buckets(self.L)
+        # flash reads only each row's own keys whatever the attention length: one graph per batch size serves
+        # every length, so warm-up captures no bucket it would not need
+        self.attn_sizes = [self.L + 1] if cfg.attention == "flash" else attn_buckets(self.L)
         # (batch, attn_len) -> (replay, the logits it writes)
         self.graphs: dict[tuple[int, int], tuple[Callable[[], None], torch.Tensor]] = {}
         self.graph_pool: Any = None
