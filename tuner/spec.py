@@ -146,9 +146,18 @@ class Budget(_Strict):
 
 
 class SamplerSpec(_Strict):
-    name: Literal["tpe", "nsga2", "gp", "random", "grid"] = "tpe"
+    name: str = Field(default="tpe", description="a name of tuner.search.samplers.SAMPLERS")
     seed: int | None = 0
     n_startup_trials: int | None = Field(default=None, ge=0)
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        from tuner.search.samplers import SAMPLER_NAMES
+
+        if v not in SAMPLER_NAMES:
+            raise ValueError(f"unknown sampler {v!r}; valid: {', '.join(SAMPLER_NAMES)}")
+        return v
 
 
 class TrackingSpec(_Strict):

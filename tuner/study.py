@@ -24,6 +24,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 
 from tuner.errors import ConfigError
 from tuner.objectives import Evaluation
+from tuner.search.samplers import make_sampler
 from tuner.space import SearchSpace
 from tuner.spec import AgentSpec
 
@@ -73,27 +74,6 @@ def default_storage(state_dir: Path) -> str:
     return f"sqlite:///{(state_dir / 'optuna.db').resolve()}"
 
 
-def make_sampler(spec: AgentSpec, space: SearchSpace) -> optuna.samplers.BaseSampler:
-    s = spec.sampler
-    n_startup = s.n_startup_trials
-    if s.name == "tpe":
-        kw: dict[str, Any] = {"seed": s.seed}
-        if n_startup is not None:
-            kw["n_startup_trials"] = n_startup
-        return optuna.samplers.TPESampler(**kw)
-    if s.name == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=s.seed)
-    if s.name == "gp":
-        kw = {"seed": s.seed}
-        if n_startup is not None:
-            kw["n_startup_trials"] = n_startup
-        return optuna.samplers.GPSampler(**kw)
-    if s.name == "random":
-        return optuna.samplers.RandomSampler(seed=s.seed)
-    grid = {p.name: p.grid() for p in space.params}
-    return optuna.samplers.GridSampler(grid, seed=s.seed)
-
-
 def open_storage(url: str) -> optuna.storages.BaseStorage:
     """The study's storage. Opening it creates its tables when the database is new: on SQLite one process
     at a time (tuner.sqlite.init_lock); elsewhere a process that loses the race to create them retries."""
@@ -128,7 +108,7 @@ class TunerStudy:
         directions = [o.direction for o in spec.objectives]
         try:
             self.study = optuna.create_study(
-                storage=open_storage(storage_url), sampler=make_sampler(spec, space), study_name=self.name,
+                storage=open_storage(storage_url), sampler=make_sampler(spec.sampler, space), study_name=self.name,
                 directions=directions, load_if_exists=True,
             )
         except Exception as exc:  # noqa: BLE001 - bad URL, missing driver, unreachable database
@@ -144,8 +124,8 @@ class TunerStudy:
         # sampler would propose the same start-up configurations again in every cycle.
         n_done = len(self.study.get_trials(deepcopy=False))
         if n_done and spec.sampler.seed is not None:
-            self.study.sampler = make_sampler(spec.model_copy(update={"sampler": spec.sampler.model_copy(
-                update={"seed": spec.sampler.seed + n_done})}), space)
+            self.study.sampler = make_sampler(
+                spec.sampler.model_copy(update={"seed": spec.sampler.seed + n_done}), space)
         if list(self.study.directions) != [optuna.study.StudyDirection[d.upper()] for d in directions]:
             raise ConfigError(
                 f"study {self.name!r} in {storage_url} has other objective directions; "

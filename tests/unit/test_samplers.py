@@ -1,0 +1,41 @@
+"""The sampler registry: every registered name builds its Optuna sampler; unknown names are refused by name."""
+
+import optuna
+import pytest
+
+from tuner.errors import ConfigError
+from tuner.search.samplers import SAMPLER_NAMES, SAMPLERS, make_sampler
+from tuner.space import parse_space
+from tuner.spec import SamplerSpec
+
+SPACE = parse_space({"params": {
+    "max_num_seqs": {"type": "int", "low": 8, "high": 512, "log": True, "default": 256},
+    "kv_cache_dtype": {"type": "categorical", "choices": ["auto", "fp8"], "default": "auto"},
+}}, file="space.yaml")
+
+EXPECTED = {"tpe": optuna.samplers.TPESampler, "nsga2": optuna.samplers.NSGAIISampler,
+            "gp": optuna.samplers.GPSampler, "random": optuna.samplers.RandomSampler,
+            "grid": optuna.samplers.GridSampler}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_each_name_builds_its_sampler(name: str) -> None:
+    assert isinstance(make_sampler(SamplerSpec(name=name, seed=3), SPACE), EXPECTED[name])
+
+
+def test_registry_is_the_source_of_the_valid_names() -> None:
+    assert set(SAMPLER_NAMES) == set(SAMPLERS) >= set(EXPECTED)
+    with pytest.raises(ValueError, match="unknown sampler 'annealing'; valid: tpe"):
+        SamplerSpec(name="annealing")
+
+
+def test_an_unregistered_name_is_a_config_error() -> None:
+    spec = SamplerSpec.model_construct(name="annealing", seed=0, n_startup_trials=None)  # bypasses validation
+    with pytest.raises(ConfigError, match="unknown sampler 'annealing'") as info:
+        make_sampler(spec, SPACE)
+    assert info.value.field == "sampler.name"
+
+
+def test_startup_trials_reach_the_sampler() -> None:
+    tpe = make_sampler(SamplerSpec(name="tpe", n_startup_trials=3), SPACE)
+    assert isinstance(tpe, optuna.samplers.TPESampler) and tpe._n_startup_trials == 3
