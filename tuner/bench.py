@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any
 
+import numpy as np
 import typer
 from pydantic import ValidationError
 from rich.console import Console
@@ -20,7 +21,7 @@ from rich.table import Table
 
 from tuner.errors import ConfigError, TunerError
 from tuner.measure.measurement import Measurement
-from tuner.measure.metrics import GOODPUT_KEYS, LATENCY_METRICS, PERCENTILES
+from tuner.measure.metrics import GOODPUT_KEYS, LATENCY_METRICS, PERCENTILES, first_errors
 from tuner.spec import Arrival, LengthDist, WorkloadSpec
 
 
@@ -40,6 +41,17 @@ def parse_goodput(items: list[str]) -> dict[str, float]:
                 raise ConfigError(f"--goodput {part!r}: the limit must be > 0 ms")
             out[key] = ms
     return out
+
+
+def parse_extra_body(text: str) -> dict[str, Any]:
+    """--extra-body: a JSON object."""
+    try:
+        body = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"--extra-body: not JSON ({exc})") from None
+    if not isinstance(body, dict):
+        raise ConfigError(f"--extra-body: must be a JSON object, got {type(body).__name__}")
+    return body
 
 
 def first_model(url: str, timeout_s: float = 10.0) -> str:
@@ -68,7 +80,9 @@ def load_workload(path: Path) -> WorkloadSpec:
 def build_workload(base: WorkloadSpec | None, *, endpoint: str | None, concurrency: int | None,
                    rate: float | None, arrival: str, burstiness: float, requests: int | None,
                    duration_s: float | None, prompt_tokens: int | None, output_tokens: int | None,
-                   warmup_requests: int | None, timeout_s: float | None, seed: int | None) -> WorkloadSpec:
+                   warmup_requests: int | None, timeout_s: float | None, seed: int | None,
+                   stream: bool | None = None, ignore_eos: bool | None = None,
+                   extra_body: dict[str, Any] | None = None, prompt_format: str | None = None) -> WorkloadSpec:
     """The workload from the file (if any) with the command-line options on top."""
     if requests is not None and duration_s is not None:
         raise ConfigError("give --requests or --duration-s, not both")
@@ -89,7 +103,8 @@ def build_workload(base: WorkloadSpec | None, *, endpoint: str | None, concurren
     if output_tokens is not None:
         upd["output_tokens"] = LengthDist(dist="fixed", value=output_tokens)
     for key, val in (("endpoint", endpoint), ("warmup_requests", warmup_requests), ("timeout_s", timeout_s),
-                     ("seed", seed)):
+                     ("seed", seed), ("stream", stream), ("ignore_eos", ignore_eos), ("extra_body", extra_body),
+                     ("prompt_format", prompt_format)):
         if val is not None:
             upd[key] = val
     data = (base.model_dump() if base is not None else {"num_requests": 100})
@@ -102,46 +117,107 @@ def build_workload(base: WorkloadSpec | None, *, endpoint: str | None, concurren
         raise ConfigError(f"{'.'.join(str(x) for x in e['loc']) or 'workload'}: {e['msg']}") from None
 
 
+# What the tuner calls each latency, for whoever compares it with another tool's figure.
+DEFINITIONS = {
+    "ttft": "time from sending the request to the first streamed token (not measured without streaming)",
+    "tpot": "per request: (latency - ttft) / (output_tokens - 1), vLLM's TPOT (guidellm calls this ITL)",
+    "itl": "token-gap ITL: gaps between consecutive tokens over all requests; a chunk of k tokens has its "
+           "gap split into k equal gaps (see multi_token_chunks)",
+    "e2el": "time from sending the request to the end of the answer",
+}
+_VLLM_INTS = ("completed", "failed", "total_input_tokens", "total_output_tokens", "max_concurrent_requests")
+
+
+def _finite(v: Any) -> Any:
+    """JSON has no NaN: a figure not measured is null."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
 def vllm_result(m: Measurement, *, url: str, model: str, workload: WorkloadSpec, tokenizer: str | None,
                 goodput: dict[str, float]) -> dict[str, Any]:
-    """A `vllm bench serve --save-result --save-detailed`-compatible dict (plus the tuner's extra keys)."""
+    """A `vllm bench serve --save-result --save-detailed`-shaped dict, the tuner's own keys under `tuner`.
+
+    Per-request lists are parallel to the measured requests, failed ones included (as vLLM's): a value not
+    measured (a failed request's TTFT, any TTFT without streaming) is null, never 0."""
     a = workload.arrival
     recs = [r for r in m.records if not r.warmup]
-    ok = [r for r in recs if r.ok]
     s = m.summary
+    streamed = workload.stream
     out: dict[str, Any] = {
         "date": datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"),
-        "backend": "openai-chat" if workload.endpoint == "chat" else "openai",
         "endpoint_type": "openai-chat" if workload.endpoint == "chat" else "openai",
-        "label": None, "base_url": url, "model_id": model, "tokenizer_id": tokenizer,
+        "backend": "openai-chat" if workload.endpoint == "chat" else "openai",
+        "label": None, "model_id": model, "tokenizer_id": tokenizer,
         "num_prompts": len(recs),
         "request_rate": a.rate_per_s if a.rate_per_s is not None else "inf",
         "burstiness": a.burstiness,
         "max_concurrency": a.concurrency,
     }
     for key in ("duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
-                "request_throughput", "output_throughput", "total_token_throughput", "max_output_tokens_per_s",
-                "max_concurrent_requests"):
+                "request_throughput"):
         v = s.get(key, math.nan)
-        out[key] = int(v) if key in ("completed", "failed", "total_input_tokens", "total_output_tokens",
-                                     "max_concurrent_requests") else v
-    out["request_goodput"] = s.get("request_goodput") if goodput else None
+        out[key] = int(v) if key in _VLLM_INTS else _finite(v)
+    out["request_goodput"] = _finite(s.get("request_goodput")) if goodput else None
+    out["output_throughput"] = _finite(s.get("output_throughput"))
+    out["total_token_throughput"] = _finite(s.get("total_token_throughput"))
+    out["input_lens"] = [r.prompt_tokens for r in recs]
+    out["output_lens"] = [r.output_tokens if r.ok else 0 for r in recs]
+    out["ttfts"] = [(r.ttft_ms / 1000.0) if (r.ok and r.ttft_ms is not None) else None for r in recs]
+    out["itls"] = [[x / 1000.0 for x in r.itls_ms] if (r.ok and streamed) else [] for r in recs]
+    out["latencies"] = [r.e2el_ms / 1000.0 if r.ok else None for r in recs]
+    out["start_times"] = [r.sent_s for r in recs]
+    out["queue_times"] = [r.sent_s - r.scheduled_s for r in recs]
+    out["generated_texts"] = [r.generated_text or "" for r in recs]
+    out["errors"] = [f"{r.error}: {r.error_detail}" if not r.ok else "" for r in recs]
+    out["max_output_tokens_per_s"] = _finite(s.get("max_output_tokens_per_s"))
+    out["max_concurrent_requests"] = int(s.get("max_concurrent_requests", 0))
+    out["rtfx"] = 0.0
     for metric in LATENCY_METRICS:
         for stat in ("mean", "median", "std"):
-            out[f"{stat}_{metric}_ms"] = s.get(f"{stat}_{metric}_ms")
+            out[f"{stat}_{metric}_ms"] = _finite(s.get(f"{stat}_{metric}_ms"))
         for p in PERCENTILES:
-            out[f"p{p}_{metric}_ms"] = s.get(f"p{p}_{metric}_ms")
-    out["input_lens"] = [r.prompt_tokens for r in ok]
-    out["output_lens"] = [r.output_tokens for r in ok]
-    out["ttfts"] = [((r.ttft_ms or 0.0) / 1000.0) for r in ok]
-    out["itls"] = [[x / 1000.0 for x in r.itls_ms] for r in ok]
-    out["latencies"] = [r.e2el_ms / 1000.0 for r in ok]
-    out["start_times"] = [r.sent_s for r in ok]
-    out["errors"] = [f"{r.error}: {r.error_detail}" for r in recs if not r.ok]
-    out["tuner"] = {k: v for k, v in s.items() if isinstance(v, float) and math.isfinite(v)}
-    out["telemetry"] = m.telemetry
-    out["notes"] = list(m.notes)
+            out[f"p{p}_{metric}_ms"] = _finite(s.get(f"p{p}_{metric}_ms"))
+    if a.concurrency is not None:  # vLLM reports the client-side queue only with --max-concurrency
+        q = [(r.sent_s - r.scheduled_s) * 1000.0 for r in recs if r.ok]
+        _stat_block(out, "client_queue_time", q)
+        if a.rate_per_s is not None:
+            _stat_block(out, "e2el_including_client_queue",
+                        [r.e2el_ms + (r.sent_s - r.scheduled_s) * 1000.0 for r in recs if r.ok])
+    vllm_keys = set(out) | {f"{st}_{mt}_ms" for mt in LATENCY_METRICS for st in ("mean", "median", "std")}
+    errors = first_errors(recs)
+    out["tuner"] = {k: _finite(v) for k, v in s.items() if k not in vllm_keys}
+    out["tuner"].update({
+        "request": {"url": url, "endpoint": workload.endpoint, "stream": streamed, "ignore_eos": workload.ignore_eos,
+                    "prompt_format": workload.prompt_format, "extra_body": dict(workload.extra_body)},
+        "definitions": DEFINITIONS,
+        "not_measured": [] if streamed else ["ttft", "tpot", "itl"],
+        "error_details": {k: {"count": n, "first_detail": d} for k, (n, d) in errors.items()},
+        "scheduled_times": [r.scheduled_s for r in recs],
+        "stream_ends": [r.stream_end for r in recs],
+        "chunks": [r.chunks for r in recs],
+        "multi_token_chunks": [r.multi_token_chunks for r in recs],
+        "telemetry": m.telemetry,
+        "notes": list(m.notes),
+    })
     return out
+
+
+def _stat_block(out: dict[str, Any], name: str, values_ms: list[float]) -> None:
+    arr = np.asarray(values_ms, dtype=float)
+    ok = arr.size > 0
+    out[f"mean_{name}_ms"] = float(arr.mean()) if ok else None
+    out[f"median_{name}_ms"] = float(np.median(arr)) if ok else None
+    out[f"std_{name}_ms"] = float(arr.std()) if ok else None
+    for p in PERCENTILES:
+        out[f"p{p}_{name}_ms"] = float(np.percentile(arr, p)) if ok else None
+
+
+def error_lines(m: Measurement) -> list[str]:
+    """One line per error kind: how many, and the first one's detail (the server's message)."""
+    return [f"errors: {kind} {n} (first: {detail or 'no detail'})"
+            for kind, (n, detail) in sorted(first_errors(m.records).items())]
 
 
 def summary_table(m: Measurement) -> Table:
@@ -157,9 +233,8 @@ def summary_table(m: Measurement) -> Table:
 
     row("Successful requests", "completed", "{:.0f}")
     row("Failed requests", "failed", "{:.0f}")
-    for kind in ("connect", "timeout", "http_4xx", "http_5xx", "overload_503", "stream_broken"):
-        if s.get(f"errors_{kind}", 0) > 0:
-            row(f"  errors: {kind}", f"errors_{kind}", "{:.0f}")
+    for kind, (n, _) in sorted(first_errors(m.records).items()):
+        t.add_row(f"  errors: {kind}", str(n))
     row("Benchmark duration (s)", "duration")
     row("Total input tokens", "total_input_tokens", "{:.0f}")
     row("Total generated tokens", "total_output_tokens", "{:.0f}")
@@ -169,7 +244,12 @@ def summary_table(m: Measurement) -> Table:
     row("Total token throughput (tok/s)", "total_token_throughput")
     row("Peak output tokens/s", "max_output_tokens_per_s", "{:.0f}")
     row("Peak concurrent requests", "max_concurrent_requests", "{:.0f}")
-    for metric, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2EL")):
+    streamed = s.get("streamed", 1.0) >= 1.0
+    for metric, label in (("ttft", "TTFT"), ("tpot", "TPOT (per request)"), ("itl", "ITL (token gaps)"),
+                          ("e2el", "E2EL")):
+        if not streamed and metric != "e2el":
+            t.add_row(f"{label} (ms)", "not measured (stream off)")
+            continue
         row(f"Mean {label} (ms)", f"mean_{metric}_ms")
         row(f"Median {label} (ms)", f"median_{metric}_ms")
         row(f"P99 {label} (ms)", f"p99_{metric}_ms")
@@ -211,6 +291,14 @@ def register(app: typer.Typer) -> None:
                                                           "(ttft, tpot, e2el); repeat or comma-separate")]
         = None,
         seed: Annotated[int | None, typer.Option("--seed")] = None,
+        stream: Annotated[bool | None, typer.Option("--stream/--no-stream", help="Stream the answers (default: "
+                                                    "on; off measures only end-to-end latency)")] = None,
+        ignore_eos: Annotated[bool | None, typer.Option("--ignore-eos/--no-ignore-eos", help="Send ignore_eos "
+                                                        "(default: on; some servers refuse the field)")] = None,
+        extra_body: Annotated[str | None, typer.Option("--extra-body", help="JSON object merged into every "
+                                                       "request body (a null value removes a field)")] = None,
+        prompt_format: Annotated[str | None, typer.Option("--prompt-format", help="text (default) or token_ids "
+                                                          "(completions, with --tokenizer)")] = None,
         json_path: Annotated[Path | None, typer.Option("--json", help="Write the vllm-compatible result here")]
         = None,
     ) -> None:
@@ -222,12 +310,19 @@ def register(app: typer.Typer) -> None:
         try:
             if endpoint is not None and endpoint not in ("completions", "chat"):
                 raise ConfigError(f"--endpoint {endpoint!r}: must be completions or chat")
+            if prompt_format is not None and prompt_format not in ("text", "token_ids"):
+                raise ConfigError(f"--prompt-format {prompt_format!r}: must be text or token_ids")
+            body = parse_extra_body(extra_body) if extra_body is not None else None
             base = load_workload(workload_file) if workload_file is not None else None
             w = build_workload(base, endpoint=endpoint, concurrency=concurrency, rate=rate, arrival=arrival,
                                burstiness=burstiness, requests=requests, duration_s=duration_s,
                                prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-                               warmup_requests=warmup_requests, timeout_s=timeout_s, seed=seed)
+                               warmup_requests=warmup_requests, timeout_s=timeout_s, seed=seed, stream=stream,
+                               ignore_eos=ignore_eos, extra_body=body, prompt_format=prompt_format)
             gp = parse_goodput(goodput or [])
+            if not w.stream and set(gp) & {"ttft", "tpot"}:
+                raise ConfigError(f"--goodput {sorted(set(gp) & {'ttft', 'tpot'})[0]}: not measured without "
+                                  "streaming (use e2el, or --stream)")
             gpu_idx = [int(x) for x in gpus.split(",") if x.strip()] if gpus else []
             name = model or first_model(url)
             unit = "requests" if w.num_requests is not None else "s"
@@ -241,11 +336,13 @@ def register(app: typer.Typer) -> None:
                 m = measure_endpoint(url, model=name, workload=w, goodput_ms=gp, seed=w.seed,
                                      base_dir=workload_file.parent if workload_file else Path.cwd(),
                                      tokenizer=tokenizer, metrics_url=metrics_url, gpu_indices=gpu_idx,
-                                     progress=progress)
+                                     progress=progress, keep_text=json_path is not None)
         except (TunerError, ValueError) as exc:
             err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code if isinstance(exc, TunerError) else 2) from None
         console.print(summary_table(m))
+        for line in error_lines(m):
+            console.print(line, highlight=False, soft_wrap=True)
         for note in m.notes:
             console.print(f"note: {note}", highlight=False)
         if json_path is not None:

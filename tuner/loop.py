@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from tuner.errors import InfeasibleConfig, Interrupted, TrialError
+from tuner.measure.failures import error_rate_slo, request_failure
 from tuner.measure.measurement import Measurement
 from tuner.objectives import Evaluation, evaluate, failed_evaluation, goodput_thresholds_ms
 from tuner.spec import Agent
@@ -273,6 +274,12 @@ def run_trial(session: Session, parent_run_id: str | None, stop: threading.Event
         ev: Evaluation = evaluate(m, spec.objectives, spec.slos)
         metrics = m.metrics()
         attrs["metrics"] = metrics
+        failed = request_failure(m, error_rate_slo(spec.slos))
+        if failed is not None:  # measured, but the server refused or broke the requests: say why
+            cause, error = failed
+            attrs["cause"] = cause
+            attrs["error"] = error[:2000]
+            log.info("trial %d failed (%s): %s", number, cause, error)
     else:
         ev = failed_evaluation(spec)
         metrics = {}

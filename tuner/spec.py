@@ -88,6 +88,10 @@ class WorkloadSpec(_Strict):
     endpoint: Literal["completions", "chat"] = "completions"
     stream: bool = True
     ignore_eos: bool = True
+    extra_body: dict[str, Any] = Field(default_factory=dict, description="fields added to every request body "
+                                       "(a null value removes one the client would send)")
+    prompt_format: Literal["text", "token_ids"] = Field(default="text", description="synthesised prompts as "
+                                                        "text or as token ids (completions only)")
     timeout_s: float = Field(default=120.0, gt=0)
     seed: int = 0
 
@@ -95,6 +99,11 @@ class WorkloadSpec(_Strict):
     def _check(self) -> WorkloadSpec:
         if self.num_requests is None and self.duration_s is None:
             raise ValueError("set num_requests or duration_s")
+        if self.endpoint == "chat" and self.prompt_format == "token_ids":
+            raise ValueError("prompt_format 'token_ids' needs endpoint 'completions' (chat messages are text)")
+        for key in ("model", "prompt", "messages"):
+            if key in self.extra_body:
+                raise ValueError(f"extra_body must not set {key!r} (the workload sets it)")
         return self
 
 
@@ -261,6 +270,12 @@ class AgentSpec(_Strict):
         goodput = [o.metric for o in self.objectives if o.metric in ("request_goodput", "goodput_fraction")]
         latency = [s for s in self.slos if s.max is not None and s.metric.split(".")[0] in
                    ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")]
+        if not self.workload.stream:
+            streamed_only = [m for m in [*(s.metric for s in self.slos), *(o.metric for o in self.objectives)]
+                             if m.split(".")[0] in ("ttft_ms", "tpot_ms", "itl_ms")]
+            if streamed_only:
+                raise ValueError(f"{streamed_only[0]} is measured only on streamed responses, and workload.stream "
+                                 "is false: stream the workload or use e2el_ms")
         if goodput and not latency:
             raise ValueError(f"objective {goodput[0]} counts requests that meet the latency SLOs: add at least "
                              "one slo on ttft_ms, tpot_ms, itl_ms or e2el_ms with a max")

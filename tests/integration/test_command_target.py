@@ -15,7 +15,7 @@ from tuner.errors import ConfigError, InfeasibleConfig, WorkloadError
 from tuner.space import parse_space
 from tuner.spec import WorkloadSpec, load_agent
 from tuner.targets.base import TrialContext
-from tuner.targets.command import CommandOptions, CommandTarget
+from tuner.targets.command import CommandOptions, CommandTarget, FlagSpec
 from tuner.targets.process import pid_alive
 
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
@@ -144,3 +144,54 @@ objectives: [{{metric: output_throughput, direction: maximize}}]
     a = load_agent(agent)
     out = show_command(a)
     assert out.splitlines()[-1] == f"CUDA_VISIBLE_DEVICES=0 {sys.executable} {FAKE} --port 8000 --itl-ms 5.5"
+
+
+def test_optional_and_boolean_flags_and_a_baseline_of_the_servers_own_defaults(tmp_path: Path) -> None:
+    space = parse_space({"params": {
+        "batch": {"type": "int", "low": 1, "high": 64, "default": 16},
+        "cache": {"type": "bool", "default": True},
+        "eager": {"type": "bool", "default": False},
+        "mode": {"type": "categorical", "choices": ["a", "b"], "default": "a"},
+        "chunk": {"type": "int", "low": 8, "high": 64, "default": 32, "when": "not eager"},
+    }}, file="s.yaml")
+    t = target(tmp_path, ["srv", "--port", "{port}"], flags={
+        "batch": "--max-num-seqs",
+        "cache": {"flag": "--enable-prefix-caching", "style": "pair"},
+        "eager": {"flag": "--enforce-eager", "style": "switch"},
+        "mode": {"flag": "--mode", "style": "equals", "omit_default": False},
+        "chunk": "--chunk"})
+    t.check_space(space)  # flags count as passed, and a `when` parameter may map to a flag
+    ctx = TrialContext(trial_number=0, state_dir=tmp_path)
+    argv, _ = t.build_command(space.full_config(space.defaults()), ctx, 9000)
+    assert argv == ["srv", "--port", "9000", "--mode=a"]  # every other knob at its default: left out
+    argv, _ = t.build_command({"batch": 8, "cache": False, "eager": True, "mode": "b"}, ctx, 9000)
+    assert argv == ["srv", "--port", "9000", "--max-num-seqs", "8", "--no-enable-prefix-caching",
+                    "--enforce-eager", "--mode=b"]
+    argv, _ = t.build_command({"batch": None, "cache": True, "eager": False, "mode": "a", "chunk": 8}, ctx, 1)
+    assert argv == ["srv", "--port", "1", "--mode=a", "--chunk", "8"]
+    with pytest.raises(ConfigError, match=r"flags name unknown parameter\(s\) \['nope'\]"):
+        target(tmp_path, ["srv", "{port}"], flags={"nope": "--nope"}).check_space(space)
+    with pytest.raises(ValidationError, match="both in the command template and in flags"):
+        CommandOptions(command=["srv", "{port}", "{batch}"], flags={"batch": "--b"})
+    with pytest.raises(ValidationError, match="flag"):
+        CommandOptions(command=["srv", "{port}"], flags={"batch": "no-dash"})
+    with pytest.raises(InfeasibleConfig, match="true/false"):
+        FlagSpec(flag="--x", style="pair").args(3, None, False)
+
+
+def test_validate_show_command_prints_the_baseline_argv(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from tuner.cli import app
+
+    (tmp_path / "space.yaml").write_text(
+        "params:\n  batch: {type: int, low: 1, high: 64, default: 16}\n  cache: {type: bool, default: true}\n")
+    (tmp_path / "agent.yaml").write_text(
+        "name: flags\ntarget:\n  kind: command\n  command: [srv, --port, '{port}']\n"
+        "  flags: {batch: --max-num-seqs, cache: {flag: --enable-prefix-caching, style: pair}}\n"
+        "search_space: space.yaml\nworkload: {num_requests: 4}\n"
+        "objectives: [{metric: request_throughput, direction: maximize}]\nbudget: {trials: 1}\n")
+    r = CliRunner().invoke(app, ["validate", str(tmp_path / "agent.yaml"), "--show-command"])
+    assert r.exit_code == 0, r.output
+    assert '["srv", "--port", "' in r.output and "--max-num-seqs" not in r.output
+    assert "prefix-caching" not in r.output

@@ -75,7 +75,9 @@ def test_chat_and_non_streaming(timed_server) -> None:  # type: ignore[no-untype
     assert s["median_e2el_ms"] >= 40.0 + 7 * 10.0  # answered at once after the whole generation
     # approximate tokenizer, but the server reports usage: counts are exact
     m = measure_endpoint(timed_server.url, model="fake", seed=0, goodput_ms={}, workload=wl(num_requests=4))
-    assert m.summary["prompt_tokens_exact"] == 1.0 and not m.notes
+    assert m.summary["prompt_tokens_exact"] == 1.0
+    # ... and they are not what was asked (this server counts bytes): said, not hidden
+    assert len(m.notes) == 1 and "asked for 64 prompt tokens" in m.notes[0] and "--tokenizer" in m.notes[0]
 
 
 def errors_of(url: str, n: int = 12, **kw: object) -> dict[str, float]:

@@ -111,6 +111,7 @@ class _State:
     itl: _Histogram = field(default_factory=lambda: _Histogram(ITL_BUCKETS_S))
     e2e: _Histogram = field(default_factory=lambda: _Histogram(E2E_BUCKETS_S))
     sem: asyncio.Semaphore | None = None
+    last_body: dict[str, Any] | None = None  # the last completion request's body, as received
 
 
 def _count_prompt(body: dict[str, Any], chat: bool) -> int:
@@ -202,6 +203,7 @@ def build_app(opts: FakeOptions) -> web.Application:
         if not isinstance(body, dict):
             return err("body must be an object", 400)
         st.requests += 1
+        st.last_body = body
         k = st.requests
         if opts.error_status and (opts.error_every <= 1 or k % opts.error_every == 0):
             return web.json_response({"error": {"message": "injected error", "code": opts.error_status}},

@@ -147,8 +147,13 @@ def test_hf_tokenizer_from_a_local_dir(tmp_path: Path) -> None:
     fast.save_pretrained(str(tmp_path))
     tok = load_tokenizer(str(tmp_path))
     assert tok.exact and tok.count("the of and") == 3
-    ids = tok.synth(100, key=7)
+    ids = tok.synth_ids(100, key=7)
     assert isinstance(ids, list) and len(ids) == 100 and 0 not in ids  # no special tokens
+    for n in (1, 7, 100, 1000):  # text prompts: exactly n tokens under this tokenizer
+        assert tok.count(tok.synth(n, key=n)) == n
+    assert tok.synth(50, key=1) != tok.synth(50, key=2)
+    with pytest.raises(ConfigError, match="token ids need a tokenizer"):
+        ApproxTokenizer().synth_ids(5, 1)
 
 
 # ------------------------------------------------------------------ datasets and traces

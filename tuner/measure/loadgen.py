@@ -33,9 +33,10 @@ import numpy as np
 
 from tuner.errors import ConfigError
 from tuner.measure.measurement import Measurement
-from tuner.measure.metrics import summarise
+from tuner.measure.metrics import prompt_length_check, summarise
 from tuner.measure.records import RequestPlan, RequestRecord
-from tuner.measure.tokenize import Tokenizer, load_tokenizer
+from tuner.measure.stream import StreamReader, spread, token_times
+from tuner.measure.tokenize import HFTokenizer, Tokenizer, load_tokenizer
 from tuner.spec import WorkloadSpec
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,8 @@ class RunConfig:
     cooldown_s: float = 0.0
     max_in_flight: int | None = None  # open loop: stop dispatching (saturated) beyond this backlog
     extra_body: Mapping[str, Any] = field(default_factory=dict)
+    prompt_format: Literal["text", "token_ids"] = "text"
+    keep_text: bool = False  # keep each request's generated text (bench --json's generated_texts)
     api_key: str | None = None
     seed: int = 0
 
@@ -96,7 +99,11 @@ def _body(cfg: RunConfig, plan: RequestPlan, prompt: str | list[int]) -> bytes:
         body["stream_options"] = {"include_usage": True}
     if cfg.ignore_eos:
         body["ignore_eos"] = True
-    body.update(cfg.extra_body)
+    for k, v in cfg.extra_body.items():  # a null value removes a field the client would send
+        if v is None:
+            body.pop(k, None)
+        else:
+            body[k] = v
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -121,17 +128,21 @@ class _Client:
         self.timeout = aiohttp.ClientTimeout(total=cfg.timeout_s)
         self.chat = cfg.endpoint == "chat"
         self.key_base = (cfg.seed % 1000) * 10_000_000
+        # a streamed chunk's tokens are counted with the tokenizer when it is a real one (not the byte or
+        # approximate ones: the engine streams one token per chunk and says so in usage)
+        self.count_text = tok.count if isinstance(tok, HFTokenizer) else None
 
     def prompt(self, plan: RequestPlan) -> tuple[str | list[int], bool]:
         """The prompt to send and whether plan.prompt_tokens is its exact token count."""
         if plan.prompt is not None:
             if isinstance(plan.prompt, list):
                 return plan.prompt, True
-            return plan.prompt, self.tok.exact
+            return plan.prompt, self.tok.exact and not self.chat
         key = self.key_base + plan.index
-        if self.chat:
-            return self.tok.synth_text(plan.prompt_tokens, key), False  # the chat template adds tokens
-        return self.tok.synth(plan.prompt_tokens, key), self.tok.exact
+        if self.cfg.prompt_format == "token_ids" and not self.chat:
+            return self.tok.synth_ids(plan.prompt_tokens, key), True
+        # the chat template adds tokens: the exact count is the server's (usage)
+        return self.tok.synth_text(plan.prompt_tokens, key), self.tok.exact and not self.chat
 
     async def send(self, plan: RequestPlan, scheduled_s: float, warmup: bool) -> RequestRecord:
         prompt, exact = self.prompt(plan)
@@ -139,12 +150,14 @@ class _Client:
         clock = time.perf_counter
         t0 = self.t0
         sent = clock() - t0
-        times: list[float] = []
         usage: dict[str, Any] | None = None
         status: int | None = None
         error: str | None = None
         detail = ""
-        n_chunks = 0
+        stream_end = ""
+        reader = StreamReader(chat=self.chat, count_text=self.count_text, keep_text=self.cfg.keep_text)
+        text: str | None = None
+        n_out: int | None = None
         try:
             async with self.session.post(self.url, data=data, headers=self.headers,
                                          timeout=self.timeout) as resp:
@@ -153,12 +166,7 @@ class _Client:
                     error = _error_kind(status)
                     detail = (await resp.text(errors="replace"))[:300]
                 elif self.cfg.stream:
-                    done = False
                     buf = b""
-                    chat = self.chat
-                    loads = json.loads
-                    key = b'"content":' if chat else b'"text":'
-                    nkey = len(key)
                     async for chunk in resp.content.iter_any():
                         now = clock() - t0
                         buf += chunk
@@ -169,51 +177,28 @@ class _Client:
                         events = buf.split(b"\n\n")
                         buf = events.pop()
                         for ev in events:
-                            ev = ev.strip()
-                            if not ev.startswith(b"data:"):
-                                continue  # comments / keep-alives
-                            payload = ev[5:].strip()
-                            if payload == b"[DONE]":
-                                done = True
-                                continue
-                            # fast path for plain token chunks (no usage, no error): is the text non-empty?
-                            i = payload.find(key)
-                            if (i >= 0 and b'"usage"' not in payload and b'"error"' not in payload
-                                    and b"reasoning" not in payload):
-                                j = i + nkey
-                                while payload[j:j + 1] == b" ":
-                                    j += 1
-                                if payload[j:j + 2] != b'""' and payload[j:j + 4] != b"null":
-                                    times.append(now)
-                                    n_chunks += 1
-                                continue
-                            d = loads(payload)
-                            choices = d.get("choices")
-                            if choices:
-                                c = choices[0]
-                                if chat:
-                                    delta = c.get("delta") or {}
-                                    text = (delta.get("content") or delta.get("reasoning_content")
-                                            or delta.get("reasoning"))
-                                else:
-                                    text = c.get("text")
-                                if text:
-                                    times.append(now)
-                                    n_chunks += 1
-                            u = d.get("usage")
-                            if u:
-                                usage = u
-                            if "error" in d and not choices:
-                                error = "stream_broken"
-                                detail = str(d["error"])[:300]
-                    if not done and error is None:
-                        error = "stream_broken"
-                        detail = "stream ended without [DONE]"
+                            for line in ev.split(b"\n"):  # an event may hold several lines (id:, event:)
+                                if line.startswith(b"data:"):
+                                    reader.feed(line[5:].strip(), now)
+                    if buf.strip().startswith(b"data:"):  # a last event without its blank line
+                        reader.feed(buf.strip()[5:].strip(), clock() - t0)
+                    stream_end = reader.end()
+                    usage, error, detail = reader.usage, reader.error, reader.detail
+                    n_out = reader.output_tokens()
+                    text = reader.text() if self.cfg.keep_text else None
                 else:
                     d = json.loads(await resp.read())
-                    times.append(clock() - t0)
                     usage = d.get("usage")
-                    n_chunks = 1
+                    c = (d.get("choices") or [{}])[0]
+                    out_text = (c.get("message") or {}).get("content") if self.chat else c.get("text")
+                    out_text = out_text or ""
+                    if usage is not None and usage.get("completion_tokens") is not None:
+                        n_out = int(usage["completion_tokens"])
+                    elif self.count_text is not None:
+                        n_out = self.count_text(out_text)
+                    else:
+                        n_out = plan.output_tokens
+                    text = out_text if self.cfg.keep_text else None
         except TimeoutError:
             error, detail = "timeout", f"no complete answer within {self.cfg.timeout_s} s"
         except aiohttp.ClientConnectorError as exc:
@@ -224,18 +209,25 @@ class _Client:
             error = "stream_broken" if status is not None else "connect"
             detail = f"{type(exc).__name__}: {exc}"[:300]
         done_s = clock() - t0
-        if usage is not None:
-            n_in = int(usage.get("prompt_tokens") or plan.prompt_tokens)
-            n_out = int(usage.get("completion_tokens") or 0)
-            exact = usage.get("prompt_tokens") is not None
+        times: tuple[float, ...] = ()
+        multi = 0
+        if self.cfg.stream and reader.chunk_times:
+            total = n_out if n_out is not None else reader.output_tokens()
+            times, multi = token_times(reader.chunk_times, spread(reader.chunk_tokens, total))
+        if usage is not None and usage.get("prompt_tokens") is not None:
+            n_in = int(usage["prompt_tokens"])
+            exact = True
         else:
             n_in = plan.prompt_tokens
-            n_out = n_chunks if self.cfg.stream else plan.output_tokens
+        if n_out is None:
+            n_out = len(times) if self.cfg.stream else 0
         return RequestRecord(
             index=plan.index, scheduled_s=scheduled_s, sent_s=sent,
             first_token_s=times[0] if times else None, done_s=done_s,
-            prompt_tokens=n_in, output_tokens=n_out, token_times_s=tuple(times), status=status,
+            prompt_tokens=n_in, output_tokens=n_out, token_times_s=times, status=status,
             error=error, error_detail=detail, warmup=warmup, prompt_tokens_exact=exact,
+            streamed=self.cfg.stream, chunks=len(reader.chunk_times), multi_token_chunks=multi,
+            stream_end=stream_end, requested_prompt_tokens=plan.prompt_tokens, generated_text=text,
         )
 
 
@@ -581,7 +573,8 @@ def config_for(spec: WorkloadSpec, base_url: str, model: str) -> RunConfig:
         base_url=base_url, model=model, endpoint=spec.endpoint, stream=spec.stream, ignore_eos=spec.ignore_eos,
         timeout_s=spec.timeout_s, closed_loop=closed, concurrency=a.concurrency,
         num_requests=spec.num_requests, duration_s=spec.duration_s, warmup_s=spec.warmup_s,
-        cooldown_s=spec.cooldown_s, seed=spec.seed,
+        cooldown_s=spec.cooldown_s, seed=spec.seed, extra_body=dict(spec.extra_body),
+        prompt_format=spec.prompt_format,
     )
 
 
@@ -590,7 +583,7 @@ def measure_endpoint(base_url: str, *, model: str, workload: WorkloadSpec, goodp
                      metrics_url: str | None = None, gpu_indices: Sequence[int] = (),
                      progress: Callable[[int, int], None] | None = None,
                      max_in_flight: int | None = None,
-                     stop_event: threading.Event | None = None) -> Measurement:
+                     stop_event: threading.Event | None = None, keep_text: bool = False) -> Measurement:
     """Run `workload` against an OpenAI-compatible server at `base_url` and summarise it.
 
     Sync (own event loop; safe from worker threads). `base_dir` resolves relative dataset/trace paths;
@@ -599,7 +592,7 @@ def measure_endpoint(base_url: str, *, model: str, workload: WorkloadSpec, goodp
     (gpu_* telemetry). `progress(done, total)` gets measured requests done (or seconds elapsed for
     duration-bound runs). cold_start_s is left 0 for the caller to fill in. `max_in_flight` stops an open
     loop that builds a larger backlog (summary `saturated` = 1); setting `stop_event` ends the run early
-    (summary `interrupted` = 1, with a note).
+    (summary `interrupted` = 1, with a note). `keep_text` keeps each request's generated text.
     """
     from tuner.measure.datasets import plans_for
     from tuner.measure.gpu import GpuSampler
@@ -610,7 +603,8 @@ def measure_endpoint(base_url: str, *, model: str, workload: WorkloadSpec, goodp
     if workload.endpoint == "chat" and any(isinstance(p.prompt, list) for p in plans):
         raise ConfigError("the chat endpoint needs text prompts; the dataset or trace gives token ids "
                           "(use endpoint: completions)")
-    cfg = replace(config_for(workload, base_url, model), seed=seed, max_in_flight=max_in_flight)
+    cfg = replace(config_for(workload, base_url, model), seed=seed, max_in_flight=max_in_flight,
+                  keep_text=keep_text)
     if workload.arrival.kind == "trace":
         # a trace is replayed once: its own length bounds the run
         n_meas = sum(1 for p in plans if not p.warmup)
@@ -652,4 +646,14 @@ def measure_endpoint(base_url: str, *, model: str, workload: WorkloadSpec, goodp
     notes = list(notes) + result.notes
     if summary.get("prompt_tokens_exact", 1.0) < 1.0:
         notes.append(f"prompt token counts are approximate (tokenizer {tok.name}; the server reported no usage)")
+    if not tok.exact or workload.endpoint == "completions":  # a chat template adds tokens of its own
+        mismatch = prompt_length_check(result.records)
+        if mismatch:
+            log.warning("%s", mismatch)
+            notes.append(mismatch)
+    if not workload.stream:
+        notes.append("stream off: TTFT, TPOT and ITL are not measured (only end-to-end latency)")
+    if summary.get("multi_token_chunks", 0) > 0:
+        notes.append(f"{summary['multi_token_chunks']:.0f} streamed chunks carried several tokens: ITL splits "
+                     "each such chunk's gap evenly over its tokens (TPOT is per request and unaffected)")
     return Measurement(summary=summary, records=tuple(result.records), telemetry=tel, notes=tuple(notes))

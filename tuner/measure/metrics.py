@@ -101,7 +101,38 @@ def summarise(
     else:
         out["max_output_tokens_per_s"] = 0.0
     out["prompt_tokens_exact"] = float(all(r.prompt_tokens_exact for r in recs)) if recs else 1.0
+    # how the latencies were measured: streamed (TTFT/TPOT/ITL measured) or not; chunks of several tokens
+    out["streamed"] = float(all(r.streamed for r in recs)) if recs else 1.0
+    out["multi_token_chunks"] = float(sum(r.multi_token_chunks for r in ok))
+    out["streams_without_done"] = float(sum(1 for r in ok if r.stream_end == "eof_after_finish"))
     return out
+
+
+def first_errors(records: Iterable[RequestRecord]) -> dict[str, tuple[int, str]]:
+    """Each error kind of the measured requests: (how many, the first one's detail)."""
+    out: dict[str, tuple[int, str]] = {}
+    for r in records:
+        if r.warmup or r.error is None:
+            continue
+        n, detail = out.get(r.error, (0, r.error_detail))
+        out[r.error] = (n + 1, detail)
+    return out
+
+
+def prompt_length_check(records: Iterable[RequestRecord], *, tolerance: float = 0.10) -> str | None:
+    """A warning when the server counted the prompts more than `tolerance` away from what was asked
+    (only for requests whose length was not exact on the client side and that the server reported)."""
+    pairs = [(r.requested_prompt_tokens, r.prompt_tokens) for r in records
+             if r.ok and not r.warmup and r.requested_prompt_tokens and r.prompt_tokens_exact]
+    if not pairs:
+        return None
+    asked = float(np.median([a for a, _ in pairs]))
+    got = float(np.median([g for _, g in pairs]))
+    if asked > 0 and abs(got - asked) / asked > tolerance:
+        return (f"prompt length mismatch: asked for {asked:.0f} prompt tokens (median), the server counted "
+                f"{got:.0f} ({got / asked:.2f}x); give --tokenizer (the server's tokenizer directory) for exact "
+                "prompt lengths")
+    return None
 
 
 def metric_key(name: str) -> str:

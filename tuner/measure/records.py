@@ -26,7 +26,9 @@ class RequestPlan:
 class RequestRecord:
     """What happened to one request. Times are seconds from the run's start (monotonic clock).
 
-    `token_times_s` holds the arrival time of every streamed token (or chunk), first token included.
+    `token_times_s` holds the arrival time of every streamed token, first token included (a chunk of k
+    tokens counts k: see tuner.measure.stream). A request that was not streamed has no token times, and its
+    TTFT, TPOT and ITL are not measured (None), never 0.
     """
 
     index: int
@@ -42,6 +44,12 @@ class RequestRecord:
     error_detail: str = ""
     warmup: bool = False
     prompt_tokens_exact: bool = True
+    streamed: bool = True
+    chunks: int = 0  # streamed chunks that carried text
+    multi_token_chunks: int = 0  # of those, chunks that carried several tokens (their gap was split)
+    stream_end: str = ""  # "done" ([DONE] seen), "eof_after_finish" (no [DONE]), "" (not streamed or broken)
+    requested_prompt_tokens: int | None = None  # what the client meant to send (prompt_tokens: the server's)
+    generated_text: str | None = None  # kept only when asked (bench --json)
 
     @property
     def ok(self) -> bool:
@@ -49,7 +57,7 @@ class RequestRecord:
 
     @property
     def ttft_ms(self) -> float | None:
-        if self.first_token_s is None:
+        if self.first_token_s is None or not self.streamed:
             return None
         return (self.first_token_s - self.sent_s) * 1000.0
 
@@ -59,7 +67,7 @@ class RequestRecord:
 
     @property
     def tpot_ms(self) -> float | None:
-        """(latency - ttft) / (output_tokens - 1), as vllm bench serve defines it."""
+        """Per-request TPOT: (latency - ttft) / (output_tokens - 1), as vllm bench serve defines it."""
         ttft = self.ttft_ms
         if ttft is None or self.output_tokens <= 1:
             return None
@@ -67,5 +75,6 @@ class RequestRecord:
 
     @property
     def itls_ms(self) -> list[float]:
+        """Gaps between consecutive tokens (token-gap ITL; not vLLM's per-request TPOT)."""
         t = self.token_times_s
         return [(t[i] - t[i - 1]) * 1000.0 for i in range(1, len(t))]

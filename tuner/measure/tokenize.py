@@ -1,7 +1,8 @@
 """Tokenizers for building prompts of known length and counting prompt tokens.
 
 - `byte`: the reference engine's tokenizer, 1 token per UTF-8 byte, ids 0..255 (exact).
-- a local Hugging Face tokenizer directory (exact; loaded with local_files_only).
+- a local Hugging Face tokenizer directory (exact; loaded with local_files_only). Synthesised text prompts
+  are words that are one token each, checked with the tokenizer, so the text has exactly the asked count.
 - none: an approximation (~1 token per common English word, 4 bytes per token for counting) that says so
   (`exact` is False; the records carry prompt_tokens_exact=False unless the server reports usage).
 """
@@ -33,12 +34,17 @@ class Tokenizer(Protocol):
 
     def count(self, text: str) -> int: ...
 
-    def synth(self, n_tokens: int, key: int) -> str | list[int]:
-        """A prompt of `n_tokens` tokens, different for each `key` (defeats prefix caching)."""
+    def synth(self, n_tokens: int, key: int) -> str:
+        """A text prompt of `n_tokens` tokens (exactly, when `exact`), different for each `key` (defeats
+        prefix caching)."""
         ...
 
     def synth_text(self, n_tokens: int, key: int) -> str:
-        """A text prompt of about `n_tokens` tokens (for the chat endpoint)."""
+        """The same as synth."""
+        ...
+
+    def synth_ids(self, n_tokens: int, key: int) -> list[int]:
+        """A prompt of `n_tokens` token ids (ConfigError when the tokenizer has no ids)."""
         ...
 
 
@@ -68,6 +74,9 @@ class ByteTokenizer:
     def synth(self, n_tokens: int, key: int) -> str:
         return self.synth_text(n_tokens, key)
 
+    def synth_ids(self, n_tokens: int, key: int) -> list[int]:
+        return list(self.synth_text(n_tokens, key).encode())
+
 
 class ApproxTokenizer:
     """No tokenizer: prompts of common words (~1 token each), counts ~4 bytes per token. Not exact."""
@@ -91,11 +100,16 @@ class ApproxTokenizer:
     def synth(self, n_tokens: int, key: int) -> str:
         return self.synth_text(n_tokens, key)
 
+    def synth_ids(self, n_tokens: int, key: int) -> list[int]:
+        raise ConfigError("prompts as token ids need a tokenizer (--tokenizer DIR, or tokenizer: in the target)")
+
 
 class HFTokenizer:
-    """A local Hugging Face tokenizer directory. Synthesised prompts are token ids (exact on /v1/completions)."""
+    """A local Hugging Face tokenizer directory (exact). Text prompts are words of one token each, their
+    count checked with the tokenizer; token-id prompts are random ids (no special tokens)."""
 
     exact = True
+    max_tries = 12
 
     def __init__(self, path: str, seed: int = 0) -> None:
         try:
@@ -114,6 +128,24 @@ class HFTokenizer:
         if special:
             ids = ids[~np.isin(ids, list(special))]
         self._base = ids.tolist()
+        self._words = self._one_token_words(vocab, rng)
+        self._cache: dict[tuple[int, int], str] = {}
+
+    def _one_token_words(self, vocab: int, rng: np.random.Generator) -> list[str]:
+        """Lower-case ASCII words that are one token after a space (a sample of the vocabulary)."""
+        words: set[str] = set()
+        for i in rng.permutation(vocab)[:20000].tolist():
+            w = str(self._tok.decode([i])).strip()
+            if 2 <= len(w) <= 12 and w.isascii() and w.isalpha() and w.islower() and w not in words:
+                if self.count(" " + w) == 1 or self.count(w) == 1:
+                    words.add(w)
+            if len(words) >= 4096:
+                break
+        if not words:
+            raise ConfigError(f"tokenizer {self.name!r}: its vocabulary has no plain words to build prompts from")
+        out = sorted(words)
+        rng.shuffle(out)
+        return out
 
     def count(self, text: str) -> int:
         return len(self._tok.encode(text, add_special_tokens=False))
@@ -123,11 +155,29 @@ class HFTokenizer:
         ids = (self._base[off:] + self._base) * (1 + n_tokens // len(self._base))
         return ids[:n_tokens]
 
-    def synth(self, n_tokens: int, key: int) -> list[int]:
+    def synth_ids(self, n_tokens: int, key: int) -> list[int]:
         return self._ids(n_tokens, key)
 
     def synth_text(self, n_tokens: int, key: int) -> str:
-        return str(self._tok.decode(self._ids(n_tokens, key)))
+        off = (key * 7919) % len(self._words)
+        hit = self._cache.get((n_tokens, off))
+        if hit is not None:
+            return hit
+        words = (self._words[off:] + self._words[:off]) * (1 + n_tokens // len(self._words))
+        k = n_tokens
+        text = ""
+        for _ in range(self.max_tries):
+            text = " ".join(words[:max(1, k)])
+            c = self.count(text)
+            if c == n_tokens:
+                break
+            k += n_tokens - c
+        if len(self._cache) < 65536:
+            self._cache[(n_tokens, off)] = text
+        return text
+
+    def synth(self, n_tokens: int, key: int) -> str:
+        return self.synth_text(n_tokens, key)
 
 
 def load_tokenizer(spec: str | None, *, base_dir: Path | None = None, seed: int = 0) -> Tokenizer:

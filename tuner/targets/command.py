@@ -11,6 +11,19 @@ shell. Placeholders: {port} (a free port), {gpus} (the claimed GPU ids, comma-se
 {python} (the tuner's interpreter) and {<param>} for any parameter or fixed value of the search space.
 `{{` and `}}` are literal braces. Relative paths in the template are relative to the agent file's folder
 (the server's working directory).
+
+Parameters may instead map to optional flags, appended after the template:
+
+      flags:
+        max_num_seqs: --max-num-seqs                  # --max-num-seqs 256; absent at the space's default or null
+        enable_prefix_caching: {flag: --enable-prefix-caching, style: pair}   # --x / --no-x
+        enforce_eager: {flag: --enforce-eager, style: switch}                 # --x when true, absent when false
+
+A flag is left out when its parameter is null, not set in the trial (a `when` that is false), or at the
+search space's default (`omit_default: false` passes it anyway), so the baseline can be the server's own
+defaults with no knob passed. Styles: `separate` (`--flag VALUE`), `equals` (`--flag=VALUE`), `switch`,
+`pair` (`--flag` / `--no-flag`, or `negative:`); `auto` (the default) is `switch` for booleans, else
+`separate`.
 """
 
 from __future__ import annotations
@@ -20,9 +33,9 @@ import shlex
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tuner.errors import ConfigError, InfeasibleConfig
 from tuner.targets.base import TrialContext
@@ -67,6 +80,38 @@ def fmt_value(v: Any) -> str:
     return str(v)
 
 
+class FlagSpec(BaseModel):
+    """How one parameter becomes an optional command-line flag."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    flag: str = Field(pattern=r"^-{1,2}[A-Za-z0-9][A-Za-z0-9_.-]*$", description="e.g. --max-num-seqs")
+    style: Literal["auto", "separate", "equals", "switch", "pair"] = "auto"
+    negative: str | None = Field(default=None, pattern=r"^-{1,2}[A-Za-z0-9][A-Za-z0-9_.-]*$",
+                                 description="style pair: the false form (default --no-<flag>)")
+    omit_default: bool = Field(default=True, description="leave the flag out at the search space's default")
+
+    def args(self, value: Any, default: Any, has_default: bool) -> list[str]:
+        """The arguments for `value` (none when the flag is left out)."""
+        if value is None or (self.omit_default and has_default and value == default
+                             and type(value) is type(default)):
+            return []
+        style = self.style
+        if style == "auto":
+            style = "switch" if isinstance(value, bool) else "separate"
+        if style in ("switch", "pair"):
+            if not isinstance(value, bool):
+                raise InfeasibleConfig(f"flag {self.flag} ({style}) needs a true/false value, got {value!r}")
+            if value:
+                return [self.flag]
+            if style == "switch":
+                return []
+            return [self.negative or "--no-" + self.flag.lstrip("-")]
+        if style == "equals":
+            return [f"{self.flag}={fmt_value(value)}"]
+        return [self.flag, fmt_value(value)]
+
+
 class CommandOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -79,6 +124,14 @@ class CommandOptions(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     gpus_per_trial: int | str = Field(default=0, description="GPUs per trial, or a parameter giving it")
     tokenizer: str | None = Field(default=None, description='"byte" or a local tokenizer dir')
+    flags: dict[str, FlagSpec] = Field(default_factory=dict, description="parameter -> optional flag")
+
+    @field_validator("flags", mode="before")
+    @classmethod
+    def _flag_shorthand(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: ({"flag": x} if isinstance(x, str) else x) for k, x in v.items()}
+        return v
 
     @field_validator("command")
     @classmethod
@@ -88,6 +141,13 @@ class CommandOptions(BaseModel):
         if "port" not in {n for el in v for n in placeholders(el)}:
             raise ValueError("the command must pass {port} to the server (the tuner picks a free port)")
         return v
+
+    @model_validator(mode="after")
+    def _flags_apart(self) -> CommandOptions:
+        both = sorted(set(self.flags) & {n for el in self.command for n in placeholders(el)})
+        if both:
+            raise ValueError(f"parameter(s) {both} are both in the command template and in flags: use one")
+        return self
 
     @field_validator("health_path", "metrics_path")
     @classmethod
@@ -115,6 +175,7 @@ class CommandTarget(ProcessTarget):
         assert isinstance(options, CommandOptions)
         self.health_path = options.health_path
         self.metrics_path = options.metrics_path
+        self.defaults: dict[str, Any] = {}  # the search space's defaults (check_space), for omit_default
 
     def template_names(self) -> set[str]:
         return {n for el in self.options.command for n in placeholders(el)} - set(BUILTIN_PLACEHOLDERS)
@@ -131,6 +192,8 @@ class CommandTarget(ProcessTarget):
             except KeyError as exc:
                 raise InfeasibleConfig(f"command element {el!r} needs {exc.args[0]!r}, which this trial "
                                        "does not set") from None
+        for name, flag in self.options.flags.items():
+            argv += flag.args(params.get(name), self.defaults.get(name), name in self.defaults)
         return argv, dict(self.options.env)
 
     def model_name(self, params: Mapping[str, Any]) -> str:
@@ -158,13 +221,19 @@ class CommandTarget(ProcessTarget):
         file = getattr(space, "source", None)
         fixed = dict(getattr(space, "fixed", {}))
         names = {p.name for p in space.params} | set(fixed)
+        self.defaults = {p.name: p.default for p in space.params}
+        flagged = set(self.options.flags)
+        unknown_flags = sorted(flagged - names)
+        if unknown_flags:
+            raise ConfigError(f"flags name unknown parameter(s) {unknown_flags}; the space has {sorted(names)}",
+                              field=f"target.flags.{unknown_flags[0]}")
         used = self.template_names()
         unknown = used - names
         if unknown:
             raise ConfigError(f"command template names unknown parameter(s) {sorted(unknown)}; the space has "
                               f"{sorted(names)} and the built-ins are {list(BUILTIN_PLACEHOLDERS)}",
                               field="target.command")
-        unused = [p.name for p in space.params if p.name not in used]
+        unused = [p.name for p in space.params if p.name not in used and p.name not in flagged]
         g = self.options.gpus_per_trial
         if isinstance(g, str):
             if g not in names:
@@ -173,10 +242,11 @@ class CommandTarget(ProcessTarget):
             unused = [n for n in unused if n != g]
         if unused:
             raise ConfigError(f"parameter(s) {unused} are not passed to the server: add {{name}} to the command "
-                              f"template (it uses {sorted(used) or 'none'})", file=file,
+                              f"template (it uses {sorted(used) or 'none'}) or map it in flags", file=file,
                               field=f"params.{unused[0]}")
         conditional = [p.name for p in space.params if p.when is not None and p.name in used]
         if conditional:
             raise ConfigError(f"parameter(s) {conditional} have a `when` condition, but a command template "
-                              "needs a value for every placeholder in every trial", file=file,
+                              "needs a value for every placeholder in every trial (map it in flags: a flag is "
+                              "left out when its parameter is not set)", file=file,
                               field=f"params.{conditional[0]}")

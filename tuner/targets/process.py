@@ -688,6 +688,7 @@ def show_command(agent: Agent) -> str:
 
     target = make_target(agent.spec.target.kind, agent.target_options, agent.path.parent)
     space = agent.space.bind_facts(target.facts())
+    target.check_space(space)  # also tells the target the space's defaults (flags left out at them)
     params = space.full_config(space.defaults())
     n = target.gpus_needed(params)
     pool = list(agent.spec.gpus) if agent.spec.gpus else list(range(n))
