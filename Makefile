@@ -54,6 +54,7 @@ $(HFSERVE_STAMP):
 lint: $(STAMP)
 	$(VENV)/bin/ruff check tuner tests experiments
 	$(VENV)/bin/mypy tuner
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf $(VENV) .venv-guidellm .venv-hfserve .tuner

@@ -46,7 +46,7 @@ def _setup_logging(verbose: bool = False) -> None:
                         datefmt="[%X]",
                         handlers=[RichHandler(console=err_console, show_path=False, rich_tracebacks=False)])
     if not verbose:
-        for chatty in ("tuner.loop", "tuner.daemon", "tuner.promote", "tuner.bench"):
+        for chatty in ("tuner.loop", "tuner.daemon", "tuner.lineage", "tuner.promote", "tuner.bench"):
             logging.getLogger(chatty).setLevel(logging.INFO)
     for noisy in ("alembic", "mlflow", "httpx", "aiohttp.access", "optuna", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -58,14 +58,19 @@ def fail(exc: TunerError) -> typer.Exit:
     return typer.Exit(exc.exit_code)
 
 
+def _print_version(value: bool) -> None:
+    """--version is eager: it answers before a command is required."""
+    if value:
+        console.print(f"tuner {__version__}", highlight=False)
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _main(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
-    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.", is_eager=True,
+                                          callback=_print_version)] = False,
 ) -> None:
-    if version:
-        console.print(f"tuner {__version__}")
-        raise typer.Exit(0)
     _setup_logging(verbose)
 
 
@@ -80,8 +85,8 @@ def run(
     """Run one cycle of tuning: baseline first, then Optuna's proposals, each deployed and measured."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from tuner.agent import load_agent
     from tuner.loop import TrialOutcome, open_session, run_cycle, state_dir_for
-    from tuner.spec import load_agent
     from tuner.tracking import safe_url
 
     try:
@@ -168,13 +173,13 @@ def validate(
                                                help="Print the argv and environment of the baseline trial.")] = False,
 ) -> None:
     """Validate agent specs and their search spaces: exit 0, or exit 2 with the located error."""
-    from tuner.spec import load_agent
+    from tuner.agent import load_agent
 
     for p in agent_paths:
         try:
             agent = load_agent(p)
             if show_command:
-                from tuner.targets.process import show_command as _show
+                from tuner.agent import show_command as _show
 
                 console.print(_show(agent), highlight=False, soft_wrap=True)
         except TunerError as exc:
@@ -191,8 +196,8 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Trial counts, the baseline, the best feasible trial(s), the champion and any pending candidate."""
+    from tuner.agent import load_agent
     from tuner.loop import state_dir_for
-    from tuner.spec import load_agent
     from tuner.study import TunerStudy, default_storage, trial_summary
 
     try:

@@ -29,9 +29,9 @@ def _logging() -> None:
 
 
 def _session(agent_path: Path, state_dir: Path | None) -> Any:
-    from tuner.daemon import current_study_name
+    from tuner.agent import load_agent
+    from tuner.lineage import current_study_name
     from tuner.loop import open_session, state_dir_for
-    from tuner.spec import load_agent
 
     agent = load_agent(agent_path)
     sd = state_dir_for(state_dir)
@@ -51,7 +51,7 @@ def daemon(agents: list[Path] = typer.Argument(..., help="agent spec files"),
     Every cycle reads its agent file afresh; SIGHUP (`kill -HUP`, `systemctl reload`) also applies a changed
     schedule or watch without a restart.
     """
-    from tuner.daemon import run_daemon
+    from tuner.daemon.scheduler import run_daemon
     from tuner.loop import state_dir_for
 
     _logging()
@@ -66,7 +66,7 @@ def check(url: str | None = typer.Option(None, "--url", help="the daemon's endpo
           state_dir: Path | None = typer.Option(None, "--state-dir"),
           max_age_s: float | None = typer.Option(None, "--max-age-s", help="oldest acceptable heartbeat")) -> None:
     """Exit 0 when the daemon is alive and its last cycle did not fail, 1 otherwise."""
-    from tuner.daemon import check_alive
+    from tuner.daemon.health import check_alive
     from tuner.loop import state_dir_for
 
     ok, why = check_alive(url=url, state_dir=state_dir_for(state_dir) if url is None else None,
@@ -111,10 +111,10 @@ def rollback(agent: Path = typer.Argument(..., help="agent spec file"),
              reason: str = typer.Option("operator rollback", "--reason"),
              state_dir: Path | None = typer.Option(None, "--state-dir")) -> None:
     """Restore the previous champion (file, apply command, MLflow aliases, audit)."""
+    from tuner.agent import load_agent
     from tuner.champion import ChampionStore
     from tuner.loop import state_dir_for
     from tuner.promote import rollback as do_rollback
-    from tuner.spec import load_agent
     from tuner.tracking import Tracker, resolve_tracking_uri
 
     _logging()
@@ -142,9 +142,9 @@ def history(agent: Path = typer.Argument(..., help="agent spec file"),
             as_json: bool = typer.Option(False, "--json", help="one JSON object: cycles, verifications, promotions"),
             state_dir: Path | None = typer.Option(None, "--state-dir")) -> None:
     """List the agent's cycles, verifications and promotions."""
+    from tuner.agent import load_agent
     from tuner.loop import state_dir_for
     from tuner.promote import history as get_history
-    from tuner.spec import load_agent
     from tuner.tracking import Tracker, resolve_tracking_uri
 
     try:

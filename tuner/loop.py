@@ -19,11 +19,11 @@ from typing import Any
 
 import yaml
 
+from tuner.agent import Agent
 from tuner.errors import InfeasibleConfig, Interrupted, TrialError
 from tuner.measure.failures import error_rate_slo, request_failure
 from tuner.measure.measurement import Measurement
 from tuner.objectives import Evaluation, evaluate, failed_evaluation, goodput_thresholds_ms
-from tuner.spec import Agent
 from tuner.study import TunerStudy, default_storage
 from tuner.targets.base import Target, TrialContext
 from tuner.targets.registry import make_target

@@ -33,7 +33,7 @@ import yaml
 from tuner.champion import ChampionRecord, ChampionStore
 from tuner.errors import Interrupted, PromotionError, TrialError
 from tuner.objectives import evaluate
-from tuner.targets.process import parent_death_preexec  # libc resolved at import, not in the child
+from tuner.proc import parent_death_preexec  # libc resolved at import, not in the child
 from tuner.tracking import redact
 
 if TYPE_CHECKING:

@@ -1,18 +1,16 @@
-"""Agent specs: one YAML file per tuning agent, validated by pydantic with extra="forbid".
+"""Agent spec schemas: one YAML file per tuning agent, validated by pydantic with extra="forbid".
 
-Errors name the file, the line, the field, the rule and the value.
+Schemas only: this module imports nothing of the tuner. Loading a file (and everything it names: the search
+space, the target's options, the metrics) is tuner.agent's job; errors there name the file, the line, the
+field, the rule and the value.
 """
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
-from tuner.errors import ConfigError
-from tuner.yamlio import Loc, load_yaml, pydantic_to_config_error
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Strict(BaseModel):
@@ -155,18 +153,9 @@ class Budget(_Strict):
 
 
 class SamplerSpec(_Strict):
-    name: str = Field(default="tpe", description="a name of tuner.search.samplers.SAMPLERS")
+    name: str = Field(default="tpe", description="a name of tuner.search.samplers.SAMPLERS (checked by the loader)")
     seed: int | None = 0
     n_startup_trials: int | None = Field(default=None, ge=0)
-
-    @field_validator("name")
-    @classmethod
-    def _known(cls, v: str) -> str:
-        from tuner.search.samplers import SAMPLER_NAMES
-
-        if v not in SAMPLER_NAMES:
-            raise ValueError(f"unknown sampler {v!r}; valid: {', '.join(SAMPLER_NAMES)}")
-        return v
 
 
 class TrackingSpec(_Strict):
@@ -282,62 +271,3 @@ class AgentSpec(_Strict):
         if self.budget.trials is None and self.budget.wall_time_s is None:
             raise ValueError("budget needs trials or wall_time_s")
         return self
-
-
-class Agent(BaseModel):
-    """A loaded agent: its spec, where it came from and its resolved search space."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-    spec: AgentSpec
-    path: Path
-    space: Any  # tuner.space.SearchSpace
-    target_options: Any  # the target kind's options model
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    def resolve(self, rel: str) -> Path:
-        """A path named in the spec, relative to the agent file."""
-        p = Path(rel)
-        return p if p.is_absolute() else (self.path.parent / p)
-
-
-def load_agent(path: str | Path) -> Agent:
-    """Load and validate an agent spec and everything it names. Raises a located ConfigError."""
-    from tuner.space import load_space, parse_space
-    from tuner.targets.registry import validate_target_options
-
-    path = Path(path)
-    data, lines = load_yaml(path)
-    if not isinstance(data, dict):
-        raise ConfigError("an agent spec must be a YAML mapping", file=str(path), line=1)
-    try:
-        spec = AgentSpec.model_validate(data)
-    except ValidationError as exc:
-        raise pydantic_to_config_error(exc, str(path), lines) from None
-    target_options = validate_target_options(spec.target, file=str(path), lines=lines)
-    if isinstance(spec.search_space, str):
-        sp = Path(spec.search_space)
-        sp = sp if sp.is_absolute() else path.parent / sp
-        space = load_space(sp)
-    else:
-        space = parse_space(spec.search_space, file=str(path), lines=lines, prefix=("search_space",))
-    agent = Agent(spec=spec, path=path, space=space, target_options=target_options)
-    _check_files(agent, lines)
-    return agent
-
-
-def _check_files(agent: Agent, lines: dict[Loc, int]) -> None:
-    from tuner.yamlio import line_of
-
-    w = agent.spec.workload
-    for field, value in (("workload.dataset", w.dataset), ("workload.arrival.trace", w.arrival.trace)):
-        if value and not agent.resolve(value).is_file():
-            loc = tuple(field.split("."))
-            raise ConfigError(
-                f"file not found: {agent.resolve(value)}",
-                file=str(agent.path),
-                line=line_of(lines, loc),
-                field=field,
-            )

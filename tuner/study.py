@@ -39,7 +39,7 @@ OWNER_ATTR = "tuner:owner"
 
 
 def _this_process() -> dict[str, Any]:
-    from tuner.targets.process import process_start_ticks
+    from tuner.proc import process_start_ticks
 
     pid = os.getpid()
     return {"host": socket.gethostname(), "pid": pid, "start_ticks": process_start_ticks(pid)}
@@ -59,7 +59,7 @@ def _owner_may_live(owner: Any, key: tuple[str, int]) -> bool:
         return False
     if owner.get("host") != socket.gethostname():
         return True  # another host's tuner (a shared database): its own next start reaps its trials
-    from tuner.targets.process import pid_alive, process_start_ticks
+    from tuner.proc import pid_alive, process_start_ticks
 
     pid = owner["pid"]
     if process_start_ticks(pid) != owner.get("start_ticks") or not pid_alive(pid):

@@ -31,8 +31,8 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
 
+    from tuner.agent import load_agent
     from tuner.loop import open_session, run_cycle
-    from tuner.spec import load_agent
 
     agent = load_agent(Path(__file__).with_name("agent-h200.yaml"))
     trials = a.trials

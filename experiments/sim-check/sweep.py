@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tuner.agent import load_agent
 from tuner.errors import TrialError
-from tuner.spec import load_agent
 from tuner.targets.base import TrialContext
 from tuner.targets.registry import make_target
 

@@ -9,7 +9,7 @@ import statistics
 import time
 from pathlib import Path
 
-from tuner.spec import load_agent
+from tuner.agent import load_agent
 from tuner.targets.base import TrialContext
 from tuner.targets.registry import make_target
 

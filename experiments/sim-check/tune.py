@@ -15,9 +15,9 @@ from typing import Any
 
 import optuna
 
+from tuner.agent import load_agent
 from tuner.errors import TrialError
 from tuner.space import SearchSpace
-from tuner.spec import load_agent
 from tuner.targets.base import TrialContext
 from tuner.targets.registry import make_target
 

@@ -24,8 +24,8 @@ def main() -> None:
     args = ap.parse_args()
 
     t_import = time.perf_counter()
+    from tuner.agent import load_agent
     from tuner.loop import open_session, run_cycle
-    from tuner.spec import load_agent
 
     import_s = time.perf_counter() - t_import
     with tempfile.TemporaryDirectory() as d:

@@ -21,10 +21,10 @@ import yaml
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
+from tuner.agent import load_agent  # noqa: E402
 from tuner.champion import ChampionStore  # noqa: E402
 from tuner.loop import measure_config, open_session  # noqa: E402
 from tuner.promote import promote_config, verify  # noqa: E402
-from tuner.spec import load_agent  # noqa: E402
 from tuner.targets.base import TrialContext  # noqa: E402
 
 CHAMPION = {"max_num_seqs": 24}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from tuner.agent import load_agent
 from tuner.gpupool import GpuPool, overlaps
 from tuner.loop import open_session, run_cycle
-from tuner.spec import load_agent
 
 FAKE = Path(__file__).resolve().parents[1] / "support" / "fake_openai_server.py"
 

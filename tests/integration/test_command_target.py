@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from tuner.agent import load_agent
 from tuner.errors import ConfigError, InfeasibleConfig, WorkloadError
 from tuner.space import parse_space
-from tuner.spec import WorkloadSpec, load_agent
+from tuner.spec import WorkloadSpec
 from tuner.targets.base import TrialContext
 from tuner.targets.command import CommandOptions, CommandTarget, FlagSpec
 from tuner.targets.process import pid_alive
@@ -125,7 +126,7 @@ def test_5xx_during_measurement_is_server_errors(tmp_path: Path) -> None:
 
 
 def test_command_agent_loads_and_shows_its_command(tmp_path: Path) -> None:
-    from tuner.targets.process import show_command
+    from tuner.agent import show_command
 
     agent = tmp_path / "agent.yaml"
     agent.write_text(f"""\

@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 
 from tests.support.logged_proc import finish, output, start_logged
 from tuner import cli_ops
-from tuner.daemon import gpu_groups, run_agent_cycle
+from tuner.daemon.cycle import run_agent_cycle
+from tuner.daemon.runtime import gpu_groups
 from tuner.study import default_storage
 
 REPO = Path(__file__).resolve().parents[2]
@@ -173,22 +174,22 @@ def test_schedule_becomes_an_interval_or_cron_trigger() -> None:
     from apscheduler.triggers.cron import CronTrigger
     from apscheduler.triggers.interval import IntervalTrigger
 
-    from tuner.daemon import _trigger
+    from tuner.daemon.scheduler import trigger_for
     from tuner.spec import ScheduleSpec
 
     class S:
         schedule = ScheduleSpec(every="6h")
 
-    trig, grace = _trigger(S)
+    trig, grace = trigger_for(S)
     assert isinstance(trig, IntervalTrigger) and trig.interval.total_seconds() == 6 * 3600 and grace >= 6 * 3600
     S.schedule = ScheduleSpec(cron="30 2 * * 1")
-    trig, grace = _trigger(S)
+    trig, grace = trigger_for(S)
     assert isinstance(trig, CronTrigger) and grace > 0
     assert [str(f) for f in trig.fields if f.name in ("hour", "minute", "day_of_week")] == ["1", "2", "30"]
 
 
 def test_check_fails_when_the_last_cycle_failed_or_the_heartbeat_is_stale(tmp_path: Path) -> None:
-    from tuner.daemon import check_alive, heartbeat_path
+    from tuner.daemon.health import check_alive, heartbeat_path
 
     hb = heartbeat_path(tmp_path)
     beat = {"pid": 1, "time": time.time(), "interval_s": 2.0, "agents": {"a": {"last_ok": True}}}
@@ -275,7 +276,9 @@ def test_sighup_applies_an_edited_schedule_and_keeps_the_old_one_after_a_bad_edi
 def test_reload_restarts_a_changed_watch_and_stops_a_removed_one(tmp_path: Path) -> None:
     import threading
 
-    from tuner.daemon import AgentState, DaemonMetrics, Runtime, reload_agents
+    from tuner.daemon.metrics import DaemonMetrics
+    from tuner.daemon.runtime import AgentState, Runtime
+    from tuner.daemon.scheduler import reload_agents
 
     agent = write_agent(tmp_path)
     base = agent.read_text()

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from tests.support.logged_proc import finish, output, start_logged
-from tuner.daemon import detect_anomalies
+from tuner.daemon.watch import detect_anomalies
 from tuner.measure.scrape import parse
 from tuner.spec import AgentSpec
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from tuner.agent import load_agent
 from tuner.errors import ConfigError, InfeasibleConfig
 from tuner.space import load_space
-from tuner.spec import Arrival, LengthDist, WorkloadSpec, load_agent
+from tuner.spec import Arrival, LengthDist, WorkloadSpec
 from tuner.targets.base import TrialContext
 from tuner.targets.registry import make_target, target_class
 from tuner.targets.torch_engine import PROBE_PROMPTS, PROBE_TOKENS, TorchEngineOptions, TorchEngineTarget

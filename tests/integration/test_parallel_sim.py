@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tuner.agent import load_agent
 from tuner.gpupool import GpuPool, overlaps
 from tuner.loop import open_session, run_cycle
-from tuner.spec import load_agent
 
 AGENT = """\
 name: parallel-sim

@@ -16,9 +16,9 @@ import yaml
 from typer.testing import CliRunner
 
 from tuner import cli_ops
+from tuner.agent import load_agent
 from tuner.champion import ChampionStore
 from tuner.loop import open_session, run_cycle
-from tuner.spec import load_agent
 from tuner.tracking import Tracker, default_tracking_uri
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tuner.agent import load_agent
 from tuner.loop import open_session
 from tuner.promote import verify
-from tuner.spec import load_agent
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "agents" / "quickstart.yaml"

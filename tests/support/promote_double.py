@@ -17,10 +17,11 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from tuner.agent import Agent
 from tuner.errors import DeployError
 from tuner.measure.measurement import Measurement
 from tuner.space import parse_space
-from tuner.spec import Agent, AgentSpec, WorkloadSpec
+from tuner.spec import AgentSpec, WorkloadSpec
 from tuner.targets.base import Deployment, Target, TrialContext
 
 PROBE = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]]

@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pytest
 
+from tuner.agent import load_agent
 from tuner.errors import ConfigError
 from tuner.measure.failures import CAUSE_ALL_REQUESTS_FAILED, error_rate_slo, request_failure
 from tuner.measure.measurement import Measurement
 from tuner.measure.metrics import first_errors, prompt_length_check, summarise
 from tuner.measure.records import RequestRecord
-from tuner.spec import SLO, WorkloadSpec, load_agent
+from tuner.spec import SLO, WorkloadSpec
 
 AGENT = """\
 name: t

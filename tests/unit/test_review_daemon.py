@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.daemon import _single_instance, run_daemon
+from tuner.daemon.scheduler import run_daemon, single_instance
 from tuner.errors import ConfigError
 
 AGENT = """\
@@ -34,7 +34,7 @@ def write_agent(d: Path, file: str, name: str, schedule: str = "{every: 1h}") ->
 
 def lock_is_free(sd: Path) -> bool:
     try:
-        f = _single_instance(sd)
+        f = single_instance(sd)
     except ConfigError:
         return False
     with contextlib.closing(f):
@@ -63,7 +63,7 @@ def test_duplicate_names_leave_the_daemon_lock_free(tmp_path: Path) -> None:
 def test_tuned_prompt_mean_of_a_dataset_workload_is_the_datasets(tmp_path: Path) -> None:
     import json
 
-    from tuner.daemon import tuned_prompt_mean
+    from tuner.daemon.watch import tuned_prompt_mean
     from tuner.measure.datasets import load_dataset
     from tuner.measure.tokenize import load_tokenizer
     from tuner.spec import WorkloadSpec
@@ -84,7 +84,9 @@ def test_the_watcher_survives_a_failing_check(tmp_path: Path) -> None:
     import time
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from tuner.daemon import AgentState, DaemonMetrics, Runtime, _watch_loop
+    from tuner.daemon.metrics import DaemonMetrics
+    from tuner.daemon.runtime import AgentState, Runtime
+    from tuner.daemon.watch import watch_loop
     from tuner.spec import AgentSpec
 
     scrapes = {"n": 0}
@@ -114,7 +116,7 @@ def test_the_watcher_survives_a_failing_check(tmp_path: Path) -> None:
     rt = Runtime(state_dir=tmp_path, stop=threading.Event(), agents={}, locks={}, metrics=DaemonMetrics(),
                  grace_s=1.0)
     done = threading.Event()
-    t = threading.Thread(target=_watch_loop, args=(rt, AgentState("w", tmp_path / "w.yaml"), spec, done),
+    t = threading.Thread(target=watch_loop, args=(rt, AgentState("w", tmp_path / "w.yaml"), spec, done),
                          daemon=True)
     t.start()
     try:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from tuner.agent import load_agent
 from tuner.errors import ConfigError
 from tuner.space import parse_space
-from tuner.spec import load_agent
 from tuner.targets.base import TrialContext
 from tuner.targets.registry import make_target
 from tuner.targets.sim import SimTarget

@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from tuner.agent import load_agent
 from tuner.cli import app
 from tuner.errors import ConfigError
-from tuner.spec import load_agent
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from tuner.agent import load_agent
 from tuner.champion import ChampionStore
 from tuner.loop import measure_config, open_session
 from tuner.promote import promote_config, verify
-from tuner.spec import load_agent
 from tuner.targets.base import TrialContext
 
 AGENT = """\

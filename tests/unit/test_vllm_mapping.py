@@ -11,11 +11,10 @@ from typing import Any
 
 import pytest
 
+from tuner.agent import load_agent, show_command
 from tuner.errors import ConfigError, InfeasibleConfig
 from tuner.space import load_space, parse_space
-from tuner.spec import load_agent
 from tuner.targets.base import TrialContext
-from tuner.targets.process import show_command
 from tuner.targets.vllm import (
     FLAGS,
     REMOVED_FLAGS,

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel
 
 from tuner.measure.measurement import Measurement
+from tuner.space import SearchSpace
 from tuner.spec import WorkloadSpec
 
 
@@ -80,7 +81,7 @@ class Target(ABC):
         """How many GPUs of the pool a trial with these params claims (0: none)."""
         return 0
 
-    def check_space(self, space: Any) -> None:
+    def check_space(self, space: SearchSpace) -> None:
         """Raise ConfigError if the search space names a knob this target cannot apply."""
 
     def command_preview(self, params: Mapping[str, Any], ctx: TrialContext) -> tuple[list[str], dict[str, str]] | None:

@@ -38,6 +38,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tuner.errors import ConfigError, InfeasibleConfig
+from tuner.space import SearchSpace
 from tuner.targets.base import TrialContext
 from tuner.targets.process import ProcessTarget
 
@@ -217,7 +218,7 @@ class CommandTarget(ProcessTarget):
             raise InfeasibleConfig(f"gpus_per_trial names {g!r}, which this trial does not set")
         return int(v)
 
-    def check_space(self, space: Any) -> None:
+    def check_space(self, space: SearchSpace) -> None:
         file = getattr(space, "source", None)
         fixed = dict(getattr(space, "fixed", {}))
         names = {p.name for p in space.params} | set(fixed)

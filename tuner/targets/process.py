@@ -21,7 +21,6 @@ The guard exits with the server's own status (code or signal), so classification
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import json
 import logging
@@ -30,16 +29,15 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from tuner.errors import (
     DeployError,
@@ -50,11 +48,9 @@ from tuner.errors import (
     WorkloadError,
 )
 from tuner.measure.measurement import Measurement
+from tuner.proc import free_port, group_alive, pid_alive, process_start_ticks
 from tuner.spec import WorkloadSpec
 from tuner.targets.base import Deployment, Target, TrialContext
-
-if TYPE_CHECKING:
-    from tuner.spec import Agent
 
 log = logging.getLogger(__name__)
 
@@ -146,85 +142,6 @@ def classify_failure(
                              cause=CAUSE_CRASH_RUN, log_tail=log_tail)
     return DeployError(f"server exited before it was ready ({status}){where}",
                        cause=CAUSE_CRASH_START, log_tail=log_tail)
-
-
-# ---------------------------------------------------------------- ports
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the OS's choice)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-# ---------------------------------------------------------------- process identity
-def process_start_ticks(pid: int) -> int | None:
-    """The start time of `pid` in clock ticks since boot (/proc/<pid>/stat field 22), or None if gone."""
-    try:
-        data = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError, OSError):
-        return None
-    # the command name (field 2) may hold spaces and parentheses: split after the last ')'
-    rest = data[data.rfind(")") + 2:].split()
-    try:
-        return int(rest[19])  # field 22 overall; rest starts at field 3
-    except (IndexError, ValueError):
-        return None
-
-
-def pid_alive(pid: int) -> bool:
-    """True if `pid` exists and is not a zombie."""
-    try:
-        data = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    state = data[data.rfind(")") + 2:].split()[0]
-    return state not in ("Z", "X")
-
-
-def group_alive(pgid: int) -> bool:
-    """True if some non-zombie process is still in process group `pgid`."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            data = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = data[data.rfind(")") + 2:].split()
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
-            return True
-    return False
-
-
-# ---------------------------------------------------------------- parent-death signal
-_PR_SET_PDEATHSIG = 1
-_libc: Any = None
-try:
-    _libc = ctypes.CDLL(None, use_errno=True)
-    _prctl: Any = _libc.prctl
-except (OSError, AttributeError):  # not Linux
-    _prctl = None
-
-
-def parent_death_preexec(parent_pid: int) -> Callable[[], None] | None:
-    """preexec_fn for Popen: ask for SIGKILL when the parent dies; exit if it already has."""
-    if _prctl is None:
-        return None
-    prctl = _prctl
-    sig = int(signal.SIGKILL)
-
-    def _preexec() -> None:  # runs in the child between fork and exec: keep it tiny
-        prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
-        if os.getppid() != parent_pid:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return _preexec
 
 
 # ---------------------------------------------------------------- PID registry
@@ -680,30 +597,6 @@ def format_command(argv: Sequence[str], env: Mapping[str, str]) -> str:
     return " ".join([*parts, shlex.join(list(argv))])
 
 
-def show_command(agent: Agent) -> str:
-    """The exact argv and environment the agent's baseline trial would launch (or a note if none)."""
-    import tempfile
-
-    from tuner.targets.registry import make_target
-
-    target = make_target(agent.spec.target.kind, agent.target_options, agent.path.parent)
-    space = agent.space.bind_facts(target.facts())
-    target.check_space(space)  # also tells the target the space's defaults (flags left out at them)
-    params = space.full_config(space.defaults())
-    n = target.gpus_needed(params)
-    pool = list(agent.spec.gpus) if agent.spec.gpus else list(range(n))
-    with tempfile.TemporaryDirectory(prefix="tuner-preview-") as tmp:
-        ctx = TrialContext(trial_number=0, state_dir=Path(tmp), gpus=tuple(pool[:n]), label="baseline")
-        preview = target.command_preview(params, ctx)
-    if preview is None:
-        return f"target kind {agent.spec.target.kind!r} runs in-process: no command to launch"
-    argv, env = preview
-    lines = ["# environment (added to the tuner's own)"]
-    lines += [f"{k}={v}" for k, v in sorted(env.items())] or ["(none)"]
-    lines += ["# argv", json.dumps(argv), "# as a shell line", format_command(argv, env)]
-    return "\n".join(lines)
-
-
 __all__ = [
     "HttpDeployment",
     "ProcessTarget",
@@ -712,5 +605,4 @@ __all__ = [
     "format_command",
     "free_port",
     "reap_orphans",
-    "show_command",
 ]

@@ -18,6 +18,7 @@ from tuner.measure.metrics import summarise
 from tuner.sim.config import KNOBS, EngineConfig, resolve_config
 from tuner.sim.engine import simulate
 from tuner.sim.profiles import HARDWARE, MODELS
+from tuner.space import SearchSpace
 from tuner.spec import WorkloadSpec
 from tuner.targets.base import Deployment, Target, TrialContext
 
@@ -133,7 +134,7 @@ class SimTarget(Target):
         dp = params.get("data_parallel_size") or 1
         return int(tp) * int(dp)
 
-    def check_space(self, space: Any) -> None:
+    def check_space(self, space: SearchSpace) -> None:
         names = [p.name for p in getattr(space, "params", [])] + list(getattr(space, "fixed", {}))
         unknown = sorted(set(names) - set(KNOBS))
         if unknown:

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.engine.config import PRESETS, EngineConfig, EngineConfigError, to_argv
 from tuner.errors import ConfigError, InfeasibleConfig
+from tuner.space import SearchSpace
 from tuner.targets.base import TrialContext
 from tuner.targets.process import HttpDeployment, ProcessTarget
 
@@ -166,7 +167,7 @@ class TorchEngineTarget(ProcessTarget):
             raise InfeasibleConfig(str(exc)) from None
         return argv, {}
 
-    def check_space(self, space: Any) -> None:
+    def check_space(self, space: SearchSpace) -> None:
         fields = set(EngineConfig.__dataclass_fields__) - _TARGET_FIELDS
         names = [p.name for p in space.params] + list(space.fixed)
         unknown = sorted(n for n in names if n not in fields)

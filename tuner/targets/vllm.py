@@ -30,6 +30,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tuner.errors import ConfigError, InfeasibleConfig
+from tuner.space import SearchSpace
 from tuner.targets.base import TrialContext
 from tuner.targets.process import ProcessTarget
 
@@ -471,7 +472,7 @@ class VllmTarget(ProcessTarget):
                 "gpu_count": str(count) if count else "unknown", "model": self.options.model}
 
     # -- validation before a study starts
-    def check_space(self, space: Any) -> None:
+    def check_space(self, space: SearchSpace) -> None:
         file = getattr(space, "source", None)
         names = [p.name for p in space.params] + list(getattr(space, "fixed", {}))
         for name in names:

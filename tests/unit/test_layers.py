@@ -1,0 +1,31 @@
+"""The layer contract (pyproject.toml [tool.importlinter]) holds, and it does fail on an upward import."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+LINT = Path(sys.executable).with_name("lint-imports")
+
+
+def _lint(cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(LINT), "--no-cache"], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_the_repository_keeps_its_layers() -> None:
+    r = _lint(REPO)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "0 broken" in r.stdout
+
+
+def test_an_upward_import_breaks_the_contract(tmp_path: Path) -> None:
+    shutil.copytree(REPO / "tuner", tmp_path / "tuner", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    with (tmp_path / "tuner" / "study.py").open("a") as f:
+        f.write("\n\ndef _late() -> None:\n    from tuner.loop import run_cycle  # noqa: F401\n")
+    r = _lint(tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "tuner.study -> tuner.loop" in r.stdout

@@ -1,0 +1,105 @@
+"""Loading an agent: its spec file, the search space it names, its target's options, its files.
+
+This is the layer above the spec schemas and the targets: it reads YAML, validates the spec (tuner.spec), the
+target's options (the target kind's own model) and the search space, and raises a located ConfigError.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from tuner.errors import ConfigError
+from tuner.search.samplers import SAMPLER_NAMES
+from tuner.space import SearchSpace, load_space, parse_space
+from tuner.spec import AgentSpec
+from tuner.targets.base import TrialContext
+from tuner.targets.process import format_command
+from tuner.targets.registry import make_target, validate_target_options
+from tuner.yamlio import Loc, line_of, load_yaml, pydantic_to_config_error
+
+
+class Agent(BaseModel):
+    """A loaded agent: its spec, where it came from, its resolved search space and its target's options."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    spec: AgentSpec
+    path: Path
+    space: SearchSpace
+    target_options: BaseModel  # an instance of the target kind's Options model
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def resolve(self, rel: str) -> Path:
+        """A path named in the spec, relative to the agent file."""
+        p = Path(rel)
+        return p if p.is_absolute() else (self.path.parent / p)
+
+
+def load_agent(path: str | Path) -> Agent:
+    """Load and validate an agent spec and everything it names. Raises a located ConfigError."""
+    path = Path(path)
+    data, lines = load_yaml(path)
+    if not isinstance(data, dict):
+        raise ConfigError("an agent spec must be a YAML mapping", file=str(path), line=1)
+    try:
+        spec = AgentSpec.model_validate(data)
+    except ValidationError as exc:
+        raise pydantic_to_config_error(exc, str(path), lines) from None
+    _check_registries(spec, str(path), lines)
+    target_options = validate_target_options(spec.target, file=str(path), lines=lines)
+    if isinstance(spec.search_space, str):
+        sp = Path(spec.search_space)
+        sp = sp if sp.is_absolute() else path.parent / sp
+        space = load_space(sp)
+    else:
+        space = parse_space(spec.search_space, file=str(path), lines=lines, prefix=("search_space",))
+    agent = Agent(spec=spec, path=path, space=space, target_options=target_options)
+    _check_files(agent, lines)
+    return agent
+
+
+def _check_registries(spec: AgentSpec, file: str, lines: dict[Loc, int]) -> None:
+    """Names the spec picks from a registry (the sampler) exist."""
+    if spec.sampler.name not in SAMPLER_NAMES:
+        raise ConfigError(f"unknown sampler {spec.sampler.name!r}; valid: {', '.join(SAMPLER_NAMES)}", file=file,
+                          line=line_of(lines, ("sampler", "name")) or line_of(lines, ("sampler",)),
+                          field="sampler.name")
+
+
+def _check_files(agent: Agent, lines: dict[Loc, int]) -> None:
+    w = agent.spec.workload
+    for field, value in (("workload.dataset", w.dataset), ("workload.arrival.trace", w.arrival.trace)):
+        if value and not agent.resolve(value).is_file():
+            loc = tuple(field.split("."))
+            raise ConfigError(
+                f"file not found: {agent.resolve(value)}",
+                file=str(agent.path),
+                line=line_of(lines, loc),
+                field=field,
+            )
+
+
+def show_command(agent: Agent) -> str:
+    """The exact argv and environment the agent's baseline trial would launch (or a note if none)."""
+    target = make_target(agent.spec.target.kind, agent.target_options, agent.path.parent)
+    space = agent.space.bind_facts(target.facts())
+    target.check_space(space)  # also tells the target the space's defaults (flags left out at them)
+    params = space.full_config(space.defaults())
+    n = target.gpus_needed(params)
+    pool = list(agent.spec.gpus) if agent.spec.gpus else list(range(n))
+    with tempfile.TemporaryDirectory(prefix="tuner-preview-") as tmp:
+        ctx = TrialContext(trial_number=0, state_dir=Path(tmp), gpus=tuple(pool[:n]), label="baseline")
+        preview = target.command_preview(params, ctx)
+    if preview is None:
+        return f"target kind {agent.spec.target.kind!r} runs in-process: no command to launch"
+    argv, env = preview
+    lines = ["# environment (added to the tuner's own)"]
+    lines += [f"{k}={v}" for k, v in sorted(env.items())] or ["(none)"]
+    lines += ["# argv", json.dumps(argv), "# as a shell line", format_command(argv, env)]
+    return "\n".join(lines)

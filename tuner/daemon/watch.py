@@ -1,0 +1,116 @@
+"""The production watch: scrape the live server's /metrics, detect SLO breaches and prompt-length drift,
+record the anomaly and start the agent's cycle early."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from tuner.champion import append_jsonl
+from tuner.daemon.runtime import AgentState, Runtime, job_id
+from tuner.measure.datasets import plans_for
+from tuner.measure.scrape import Snapshot, scrape, telemetry
+from tuner.measure.tokenize import load_tokenizer
+from tuner.spec import AgentSpec, WorkloadSpec
+from tuner.tracking import Tracker, resolve_tracking_uri
+
+log = logging.getLogger(__name__)
+
+# the watched SLO metric -> the server telemetry key it is compared with
+WATCHED_SLOS = {"ttft_ms.p99": "server_ttft_ms_p99", "itl_ms.p99": "server_itl_ms_p99"}
+
+
+def start_watch(rt: Runtime, st: AgentState, spec: AgentSpec) -> None:
+    """Start the agent's production watch (if its spec has one), ending the one that ran before."""
+    if st.watch_stop is not None:
+        st.watch_stop.set()
+        st.watch_stop = None
+    st.watch = spec.watch.model_dump() if spec.watch is not None else None
+    if spec.watch is None or rt.stop.is_set():
+        return
+    st.watch_stop = threading.Event()
+    threading.Thread(target=watch_loop, args=(rt, st, spec, st.watch_stop), name=f"tuner-watch-{st.name}",
+                     daemon=True).start()
+
+
+def watch_loop(rt: Runtime, st: AgentState, spec: AgentSpec, done: threading.Event) -> None:
+    w = spec.watch
+    if w is None:
+        return
+    history: list[tuple[float, Snapshot]] = []
+    cooldown_until = 0.0
+    while not done.wait(w.interval_s):
+        snap = scrape(w.url)
+        if snap is None:
+            continue
+        now = time.monotonic()
+        history.append((now, snap))
+        history = [(t, s) for t, s in history if now - t <= w.window_s + w.interval_s]
+        base = history[0][1] if len(history) > 1 else None
+        if base is None or now < cooldown_until:
+            continue
+        try:
+            anomalies = detect_anomalies(spec, base, snap, st.path.parent)
+        except Exception as exc:  # noqa: BLE001 - a failing check must not end the watch for good
+            log.warning("watch %s: cannot check the scrape of %s: %s", st.name, w.url, exc)
+            continue
+        if not anomalies:
+            continue
+        cooldown_until = now + w.window_s
+        for kind, detail in anomalies:
+            rt.metrics.anomalies.labels(st.name, kind).inc()
+            log.warning("watch %s: %s (%s): starting a cycle now", st.name, kind, detail)
+        try:
+            record_anomaly(rt, spec, anomalies)
+        except OSError as exc:
+            log.warning("watch %s: cannot record the anomaly: %s", st.name, exc)
+        if rt.scheduler is not None and not st.running and not rt.stop.is_set():
+            try:
+                rt.scheduler.modify_job(job_id(st.name), next_run_time=datetime.now(timezone.utc))
+            except Exception as exc:  # noqa: BLE001 - the job may be gone during shutdown
+                log.warning("cannot trigger a cycle of %s: %s", st.name, exc)
+
+
+def detect_anomalies(spec: AgentSpec, before: Snapshot, after: Snapshot,
+                     base_dir: Path | None = None) -> list[tuple[str, str]]:
+    """SLO breaches of p99 TTFT/ITL and prompt-length drift between two scrapes of production /metrics.
+
+    `base_dir` (the agent file's folder) resolves the workload's dataset or trace path."""
+    tel = telemetry(before, after)
+    out: list[tuple[str, str]] = []
+    for slo in spec.slos:
+        key = WATCHED_SLOS.get(slo.metric)
+        if slo.max is not None and key is not None and key in tel and tel[key] > slo.max:
+            out.append(("slo", f"{slo.metric} {tel[key]:.1f} > {slo.max}"))
+    n = tel.get("server_request_success", 0.0)
+    if n > 0 and "server_prompt_tokens" in tel and spec.watch is not None:
+        mean_now = tel["server_prompt_tokens"] / n
+        tuned = tuned_prompt_mean(spec.workload, base_dir)
+        if tuned and abs(mean_now - tuned) / tuned > spec.watch.drift_threshold:
+            out.append(("drift", f"mean prompt {mean_now:.0f} tokens vs {tuned:.0f} tuned for"))
+    return out
+
+
+def tuned_prompt_mean(workload: WorkloadSpec, base_dir: Path | None = None) -> float:
+    """Mean prompt length of the workload the champion was tuned for (from its request plans).
+
+    A dataset or trace gives the prompts (and their lengths); `base_dir` resolves its relative path.
+    """
+    tok = load_tokenizer(None, seed=workload.seed)
+    all_plans, _ = plans_for(workload, seed=workload.seed, tok=tok, base_dir=base_dir)
+    plans = [p for p in all_plans if not p.warmup]
+    return sum(p.prompt_tokens for p in plans) / len(plans) if plans else 0.0
+
+
+def record_anomaly(rt: Runtime, spec: AgentSpec, anomalies: list[tuple[str, str]]) -> None:
+    sd = Path(rt.state_dir)
+    tr = Tracker(resolve_tracking_uri(spec.tracking.uri, sd), spec.tracking.experiment or spec.name,
+                 artifact_dir=sd / "mlartifacts", enabled=spec.tracking.enabled)
+    run_id = tr.start_run("anomaly", tags={"kind": "anomaly", "agent": spec.name,
+                                           "anomalies": "; ".join(f"{k}: {d}" for k, d in anomalies)})
+    tr.end_run(run_id)
+    append_jsonl(sd / spec.name / "anomalies.jsonl",
+                 {"time": time.time(), "anomalies": [{"kind": k, "detail": d} for k, d in anomalies]})
