@@ -214,10 +214,24 @@ def _stat_block(out: dict[str, Any], name: str, values_ms: list[float]) -> None:
         out[f"p{p}_{name}_ms"] = float(np.percentile(arr, p)) if ok else None
 
 
-def error_lines(m: Measurement) -> list[str]:
-    """One line per error kind: how many, and the first one's detail (the server's message)."""
-    return [f"errors: {kind} {n} (first: {detail or 'no detail'})"
-            for kind, (n, detail) in sorted(first_errors(m.records).items())]
+# (what a refusal's message mentions, the option that leaves it out)
+_HINTS = (("ignore_eos", "the server refuses ignore_eos: pass --no-ignore-eos (workload ignore_eos: false)"),
+          ("stream_options", 'the server refuses stream_options: --extra-body \'{"stream_options": null}\''),
+          ("max_completion_tokens", 'the server refuses max_completion_tokens: use --endpoint completions'))
+
+
+def error_lines(m: Measurement, workload: WorkloadSpec | None = None) -> list[str]:
+    """One line per error kind: how many, and the first one's detail (the server's message); then a hint
+    when the message names a field the client sent that can be left out."""
+    errors = first_errors(m.records)
+    lines = [f"errors: {kind} {n} (first: {detail or 'no detail'})" for kind, (n, detail) in sorted(errors.items())]
+    refused = " ".join(d for k, (_, d) in errors.items() if k == "http_4xx")
+    for word, hint in _HINTS:
+        if word in refused:
+            lines.append(f"hint: {hint}")
+    if refused and workload is not None and workload.prompt_format == "token_ids" and "prompt" in refused:
+        lines.append("hint: the server may take text prompts only: --prompt-format text")
+    return lines
 
 
 def summary_table(m: Measurement) -> Table:
@@ -341,7 +355,7 @@ def register(app: typer.Typer) -> None:
             err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code if isinstance(exc, TunerError) else 2) from None
         console.print(summary_table(m))
-        for line in error_lines(m):
+        for line in error_lines(m, w):
             console.print(line, highlight=False, soft_wrap=True)
         for note in m.notes:
             console.print(f"note: {note}", highlight=False)

@@ -72,6 +72,9 @@ def test_multi_token_chunks_split_their_gap_and_are_counted() -> None:
     assert spread([None, None, None], 7) == [3, 2, 2]
     assert spread([2, None], 2) == [1, 1]  # known counts that overshoot the total are rescaled
     assert sum(spread([5, 5, 1], 6)) == 6
+    for counts, total in (([1, 1, 1, 4], 5), ([3, 1, 1, 1, 1], 6), ([2, 2, 2, 1, 1], 6), ([9, 1, 1], 3)):
+        got = spread(list(counts), total)  # type: ignore[arg-type]
+        assert sum(got) == total and min(got) >= 1, (counts, total, got)
 
 
 def test_an_error_event_is_a_broken_stream() -> None:

@@ -134,12 +134,19 @@ def spread(counts: list[int | None], total: int) -> list[int]:
     if sum(out) != total and total >= n:
         raw = [c * total / sum(out) for c in out]
         base = [max(1, int(x)) for x in raw]
+        order = sorted(range(n), key=lambda i: raw[i] - int(raw[i]), reverse=True)
         left = total - sum(base)
-        for i in sorted(range(n), key=lambda i: raw[i] - int(raw[i]), reverse=True):
+        for i in order:  # too few: the largest remainders get one more
             if left <= 0:
                 break
             base[i] += 1
             left -= 1
+        for i in reversed(order):  # too many (chunks raised to 1): the smallest remainders give one back
+            if left >= 0:
+                break
+            if base[i] > 1:
+                base[i] -= 1
+                left += 1
         out = base
     return out
 

@@ -137,7 +137,7 @@ class HFTokenizer:
         for i in rng.permutation(vocab)[:20000].tolist():
             w = str(self._tok.decode([i])).strip()
             if 2 <= len(w) <= 12 and w.isascii() and w.isalpha() and w.islower() and w not in words:
-                if self.count(" " + w) == 1 or self.count(w) == 1:
+                if self.count(" " + w) == 1:  # one token wherever it stands after a space
                     words.add(w)
             if len(words) >= 4096:
                 break
@@ -163,6 +163,16 @@ class HFTokenizer:
         hit = self._cache.get((n_tokens, off))
         if hit is not None:
             return hit
+        text = ""
+        for shift in range(8):  # the first word may be several tokens without its space: start elsewhere
+            text = self._words_text(n_tokens, (off + shift) % len(self._words))
+            if self.count(text) == n_tokens:
+                break
+        if len(self._cache) < 65536:
+            self._cache[(n_tokens, off)] = text
+        return text
+
+    def _words_text(self, n_tokens: int, off: int) -> str:
         words = (self._words[off:] + self._words[:off]) * (1 + n_tokens // len(self._words))
         k = n_tokens
         text = ""
@@ -172,8 +182,6 @@ class HFTokenizer:
             if c == n_tokens:
                 break
             k += n_tokens - c
-        if len(self._cache) < 65536:
-            self._cache[(n_tokens, off)] = text
         return text
 
     def synth(self, n_tokens: int, key: int) -> str:
