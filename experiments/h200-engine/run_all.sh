@@ -13,7 +13,7 @@ nvidia-smi -L || true
 timeout 200 python3 experiments/h200-engine/bench_decode.py $SMOKE --out "$OUT" > "$OUT/bench.log" 2>&1
 echo "bench_decode: exit $? after ${SECONDS}s"; tail -45 "$OUT/decode.md" 2>/dev/null || tail -20 "$OUT/bench.log"
 if [ -z "$SMOKE" ]; then  # the engine's GPU checks (graphs, async output, bf16/INT8, the server), not compile
-  TUNER_GPU_TESTS_SKIP=compile timeout 100 python3 tests/integration/test_engine_gpu.py > "$OUT/gpu-tests.log" 2>&1
+  TUNER_GPU_TESTS_SKIP=compile timeout 100 python3 tests/integration/engine/test_engine_gpu.py > "$OUT/gpu-tests.log" 2>&1
   echo "gpu tests: exit $? after ${SECONDS}s"; grep -E "^(PASS|FAIL|SKIP)" "$OUT/gpu-tests.log"
 fi
 if ls .whl/*.whl >/dev/null 2>&1; then

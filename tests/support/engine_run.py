@@ -1,6 +1,6 @@
 """Run a batch of greedy requests through an in-process Engine and return each request's tokens.
 
-Shared by the CPU schedule tests and the GPU checks (tests/integration/test_engine_gpu.py, which also runs
+Shared by the CPU schedule tests and the GPU checks (tests/integration/engine/test_engine_gpu.py, which also runs
 as a plain script on a GPU host without pytest: keep this module free of test-framework imports)."""
 
 from __future__ import annotations

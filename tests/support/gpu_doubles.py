@@ -6,7 +6,7 @@ A CUDA graph records the kernels of one call of the decode step and replays them
 This double records nothing: `capture` runs the step once (so the runner's state handling around a
 capture is exercised) and `replay` runs the same closure again, on the same buffers, with the batch size
 and attention length it was captured with. What it cannot show is a real capture's own rules (no host
-synchronisation inside, fixed addresses): the GPU tests (tests/integration/test_engine_gpu.py) do.
+synchronisation inside, fixed addresses): the GPU tests (tests/integration/engine/test_engine_gpu.py) do.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from tuner.targets.vllm import (
     setting_of,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SPACE = REPO / "search_spaces" / "vllm.yaml"
 AGENTS = sorted((REPO / "agents").glob("vllm-8xa100*.yaml"))
 

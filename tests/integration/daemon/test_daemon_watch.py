@@ -15,7 +15,7 @@ from tuner.daemon.watch import detect_anomalies
 from tuner.measure.scrape import parse
 from tuner.spec import AgentSpec
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 

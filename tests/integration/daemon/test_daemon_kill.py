@@ -21,7 +21,7 @@ import pytest
 from tests.support.logged_proc import finish, output, start_logged
 from tuner.study import default_storage, open_storage
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 FAKE = REPO / "tests" / "support" / "fake_openai_server.py"
 AGENT = """\
 name: dkill

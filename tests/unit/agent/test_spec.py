@@ -9,7 +9,7 @@ from tuner.agent import load_agent
 from tuner.cli import app
 from tuner.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 BASE = """\
 name: t

@@ -9,7 +9,7 @@ from tuner.agent import load_agent
 from tuner.gpupool import GpuPool, overlaps
 from tuner.loop import open_session, run_cycle
 
-FAKE = Path(__file__).resolve().parents[1] / "support" / "fake_openai_server.py"
+FAKE = Path(__file__).resolve().parents[2] / "support" / "fake_openai_server.py"
 
 AGENT = """\
 name: parallel-{parallel}

@@ -1,7 +1,7 @@
 """The engine's GPU paths: CUDA graphs, async output, stream priority, torch.compile, bf16 and INT8.
 
 Skipped without CUDA. Runs under pytest (`-m gpu`) or on its own on a GPU host that lacks pytest:
-`python tests/integration/test_engine_gpu.py`.
+`python tests/integration/engine/test_engine_gpu.py`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402

@@ -15,7 +15,7 @@ from tuner.targets.base import TrialContext
 from tuner.targets.registry import make_target, target_class
 from tuner.targets.torch_engine import PROBE_PROMPTS, PROBE_TOKENS, TorchEngineOptions, TorchEngineTarget
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GPU_ONLY = {"cuda_graphs", "cuda_graph_max_batch", "compile", "async_output", "stream_priority"}
 
 

@@ -11,7 +11,7 @@ from tuner.agent import load_agent
 from tuner.loop import open_session
 from tuner.promote import verify
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 QUICKSTART = REPO / "agents" / "quickstart.yaml"
 
 pytestmark = pytest.mark.skipif(not QUICKSTART.is_file(), reason="torch engine agent missing")

@@ -33,9 +33,9 @@ from tuner.targets.process import (
     reap_orphans,
 )
 
-SUPPORT = Path(__file__).resolve().parents[1] / "support"
+SUPPORT = Path(__file__).resolve().parents[2] / "support"
 FAULTY = SUPPORT / "faulty_server.py"
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def faulty_argv(port: int, *extra: str) -> list[str]:

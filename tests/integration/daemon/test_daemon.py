@@ -22,7 +22,7 @@ from tuner.daemon.cycle import run_agent_cycle
 from tuner.daemon.runtime import gpu_groups
 from tuner.study import default_storage
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 AGENT = """\
 name: {name}
 target: {{kind: sim, hardware: a100-80gb-sxm, model: llama-3-8b, num_gpus: 8, noise_cv: 0.02}}

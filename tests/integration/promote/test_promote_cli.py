@@ -21,7 +21,7 @@ from tuner.champion import ChampionStore
 from tuner.loop import open_session, run_cycle
 from tuner.tracking import Tracker, default_tracking_uri
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 AGENT = """\
 name: promo
 target: {{kind: sim, hardware: a100-80gb-sxm, model: llama-3-8b, num_gpus: 8, noise_cv: 0.01}}

@@ -19,7 +19,7 @@ from tuner.targets.base import TrialContext
 from tuner.targets.command import CommandOptions, CommandTarget, FlagSpec
 from tuner.targets.process import pid_alive
 
-SUPPORT = Path(__file__).resolve().parents[1] / "support"
+SUPPORT = Path(__file__).resolve().parents[2] / "support"
 FAKE = SUPPORT / "fake_openai_server.py"
 FAULTY = SUPPORT / "faulty_server.py"
 

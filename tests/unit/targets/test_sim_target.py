@@ -13,7 +13,7 @@ from tuner.targets.base import TrialContext
 from tuner.targets.registry import make_target
 from tuner.targets.sim import SimTarget
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 AGENT = ROOT / "agents" / "sim-8xa100.yaml"
 
 
