@@ -2,7 +2,8 @@
 
     python -m tuner.engine.server --port 8000 [--preset tiny] [--device auto|cpu|cuda] [--batching continuous] ...
 
-Endpoints: POST /v1/completions (streaming SSE or not), GET /v1/models, GET /health (200 when ready,
+Endpoints: POST /v1/completions and /v1/chat/completions (streaming SSE or not; chat messages go through
+the checkpoint's chat template or the preset's, tuner/engine/chat.py), GET /v1/models, GET /health (200 when ready,
 503 while starting or after a fatal error), GET /metrics (Prometheus, vLLM's names where they mean the
 same thing, plus `engine_startup_phase_seconds{phase}`). The server binds 127.0.0.1 unless told
 otherwise and listens while the engine starts, so /health answers 503 until the engine is ready.
@@ -25,6 +26,7 @@ from typing import Any
 
 from aiohttp import web
 
+from tuner.engine import chat
 from tuner.engine.config import EngineConfig, EngineConfigError, add_engine_arguments, config_from_namespace
 from tuner.engine.engine import EngineStats
 
@@ -114,6 +116,7 @@ class EngineServer:
         self.tokenizer = ByteTokenizer(mc.vocab_size, mc.eos_token_id)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.created = int(time.time())
+        self.chat_template = chat.ChatTemplate.for_weights(cfg.weights)
 
     # ------------------------------------------------------------------ app
     def app(self) -> web.Application:
@@ -121,6 +124,7 @@ class EngineServer:
         app.router.add_get("/health", self.health)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/metrics", self.metrics)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
@@ -247,7 +251,10 @@ class EngineServer:
                 raise ApiError(400, f"token id {bad[0]} is out of vocabulary (0..{vocab - 1})", param="prompt")
         return out
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self.completions(request, is_chat=True)
+
+    async def completions(self, request: web.Request, is_chat: bool = False) -> web.StreamResponse:
         from tuner.engine.engine import Request
 
         if not self._healthy():
@@ -256,6 +263,11 @@ class EngineServer:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
             return error_response(ApiError(400, "the request body is not valid JSON"))
+        if is_chat:
+            try:
+                body = chat.completion_body(body, self.chat_template)
+            except chat.ChatError as exc:
+                return error_response(ApiError(400, str(exc), param=exc.param))
         try:
             prompts, opts = self._parse(body)
         except ApiError as err:
@@ -269,7 +281,8 @@ class EngineServer:
                 self.engine.submit(r)
         except RuntimeError as exc:
             return error_response(ApiError(503, str(exc), type="ServiceUnavailableError"))
-        cid = f"cmpl-{uuid.uuid4().hex}"
+        cid = f"{'chatcmpl' if is_chat else 'cmpl'}-{uuid.uuid4().hex}"
+        opts["chat"] = is_chat
         try:
             if opts["stream"]:
                 return await self._stream(request, cid, reqs, q, opts)
@@ -295,6 +308,10 @@ class EngineServer:
                     return error_response(ApiError(500, reason[6:], type="InternalServerError"))
                 reasons[index] = reason
                 left -= 1
+        usage = self._usage(reqs, sum(len(t) for t in tokens))
+        if opts["chat"]:
+            return web.json_response(chat.whole(cid, self.model_name, [self.tokenizer.decode(t) for t in tokens],
+                                                reasons, usage))
         choices = []
         for i, toks in enumerate(tokens):
             c: dict[str, Any] = {"index": i, "text": self.tokenizer.decode(toks), "logprobs": None,
@@ -304,8 +321,7 @@ class EngineServer:
                 c["prompt_token_ids"] = reqs[i].prompt
             choices.append(c)
         return web.json_response({"id": cid, "object": "text_completion", "created": int(time.time()),
-                                  "model": self.model_name, "choices": choices,
-                                  "usage": self._usage(reqs, sum(len(t) for t in tokens))})
+                                  "model": self.model_name, "choices": choices, "usage": usage})
 
     async def _stream(self, request: web.Request, cid: str, reqs: list[Any], q: asyncio.Queue[Any],
                       opts: dict[str, Any]) -> web.StreamResponse:
@@ -319,7 +335,12 @@ class EngineServer:
             data = obj if isinstance(obj, str) else json.dumps(obj, separators=(",", ":"))
             await resp.write(f"data: {data}\n\n".encode())
 
+        is_chat = opts["chat"]
+        obj = "chat.completion.chunk" if is_chat else "text_completion"
         try:
+            if is_chat:  # the assistant's role first, as OpenAI's and vLLM's chat streams do
+                for i in range(len(reqs)):
+                    await send(chat.chunk(cid, created, self.model_name, i, text="", role=True))
             while left:
                 index, new, reason = await q.get()
                 if reason is not None and reason.startswith("error:"):
@@ -328,6 +349,10 @@ class EngineServer:
                 completion += len(new)
                 if reason is not None:
                     left -= 1
+                if is_chat:
+                    await send(chat.chunk(cid, created, self.model_name, index, text=self.tokenizer.decode(new),
+                                          finish_reason=reason))
+                    continue
                 choice: dict[str, Any] = {"index": index, "text": self.tokenizer.decode(new), "logprobs": None,
                                           "finish_reason": reason, "stop_reason": None}
                 if opts["return_token_ids"]:
@@ -335,7 +360,7 @@ class EngineServer:
                 await send({"id": cid, "object": "text_completion", "created": created,
                             "model": self.model_name, "choices": [choice]})
             if opts["include_usage"]:
-                await send({"id": cid, "object": "text_completion", "created": created, "model": self.model_name,
+                await send({"id": cid, "object": obj, "created": created, "model": self.model_name,
                             "choices": [], "usage": self._usage(reqs, completion)})
             await send("[DONE]")
             await resp.write_eof()

@@ -256,3 +256,68 @@ def test_client_disconnect_mid_stream_frees_the_request(server: str) -> None:
         time.sleep(0.1)
     status, out = _post(server + "/v1/completions", {"model": MODEL, "prompt": "still here", "max_tokens": 2})
     assert status == 200 and out["usage"]["completion_tokens"] == 2
+
+
+def test_chat_completions_with_the_openai_client(client: Any) -> None:
+    from tuner.engine.chat import ChatTemplate
+    from tuner.engine.checkpoint import CHAT_TEMPLATE
+
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "Hello, engine"}]
+    prompt = ChatTemplate(CHAT_TEMPLATE, "preset").render(msgs)
+    assert prompt == "<|system|>be brief\n<|user|>Hello, engine\n<|assistant|>"  # the preset's template
+    stream = client.chat.completions.create(model=MODEL, messages=msgs, max_completion_tokens=6, temperature=0,
+                                            stream=True, stream_options={"include_usage": True},
+                                            extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(text) == 6 and text[-1].choices[0].finish_reason == "length"
+    usage = chunks[-1].usage
+    assert not chunks[-1].choices and usage is not None
+    assert (usage.prompt_tokens, usage.completion_tokens) == (len(prompt.encode()), 6)  # byte-level prompt
+    whole = client.chat.completions.create(model=MODEL, messages=msgs, max_completion_tokens=6, temperature=0,
+                                           extra_body={"ignore_eos": True})
+    assert whole.choices[0].message.role == "assistant" and whole.choices[0].finish_reason == "length"
+    assert whole.choices[0].message.content == "".join(c.choices[0].delta.content for c in text)  # greedy
+    assert whole.usage.completion_tokens == 6
+    # the same answer as a completion of the rendered prompt
+    same = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0,
+                                     extra_body={"ignore_eos": True})
+    assert same.choices[0].text == whole.choices[0].message.content
+
+
+@pytest.mark.parametrize("body, fragment", [
+    ({"model": MODEL}, "messages must be a non-empty list"),
+    ({"model": MODEL, "messages": [{"content": "x"}]}, "string role"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "only text parts"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}, "max_tokens"),
+])
+def test_bad_chat_requests_get_400_with_a_json_body(server: str, body: dict, fragment: str) -> None:
+    status, err = _post(server + "/v1/chat/completions", body)
+    assert status == 400 and fragment in err["error"]["message"], err
+
+
+def test_chat_template_from_a_checkpoint(tmp_path: Path) -> None:
+    from tuner.engine.chat import ChatTemplate
+
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages[0]['content'] }}!"}))
+    t = ChatTemplate.for_weights(str(tmp_path))
+    assert t.origin == "checkpoint" and t.render([{"role": "user", "content": "hi"}]) == "hi!"
+    (tmp_path / "chat_template.jinja").write_text("[{{ messages | length }}]")
+    assert ChatTemplate.for_weights(str(tmp_path)).render([{"role": "user", "content": "a"}]) == "[1]"
+    assert ChatTemplate.for_weights(None).origin == "preset"
+
+
+def test_tuner_bench_chat_against_the_engine(server: str, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from tuner.cli import app
+
+    out = tmp_path / "chat.json"
+    r = CliRunner().invoke(app, ["bench", "--url", server, "--endpoint", "chat", "--concurrency", "2",
+                                 "--requests", "4", "--prompt-tokens", "16", "--output-tokens", "4",
+                                 "--tokenizer", "byte", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    res = json.loads(out.read_text())
+    assert res["completed"] == 4 and res["output_lens"] == [4] * 4 and res["backend"] == "openai-chat"
+    assert all(n > 16 for n in res["input_lens"])  # the template's tokens are the server's count
