@@ -163,6 +163,26 @@ def _print_best(session: Any) -> None:
     if not best:
         console.print("[yellow]no feasible trial yet (every trial failed or broke an SLO)[/]")
     console.print(table)
+    _print_noise(study.noise_report())
+
+
+def _print_noise(noise: dict[str, Any] | None) -> None:
+    """The best with its interval, and whether its gain over the baseline is within the noise."""
+    if noise is None:
+        return
+    if noise["cv"] is None:
+        console.print("noise: not estimated yet (no trial measured twice)")
+        return
+    pct = int(round(noise["confidence"] * 100))
+    line = f"noise: run-to-run CV {noise['cv']:.1%} from {noise['repeated_trials']} repeated trial(s)"
+    if "best" in noise:
+        b = noise["best"]
+        line += (f"; best trial {b['number']}: {b['mean']:.4g} over {b['n']} run(s), "
+                 f"{pct}% interval [{b['low']:.4g}, {b['high']:.4g}]")
+    console.print(line)
+    if noise.get("within_noise"):
+        console.print("[yellow]the best's gain over the baseline is within the noise (their intervals "
+                      "overlap): the A/B verification decides[/]")
 
 
 # ---------------------------------------------------------------- validate

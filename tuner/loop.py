@@ -201,6 +201,11 @@ def run_cycle(
         for i, v in enumerate(best[0].values):
             summary[f"best_value_{i}"] = v
         session.tracker.log(run_id, tags={"best_trial": best[0].number})
+    noise = session.study.noise_report()
+    if noise and noise.get("cv") is not None:
+        summary["noise_cv"] = noise["cv"]
+        if "best" in noise:
+            summary["best_ci_low_0"], summary["best_ci_high_0"] = noise["best"]["low"], noise["best"]["high"]
     session.tracker.log(run_id, metrics=summary, tags={"interrupted": interrupted})
     session.tracker.end_run(run_id, "KILLED" if interrupted else "FINISHED")
     study.set_user_attr("last_cycle", {"cycle": cycle, "run_id": run_id, "trials": len(outcomes),
@@ -288,11 +293,53 @@ def run_trial(session: Session, parent_run_id: str | None, stop: threading.Event
     if gpus:
         attrs["gpus"] = list(gpus)
     attrs["duration_s"] = round(run_s, 4)
+    if spec.noise.repeats and m is not None and not stop.is_set() and (
+            baseline or (ev.feasible and _beats_best(session, ev))):
+        overhead += time.monotonic() - ts
+        attrs["repeats"] = repeat_trial(session, number, config, stop, gpu_pool)
+        ts = time.monotonic()
     session.study.tell(trial, ev, attrs=attrs)
     _track_trial(session, parent_run_id, number, baseline, config, ev, metrics, m, cause, error, log_path, gpus)
     overhead += time.monotonic() - ts
     return TrialOutcome(number, params, ev.values, ev.feasible, cause=cause, error=error, metrics=metrics,
                         overhead_s=overhead, duration_s=run_s, gpus=gpus)
+
+
+def _beats_best(session: Session, ev: Evaluation) -> bool:
+    """True when `ev` (of a trial not told yet) is better than the best feasible trial's first value."""
+    best = session.study.best()
+    if not best or len(session.agent.spec.objectives) != 1:
+        return not best
+    sign = 1 if session.agent.spec.objectives[0].direction == "maximize" else -1
+    return sign * ev.values[0] > sign * best[0].values[0]
+
+
+def repeat_trial(session: Session, number: int, config: dict[str, Any], stop: threading.Event,
+                 gpu_pool: Any) -> list[float]:
+    """Measure trial `number`'s configuration `noise.repeats` more times (new seeds): the first objective's
+    values, recorded as the trial's `repeats` (tuner.search.noise reads them). A failed repeat is logged and
+    skipped: the trial's own measurement stands."""
+    spec = session.agent.spec
+    values: list[float] = []
+    for i in range(1, spec.noise.repeats + 1):
+        if stop.is_set():
+            break
+        label = f"trial-{number}-repeat-{i}"
+        ctx = TrialContext(trial_number=number, state_dir=session.state_dir, stop_event=stop, label=label,
+                           seed=spec.workload.seed + number + 100_003 * i)
+        try:
+            need = session.target.gpus_needed(config)
+            if need > 0 and gpu_pool is not None and gpu_pool.total > 0:
+                with gpu_pool.claim(need, stop, label=label) as claimed:
+                    ctx.gpus = tuple(claimed)
+                    m, _ = measure_config(session, config, ctx)
+            else:
+                m, _ = measure_config(session, config, ctx)
+        except (TrialError, Interrupted) as exc:
+            log.warning("%s failed (%s); the trial's own measurement stands", label, exc)
+            continue
+        values.append(evaluate(m, spec.objectives, spec.slos).values[0])
+    return values
 
 
 def _track_trial(session: Session, parent: str | None, number: int, baseline: bool, config: dict[str, Any],

@@ -155,7 +155,32 @@ class Budget(_Strict):
 class SamplerSpec(_Strict):
     name: str = Field(default="tpe", description="a name of tuner.search.samplers.SAMPLERS (checked by the loader)")
     seed: int | None = 0
-    n_startup_trials: int | None = Field(default=None, ge=0)
+    n_startup_trials: int | None = Field(default=None, ge=0,
+                                         description="proposals before the model takes over (baseline excluded "
+                                                     "with initial_design: sobol)")
+    initial_design: Literal["sampler", "sobol", "sobol-around-defaults", "group-sweep"] = Field(
+        default="sampler", description=(
+            "sobol: the start-up trials come from a scrambled Sobol design of the whole space that honours the "
+            "constraints (tpe, gp); sobol-around-defaults: the same, each knob kept at its default with "
+            "probability 1/2; group-sweep: first every allowed joint choice of the categorical knobs a "
+            "constraint ties together (tensor x data parallel), the other knobs at their defaults, then "
+            "sobol-around-defaults"))
+    n_ei_candidates: int | None = Field(default=None, ge=1, le=10_000,
+                                        description="tpe: candidates drawn per proposal (Optuna's default 24)")
+    multivariate: bool = Field(default=False, description="tpe: model the parameters jointly, in groups of "
+                                                          "parameters that occur together (conditional knobs)")
+    resample_violations: int = Field(default=0, ge=0, le=10_000, description=(
+        "a proposal that breaks a declared constraint is recorded as rejected (not deployed, no budget trial) "
+        "and the sampler asked again, up to this many times per trial; 0: it is spent as an infeasible trial"))
+
+
+class NoiseSpec(_Strict):
+    """Run-to-run noise handling (tuner.search.noise): repeats estimate it, the best is ranked by its LCB."""
+
+    repeats: int = Field(default=0, ge=0, le=10, description=(
+        "extra measurements of the baseline and of each new best trial (0: off); each is a deployment, "
+        "not charged to the trial budget"))
+    confidence: float = Field(default=0.95, gt=0.5, lt=1, description="of the interval on the best")
 
 
 class TrackingSpec(_Strict):
@@ -241,6 +266,7 @@ class AgentSpec(_Strict):
     slos: list[SLO] = []
     budget: Budget = Budget()
     sampler: SamplerSpec = SamplerSpec()
+    noise: NoiseSpec = NoiseSpec()
     storage: str | None = None
     tracking: TrackingSpec = TrackingSpec()
     promotion: PromotionSpec = PromotionSpec()

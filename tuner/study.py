@@ -23,7 +23,7 @@ import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from tuner.errors import ConfigError
-from tuner.objectives import Evaluation
+from tuner.objectives import Evaluation, pessimistic
 from tuner.search.samplers import make_sampler
 from tuner.space import SearchSpace
 from tuner.spec import AgentSpec
@@ -76,7 +76,10 @@ def default_storage(state_dir: Path) -> str:
 
 def open_storage(url: str) -> optuna.storages.BaseStorage:
     """The study's storage. Opening it creates its tables when the database is new: on SQLite one process
-    at a time (tuner.sqlite.init_lock); elsewhere a process that loses the race to create them retries."""
+    at a time (tuner.sqlite.init_lock); elsewhere a process that loses the race to create them retries.
+    `memory:` is a new in-process store that lives as long as the study object (experiments, tests)."""
+    if url == "memory:":
+        return optuna.storages.InMemoryStorage()
     if url.startswith("sqlite:"):
         from tuner.sqlite import init_lock, tune_engine
 
@@ -160,7 +163,33 @@ class TunerStudy:
 
     # ------------------------------------------------------------ ask / tell
     def ask(self) -> tuple[Trial, dict[str, Any]]:
-        """A new trial and its sampled active parameters (define-by-run, conditions applied)."""
+        """A new trial and its sampled active parameters (define-by-run, conditions applied).
+
+        With `sampler.resample_violations` > 0, a proposal that breaks a declared constraint is told as a
+        rejected trial (COMPLETE, infeasible, user attribute `rejected`: the sampler learns from it; nothing is
+        deployed and the loop's budget is not charged) and the sampler is asked again, up to that many times.
+        An enqueued trial (the baseline, `tuner` A/B points) is returned as it is.
+        """
+        limit = self.spec.sampler.resample_violations
+        for _ in range(limit):
+            trial, chosen = self._ask_once()
+            bad = self.space.violations(chosen)
+            if not bad or self._enqueued(trial):
+                return trial, chosen
+            self._reject(trial, chosen, bad)
+        return self._ask_once()
+
+    def _enqueued(self, trial: Trial) -> bool:
+        return "fixed_params" in self.study._storage.get_trial(trial._trial_id).system_attrs
+
+    def _reject(self, trial: Trial, chosen: Mapping[str, Any], bad: list[str]) -> None:
+        values = [pessimistic(o) for o in self.spec.objectives]
+        constraints = {f"space:{c}": 1.0 for c in bad}
+        attrs = {"rejected": True, "cause": "constraint", "config": self.space.full_config(chosen),
+                 "error": f"violates constraint(s): {'; '.join(bad)}"}
+        self.tell(trial, Evaluation(values=values, constraints=constraints), attrs=attrs)
+
+    def _ask_once(self) -> tuple[Trial, dict[str, Any]]:
         with self._ask_lock:  # two threads asking at once on SQLite can both pop the same queued trial
             trial = self.study.ask()
         with _IN_FLIGHT_LOCK:
@@ -217,7 +246,8 @@ class TunerStudy:
         done = [t for t in self.trials() if t.state == TrialState.COMPLETE]
         out = {state.name: c.get(state.name, 0) for state in TrialState}
         out["FEASIBLE"] = sum(1 for t in done if t.user_attrs.get("feasible"))
-        out["INFEASIBLE"] = len(done) - out["FEASIBLE"]
+        out["REJECTED"] = sum(1 for t in done if t.user_attrs.get("rejected"))  # never deployed, no budget
+        out["INFEASIBLE"] = len(done) - out["FEASIBLE"] - out["REJECTED"]
         return out
 
     def baseline(self) -> FrozenTrial | None:
@@ -227,20 +257,74 @@ class TunerStudy:
         return None
 
     def best(self) -> list[FrozenTrial]:
-        """Best feasible trial(s): one for a single objective, the Pareto front for several."""
+        """Best feasible trial(s): one for a single objective, the Pareto front for several.
+
+        With noise repeats on and a noise estimate, a single objective ranks by the lower confidence bound
+        (tuner.search.noise): a trial measured once is not preferred to a repeated one on a lucky run.
+        """
         feasible = [t for t in self.trials() if t.state == TrialState.COMPLETE and t.user_attrs.get("feasible")]
         if not feasible:
             return []
         if len(self.spec.objectives) == 1:
             sign = 1 if self.spec.objectives[0].direction == "maximize" else -1
+            cv = self.noise_cv() if self.spec.noise.repeats else None
+            if cv:
+                from tuner.search.noise import lcb
+
+                maximize = sign > 0
+                conf = self.spec.noise.confidence
+                return [max(feasible, key=lambda t: (sign * lcb(measurements(t), cv, conf, maximize=maximize),
+                                                     -t.number))]
             return [max(feasible, key=lambda t: (sign * t.values[0], -t.number))]
         return [t for t in self.study.best_trials if t.user_attrs.get("feasible")]
+
+    # ------------------------------------------------------------ noise
+    def noise_cv(self) -> float | None:
+        """The pooled run-to-run coefficient of variation of the first objective over repeated trials."""
+        from tuner.search.noise import pooled_cv
+
+        return pooled_cv([measurements(t) for t in self.trials()
+                          if t.state == TrialState.COMPLETE and t.user_attrs.get("repeats")])
+
+    def estimate(self, t: FrozenTrial) -> Any:
+        """The first objective of `t` over its measurements, with its interval (tuner.search.noise.Estimate)."""
+        from tuner.search.noise import estimate
+
+        return estimate(measurements(t), self.noise_cv(), self.spec.noise.confidence)
+
+    def noise_report(self) -> dict[str, Any] | None:
+        """With noise repeats on and one objective: the noise CV, the best's and the baseline's mean and
+        interval, and whether the best's gain is within the noise (their intervals overlap). None otherwise."""
+        if not self.spec.noise.repeats or len(self.spec.objectives) != 1:
+            return None
+        from tuner.search.noise import within_noise
+
+        best, base = self.best(), self.baseline()
+        out: dict[str, Any] = {"cv": self.noise_cv(), "confidence": self.spec.noise.confidence,
+                               "repeated_trials": sum(1 for t in self.trials() if t.user_attrs.get("repeats"))}
+        if best:
+            e = self.estimate(best[0])
+            out["best"] = {"number": best[0].number, "mean": e.mean, "n": e.n, "low": e.low, "high": e.high}
+        if base is not None and base.values:
+            b = self.estimate(base)
+            out["baseline"] = {"number": base.number, "mean": b.mean, "n": b.n, "low": b.low, "high": b.high}
+            if best and out["cv"] is not None and best[0].number != base.number:
+                out["within_noise"] = within_noise(
+                    e, b, maximize=self.spec.objectives[0].direction == "maximize")
+        return out
 
     def trial(self, number: int) -> FrozenTrial:
         for t in self.trials():
             if t.number == number:
                 return t
         raise ConfigError(f"study {self.name!r} has no trial {number}")
+
+
+def measurements(t: FrozenTrial) -> list[float]:
+    """The first objective's values of `t`: its trial value, then its repeats (finite ones)."""
+    xs = [t.values[0]] if t.values else []
+    xs += [float(v) for v in t.user_attrs.get("repeats") or [] if isinstance(v, int | float) and math.isfinite(v)]
+    return xs
 
 
 def trial_summary(t: FrozenTrial | None) -> dict[str, Any] | None:

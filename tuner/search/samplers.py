@@ -24,10 +24,26 @@ def _startup(spec: SamplerSpec) -> dict[str, Any]:
     return {} if spec.n_startup_trials is None else {"n_startup_trials": spec.n_startup_trials}
 
 
+def _with_design(spec: SamplerSpec, space: SearchSpace,
+                 build: Callable[[dict[str, Any]], optuna.samplers.BaseSampler]) -> optuna.samplers.BaseSampler:
+    """`build(startup kwargs)`, behind the Sobol initial design when the spec asks for one."""
+    if spec.initial_design != "sampler":
+        from tuner.search.design import DesignThenSampler
+
+        n = 10 if spec.n_startup_trials is None else spec.n_startup_trials
+        return DesignThenSampler(space, build({"n_startup_trials": 0}), n_design=n, seed=spec.seed,
+                                 around_defaults=spec.initial_design != "sobol",
+                                 sweep_groups=spec.initial_design == "group-sweep")
+    return build(_startup(spec))
+
+
 def _tpe(spec: SamplerSpec, space: SearchSpace) -> optuna.samplers.BaseSampler:
     import optuna
 
-    return optuna.samplers.TPESampler(seed=spec.seed, **_startup(spec))
+    extra: dict[str, Any] = {"multivariate": True, "group": True} if spec.multivariate else {}
+    if spec.n_ei_candidates is not None:
+        extra["n_ei_candidates"] = spec.n_ei_candidates
+    return _with_design(spec, space, lambda kw: optuna.samplers.TPESampler(seed=spec.seed, **kw, **extra))
 
 
 def _nsga2(spec: SamplerSpec, space: SearchSpace) -> optuna.samplers.BaseSampler:
@@ -39,13 +55,19 @@ def _nsga2(spec: SamplerSpec, space: SearchSpace) -> optuna.samplers.BaseSampler
 def _gp(spec: SamplerSpec, space: SearchSpace) -> optuna.samplers.BaseSampler:
     import optuna
 
-    return optuna.samplers.GPSampler(seed=spec.seed, **_startup(spec))
+    return _with_design(spec, space, lambda kw: optuna.samplers.GPSampler(seed=spec.seed, **kw))
 
 
 def _random(spec: SamplerSpec, space: SearchSpace) -> optuna.samplers.BaseSampler:
     import optuna
 
     return optuna.samplers.RandomSampler(seed=spec.seed)
+
+
+def _qmc(spec: SamplerSpec, space: SearchSpace) -> optuna.samplers.BaseSampler:
+    import optuna
+
+    return optuna.samplers.QMCSampler(qmc_type="sobol", scramble=True, seed=spec.seed)
 
 
 def _grid(spec: SamplerSpec, space: SearchSpace) -> optuna.samplers.BaseSampler:
@@ -59,6 +81,7 @@ SAMPLERS: dict[str, SamplerBuilder] = {
     "nsga2": _nsga2,
     "gp": _gp,
     "random": _random,
+    "qmc": _qmc,
     "grid": _grid,
 }
 SAMPLER_NAMES: tuple[str, ...] = tuple(SAMPLERS)

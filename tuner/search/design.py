@@ -1,0 +1,212 @@
+"""A space-filling, constraint-honouring initial design, then a model-based sampler.
+
+`DesignThenSampler(space, then, n_design, seed)` proposes its first `n_design` configurations from a scrambled
+Sobol sequence over the whole search space (one dimension per parameter, conditions applied as the study asks
+them), skipping every point whose configuration breaks a declared constraint, so no start-up trial is spent on
+a configuration that would never be deployed. Trials with fixed parameters (the enqueued baseline) are not
+design trials and do not use up the design. After the design, `then` (TPE) proposes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from optuna.distributions import BaseDistribution
+from optuna.samplers import BaseSampler
+from optuna.study import Study
+from optuna.trial import FrozenTrial, TrialState
+
+if TYPE_CHECKING:
+    from tuner.space import Param, SearchSpace
+
+# system attribute of a design trial: its index in the constraint-filtered design
+DESIGN_ATTR = "tuner:design"
+# the most Sobol points examined to find the next one that honours the constraints
+MAX_SKIPPED = 10_000
+
+
+def unit_to_value(param: Param, u: float) -> Any:
+    """The value of `param` at unit coordinate u in [0, 1): a choice, or a point of its (log) range."""
+    s = param.spec
+    if s.type == "bool":
+        return bool(u >= 0.5)
+    if s.type == "categorical":
+        assert s.choices is not None
+        return s.choices[min(int(u * len(s.choices)), len(s.choices) - 1)]
+    assert s.low is not None and s.high is not None
+    if s.log:
+        v = math.exp(math.log(s.low) + u * (math.log(s.high) - math.log(s.low)))
+    else:
+        v = s.low + u * (s.high - s.low)
+    if s.type == "int":
+        step = int(s.step or 1)
+        n = int((int(s.high) - int(s.low)) // step)
+        return int(s.low) + min(int(round((v - s.low) / step)), n) * step
+    if s.step:
+        n = int(round((s.high - s.low) / s.step))
+        return float(s.low + min(int(round((v - s.low) / s.step)), n) * s.step)
+    return float(min(max(v, s.low), s.high))
+
+
+def point_to_config(space: SearchSpace, point: Sequence[float], *, around_defaults: bool = False) -> dict[str, Any]:
+    """The active parameters of `point` (one coordinate per parameter, in the space's order).
+
+    around_defaults: the point has two coordinates per parameter; the second keeps the parameter at its
+    default when below 1/2, so a configuration differs from the baseline in about half of its knobs.
+    """
+    out: dict[str, Any] = {}
+    n = len(space.params)
+    for i, p in enumerate(space.params):
+        if space.active(p, out):
+            keep = around_defaults and float(point[n + i]) < 0.5
+            out[p.name] = p.default if keep else unit_to_value(p, float(point[i]))
+    return out
+
+
+def constrained_groups(space: SearchSpace, max_combinations: int = 256) -> list[list[str]]:
+    """Groups of unconditional categorical/bool parameters that a declared constraint ties together (a
+    constraint reading only such parameters, two or more); groups sharing a parameter are merged. A group
+    with more than `max_combinations` joint choices is left out."""
+    finite = {p.name for p in space.params if p.spec.type in ("categorical", "bool") and p.when is None}
+    groups: list[set[str]] = []
+    for c in space.constraints:
+        names = c.names & set(space.by_name)
+        if len(names) < 2 or not names <= finite or c.names - names - set(space.fixed) - set(space.facts):
+            continue
+        merged = set(names)
+        for g in [g for g in groups if g & merged]:
+            merged |= g
+            groups.remove(g)
+        groups.append(merged)
+    order = [p.name for p in space.params]
+    out = []
+    for g in groups:
+        n = 1
+        for name in g:
+            n *= len(_choices(space.by_name[name]))
+        if n <= max_combinations:
+            out.append(sorted(g, key=order.index))
+    return out
+
+
+def _choices(p: Param) -> list[Any]:
+    return [False, True] if p.spec.type == "bool" else list(p.spec.choices or [])
+
+
+def with_defaults(space: SearchSpace, values: dict[str, Any]) -> dict[str, Any]:
+    """The baseline with `values` applied, conditions re-applied in order."""
+    out: dict[str, Any] = {}
+    for p in space.params:
+        if space.active(p, out):
+            out[p.name] = values.get(p.name, p.default)
+    return out
+
+
+def group_sweep(space: SearchSpace, seed: int | None) -> list[dict[str, Any]]:
+    """Every constraint-honouring joint choice of each constrained group, the other knobs at their defaults,
+    in an order shuffled by `seed`; the baseline itself left out (it runs anyway)."""
+    import itertools
+    import random
+
+    configs: list[dict[str, Any]] = []
+    base = space.defaults()
+    for group in constrained_groups(space):
+        for combo in itertools.product(*(_choices(space.by_name[n]) for n in group)):
+            cfg = with_defaults(space, dict(zip(group, combo, strict=True)))
+            if cfg != base and cfg not in configs and not space.violations(cfg):
+                configs.append(cfg)
+    random.Random(seed).shuffle(configs)
+    return configs
+
+
+class SpaceDesign:
+    """The constraint-honouring scrambled Sobol design of a space: `config(i)` is its i-th configuration."""
+
+    def __init__(self, space: SearchSpace, seed: int | None, *, around_defaults: bool = False,
+                 sweep_groups: bool = False) -> None:
+        from scipy.stats import qmc
+
+        self.space = space
+        self.around_defaults = around_defaults
+        d = len(space.params) * (2 if around_defaults else 1)
+        self._sobol = qmc.Sobol(d=d, scramble=True, seed=seed)
+        self._configs: list[dict[str, Any]] = group_sweep(space, seed) if sweep_groups else []
+        self.skipped = 0  # points dropped for breaking a constraint
+
+    def config(self, index: int) -> dict[str, Any]:
+        while len(self._configs) <= index:
+            for _ in range(MAX_SKIPPED):
+                # one point at a time keeps the sequence's order; Sobol balance holds best at powers of two
+                cfg = point_to_config(self.space, self._sobol.random(1)[0], around_defaults=self.around_defaults)
+                if not self.space.violations(cfg):
+                    self._configs.append(cfg)
+                    break
+                self.skipped += 1
+            else:
+                raise ValueError(f"no configuration of {MAX_SKIPPED} design points honours the constraints "
+                                 f"of {self.space.source}")
+        return self._configs[index]
+
+
+class DesignThenSampler(BaseSampler):
+    """`n_design` trials from SpaceDesign, then `then` (which sees every trial, design ones included)."""
+
+    def __init__(self, space: SearchSpace, then: BaseSampler, n_design: int, seed: int | None, *,
+                 around_defaults: bool = False, sweep_groups: bool = False) -> None:
+        self._design = SpaceDesign(space, seed, around_defaults=around_defaults, sweep_groups=sweep_groups)
+        self._then = then
+        self._n_design = n_design
+        self._seed = seed
+        self._assigned: dict[int, int] = {}  # trial id -> design index, for trials this process asked
+
+    @property
+    def then(self) -> BaseSampler:
+        return self._then
+
+    def _design_index(self, study: Study, trial: FrozenTrial) -> int | None:
+        idx = self._assigned.get(trial._trial_id, trial.system_attrs.get(DESIGN_ATTR))
+        return idx if isinstance(idx, int) else None
+
+    def before_trial(self, study: Study, trial: FrozenTrial) -> None:
+        self._then.before_trial(study, trial)
+        if "fixed_params" in trial.system_attrs:  # enqueued (the baseline): its values are given
+            return
+        used = [t.system_attrs[DESIGN_ATTR] for t in study.get_trials(deepcopy=False)
+                if t.number != trial.number and isinstance(t.system_attrs.get(DESIGN_ATTR), int)]
+        if len(used) >= self._n_design:
+            return
+        index = max(used, default=-1) + 1
+        study._storage.set_trial_system_attr(trial._trial_id, DESIGN_ATTR, index)
+        # the trial object the sampler is handed next was read before this attribute was written
+        self._assigned[trial._trial_id] = index
+
+    def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        if self._design_index(study, trial) is not None:
+            return {}
+        return self._then.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study: Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        if self._design_index(study, trial) is not None:
+            return {}
+        return self._then.sample_relative(study, trial, search_space)
+
+    def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        index = self._design_index(study, trial)
+        if index is not None:
+            cfg = self._design.config(index)
+            if param_name in cfg and param_distribution._contains(param_distribution.to_internal_repr(
+                    cfg[param_name])):
+                return cfg[param_name]
+        return self._then.sample_independent(study, trial, param_name, param_distribution)
+
+    def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState,
+                    values: Sequence[float] | None) -> None:
+        self._then.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self._then.reseed_rng()
+
