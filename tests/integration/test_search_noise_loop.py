@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
+from tuner.agent import load_agent
 from tuner.loop import open_session, run_cycle
-from tuner.spec import load_agent
 
 AGENT = """\
 name: noise-test

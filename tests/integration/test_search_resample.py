@@ -4,8 +4,8 @@ from pathlib import Path
 
 import optuna
 
+from tuner.agent import load_agent
 from tuner.loop import open_session, run_cycle
-from tuner.spec import load_agent
 
 AGENT = """\
 name: resample-test

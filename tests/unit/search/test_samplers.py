@@ -18,7 +18,7 @@ SPACE = parse_space({"params": {
 
 EXPECTED = {"tpe": optuna.samplers.TPESampler, "nsga2": optuna.samplers.NSGAIISampler,
             "gp": optuna.samplers.GPSampler, "random": optuna.samplers.RandomSampler,
-            "grid": optuna.samplers.GridSampler}
+            "grid": optuna.samplers.GridSampler, "qmc": optuna.samplers.QMCSampler}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
