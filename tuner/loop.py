@@ -23,7 +23,7 @@ from tuner.agent import Agent
 from tuner.errors import InfeasibleConfig, Interrupted, TrialError
 from tuner.measure.failures import error_rate_slo, request_failure
 from tuner.measure.measurement import Measurement
-from tuner.objectives import Evaluation, evaluate, failed_evaluation, goodput_thresholds_ms
+from tuner.objectives import FAILURE_CONSTRAINT, Evaluation, evaluate, failed_evaluation, goodput_thresholds_ms
 from tuner.study import TunerStudy, default_storage
 from tuner.targets.base import Target, TrialContext
 from tuner.targets.registry import make_target
@@ -282,6 +282,8 @@ def run_trial(session: Session, parent_run_id: str | None, stop: threading.Event
         failed = request_failure(m, error_rate_slo(spec.slos))
         if failed is not None:  # measured, but the server refused or broke the requests: say why
             cause, error = failed
+            # infeasible whatever the SLOs: nothing was served (the constraint of trials never measured)
+            ev = Evaluation(values=ev.values, constraints={**ev.constraints, FAILURE_CONSTRAINT: 1.0})
             attrs["cause"] = cause
             attrs["error"] = error[:2000]
             log.info("trial %d failed (%s): %s", number, cause, error)

@@ -196,3 +196,31 @@ def test_validate_show_command_prints_the_baseline_argv(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     assert '["srv", "--port", "' in r.output and "--max-num-seqs" not in r.output
     assert "prefix-caching" not in r.output
+
+
+def test_a_trial_whose_requests_all_failed_is_recorded_with_the_cause_and_the_servers_message(
+        tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from tuner.cli import app
+
+    (tmp_path / "agent.yaml").write_text(
+        "name: refused\ntarget:\n  kind: command\n"
+        f"  command: ['{{python}}', '{FAKE}', --port, '{{port}}', --model, m, --error-status, '400']\n"
+        "  model: m\n  flags: {ttft: --ttft-ms}\n"
+        "search_space:\n  params:\n    ttft: {type: int, low: 1, high: 5, default: 5}\n"
+        "workload: {num_requests: 4, arrival: {kind: closed, concurrency: 2}}\n"
+        "objectives: [{metric: request_throughput, direction: maximize}]\nbudget: {trials: 1}\n"
+        "tracking: {enabled: false}\n")
+    sd = tmp_path / "state"
+    r = CliRunner().invoke(app, ["run", str(tmp_path / "agent.yaml"), "--state-dir", str(sd)])
+    assert r.exit_code in (0, 1), r.output
+    r = CliRunner().invoke(app, ["status", str(tmp_path / "agent.yaml"), "--state-dir", str(sd), "--json"])
+    base = json.loads(r.output)["baseline"]
+    assert base["cause"] == "all_requests_failed" and not base["feasible"], base
+    from tuner.study import TunerStudy, default_storage
+
+    agent = load_agent(tmp_path / "agent.yaml")
+    t = TunerStudy(agent.spec, agent.space, storage_url=default_storage(sd)).baseline()
+    assert t is not None and "every request failed; http_4xx x4" in t.user_attrs["error"]
+    assert "injected error" in t.user_attrs["error"]
