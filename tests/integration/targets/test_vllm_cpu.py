@@ -113,8 +113,8 @@ def _agent(tmp_path: Path, model: Path, python: Path, *, num_requests: int = 10)
 
 def test_tune_the_real_vllm_for_three_trials_one_invalid(tmp_path: Path, vllm_python: Path,
                                                         tiny_model: Path) -> None:
-    from tuner.loop import open_session, run_cycle
     from tuner.agent import load_agent
+    from tuner.loop import open_session, run_cycle
 
     agent = load_agent(_agent(tmp_path, tiny_model, vllm_python))
     session = open_session(agent, tmp_path / "state")
