@@ -46,7 +46,7 @@ def _setup_logging(verbose: bool = False) -> None:
                         datefmt="[%X]",
                         handlers=[RichHandler(console=err_console, show_path=False, rich_tracebacks=False)])
     if not verbose:
-        for chatty in ("tuner.loop", "tuner.daemon", "tuner.lineage", "tuner.promote", "tuner.bench"):
+        for chatty in ("tuner.loop", "tuner.daemon", "tuner.lineage", "tuner.promote", "tuner.bench", "tuner.sizing"):
             logging.getLogger(chatty).setLevel(logging.INFO)
     for noisy in ("alembic", "mlflow", "httpx", "aiohttp.access", "optuna", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -82,7 +82,11 @@ def run(
                                                help="Trials in this cycle (default: the agent's budget).")] = None,
     state_dir: StateDirOpt = None,
 ) -> None:
-    """Run one cycle of tuning: baseline first, then Optuna's proposals, each deployed and measured."""
+    """Run one cycle of tuning: baseline first, then Optuna's proposals, each deployed and measured.
+
+    A workload with rate_per_s: auto is sized on the baseline first (once per study). Exit status: 0 when the
+    study has a feasible trial, 3 when it has none (the nearest misses are printed), 2 for invalid input,
+    4 when an auto rate could not be sized."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from tuner.agent import load_agent
@@ -111,8 +115,20 @@ def run(
                         "" if o.feasible else " (violates SLO)")
                 progress.update(task, advance=1, last=last)
 
-            result = run_cycle(session, trials=trials, stop_event=stop, on_trial=on_trial)
+            def on_sizing_step(step: Any, runs: int) -> None:
+                from tuner.sizing import step_line
+
+                progress.console.print(step_line(step, runs), highlight=False)
+
+            result = run_cycle(session, trials=trials, stop_event=stop, on_trial=on_trial,
+                               on_sizing_step=on_sizing_step)
         _print_best(session)
+        from tuner.summary import EXIT_NO_FEASIBLE, run_summary
+
+        feasible = bool(session.study.best())
+        for line in run_summary(session.study.trials(), session.agent.spec, feasible=feasible,
+                                cycle_outcomes=result.outcomes):
+            console.print(line, highlight=False, soft_wrap=True)
         if result.interrupted:
             console.print("[yellow]stopped early: the running trial was recorded as interrupted[/]")
         if result.run_id:
@@ -120,6 +136,8 @@ def run(
                           f"cycle run {result.run_id} ({safe_url(session.tracker.uri)}); `tuner ui` to browse")
     except TunerError as exc:
         raise fail(exc) from None
+    if not feasible:
+        raise typer.Exit(EXIT_NO_FEASIBLE)
 
 
 def _install_stop_handlers(stop: threading.Event) -> None:
@@ -160,6 +178,13 @@ def _print_best(session: Any) -> None:
         else:
             params = "defaults"
         table.add_row(label, *[f"{v:.4g}" for v in t.values], vs, params)
+    from tuner.sizing import recorded
+
+    sizing = recorded(study)
+    if sizing is not None:
+        table.caption = f"workload rate {sizing.describe()}"
+    elif isinstance(spec.workload.arrival.rate_per_s, float):
+        table.caption = f"workload rate {spec.workload.arrival.rate_per_s:.3g} req/s (fixed by the agent)"
     if not best:
         console.print("[yellow]no feasible trial yet (every trial failed or broke an SLO)[/]")
     console.print(table)
@@ -233,6 +258,7 @@ def status(
             "champion": None,
             "pending": None,
             "last_cycle": study.study.user_attrs.get("last_cycle"),
+            "workload_rate": study.study.user_attrs.get("workload_rate"),
         }
         if importlib.util.find_spec("tuner.promote") is not None:
             promote = importlib.import_module("tuner.promote")
@@ -253,6 +279,11 @@ def status(
         if t:
             console.print(f"  {label}: trial {t['number']} values={t['values']} params={t['params']}",
                           highlight=False)
+    if data["workload_rate"]:
+        from tuner.sizing import RateSizing
+
+        sized = RateSizing.from_attr(data["workload_rate"])
+        console.print(f"  workload rate: {sized.describe() if sized else data['workload_rate']}", highlight=False)
     console.print(f"  champion: {data['champion'] or 'none yet'}", highlight=False)
     if data["pending"]:
         console.print(f"  pending candidate: {data['pending']}", highlight=False)

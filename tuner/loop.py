@@ -102,6 +102,9 @@ def open_session(agent: Agent, state_dir: Path, *, target: Target | None = None,
         tracker = Tracker(resolve_tracking_uri(spec.tracking.uri, state_dir),
                           spec.tracking.experiment or spec.name,
                           artifact_dir=state_dir / "mlartifacts", enabled=spec.tracking.enabled)
+    from tuner import sizing
+
+    agent = sizing.apply(agent, sizing.recorded(study))  # an `auto` rate the study was sized at
     session = Session(agent=agent, state_dir=state_dir, target=target, study=study, tracker=tracker)
     reap(session)  # trial 0 is the baseline: queue it before anything else can be enqueued
     return session
@@ -128,14 +131,22 @@ def run_cycle(
     on_trial: Callable[[TrialOutcome], None] | None = None,
     gpu_pool: Any = None,
     parallel: int | None = None,
+    on_sizing_step: Callable[[Any, int], None] | None = None,
 ) -> CycleResult:
-    """Run up to `trials` trials (default: the agent's budget) as one cycle under an MLflow parent run."""
-    spec = session.agent.spec
+    """Run up to `trials` trials (default: the agent's budget) as one cycle under an MLflow parent run.
+
+    A study whose workload has `rate_per_s: auto` is sized first, once (tuner.sizing; `on_sizing_step` gets
+    each run of the capacity search)."""
+    from tuner import sizing as rate_sizing
+
     stop = stop_event or threading.Event()
+    reap(session)
+    sized_before = rate_sizing.recorded(session.study) is not None
+    sizing = rate_sizing.ensure(session, on_step=on_sizing_step, stop=stop)
+    spec = session.agent.spec
     n_trials = trials if trials is not None else (spec.schedule.trials_per_cycle if spec.schedule and
                                                   spec.schedule.trials_per_cycle else spec.budget.trials)
     wall = wall_time_s if wall_time_s is not None else spec.budget.wall_time_s
-    reap(session)
     study = session.study.study
     cycle = int(study.user_attrs.get("cycles", 0)) + 1
     study.set_user_attr("cycles", cycle)
@@ -147,8 +158,18 @@ def run_cycle(
         params={"trials_planned": n_trials, "sampler": spec.sampler.name,
                 "objectives": ",".join(f"{o.metric}:{o.direction}" for o in spec.objectives),
                 "slos": ",".join(s.key for s in spec.slos) or "none",
-                "workload": yaml.safe_dump(spec.workload.model_dump(mode="json"), sort_keys=True)[:5000]},
+                "workload": yaml.safe_dump(spec.workload.model_dump(mode="json"), sort_keys=True)[:5000],
+                **({"workload_rate_per_s": sizing.rate_per_s, "workload_rate_method": sizing.describe()}
+                   if sizing else {})},
     )
+    if sizing is not None:
+        session.tracker.log(run_id, metrics={"workload_rate_per_s": sizing.rate_per_s,
+                                             "baseline_capacity_rate_per_s": sizing.capacity_rate_per_s},
+                            tags={"workload_rate": "sized in this cycle" if not sized_before else "reused"})
+        if not sized_before:
+            import json
+
+            session.tracker.log_text(run_id, json.dumps(sizing.to_attr(), indent=1), "rate_sizing.json")
     if gpu_pool is None:
         from tuner.gpupool import GpuPool
 

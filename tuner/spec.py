@@ -7,6 +7,7 @@ field, the rule and the value.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Literal
 
@@ -57,7 +58,11 @@ class TaskMix(_Strict):
 class Arrival(_Strict):
     kind: Literal["closed", "constant", "poisson", "gamma", "trace"] = "poisson"
     concurrency: int | None = Field(default=None, ge=1, description="closed loop: requests in flight")
-    rate_per_s: float | None = Field(default=None, gt=0, description="open loop: mean request rate")
+    rate_per_s: float | Literal["auto"] | None = Field(
+        default=None, description="open loop: mean request rate, or auto: `load` x the baseline's sustainable "
+        "rate under the SLOs, measured once per study before its first trial")
+    load: float | None = Field(default=None, gt=0, le=4, description="with rate_per_s: auto, the fraction of "
+                               "the baseline's sustainable rate to offer (default 0.8)")
     burstiness: float = Field(default=1.0, gt=0, description="gamma shape; 1.0 = Poisson")
     trace: str | None = Field(default=None, description="JSONL trace for kind=trace")
 
@@ -66,10 +71,21 @@ class Arrival(_Strict):
         if self.kind == "closed" and self.concurrency is None:
             raise ValueError("kind 'closed' needs concurrency")
         if self.kind in ("constant", "poisson", "gamma") and self.rate_per_s is None:
-            raise ValueError(f"kind {self.kind!r} needs rate_per_s")
+            raise ValueError(f"kind {self.kind!r} needs rate_per_s (a rate, or auto)")
+        if isinstance(self.rate_per_s, float) and not (self.rate_per_s > 0 and math.isfinite(self.rate_per_s)):
+            raise ValueError(f"rate_per_s must be a finite number > 0 or auto (got {self.rate_per_s})")
+        if self.rate_per_s == "auto" and self.kind not in ("constant", "poisson", "gamma"):
+            raise ValueError("rate_per_s: auto is for open-loop arrivals (constant, poisson, gamma), "
+                             f"not {self.kind!r}")
+        if self.load is not None and self.rate_per_s != "auto":
+            raise ValueError("load applies only with rate_per_s: auto")
         if self.kind == "trace" and not self.trace:
             raise ValueError("kind 'trace' needs trace (a JSONL file)")
         return self
+
+
+AUTO_RATE = "auto"
+DEFAULT_LOAD = 0.8
 
 
 class WorkloadSpec(_Strict):
@@ -103,6 +119,16 @@ class WorkloadSpec(_Strict):
             if key in self.extra_body:
                 raise ValueError(f"extra_body must not set {key!r} (the workload sets it)")
         return self
+
+    @property
+    def auto_rate(self) -> bool:
+        """True while the open-loop rate is still `auto` (not yet sized on this host)."""
+        return self.arrival.rate_per_s == AUTO_RATE
+
+    def with_rate(self, rate_per_s: float) -> WorkloadSpec:
+        """This workload at a fixed open-loop rate (the `auto` one resolved)."""
+        return self.model_copy(update={"arrival": self.arrival.model_copy(
+            update={"rate_per_s": float(rate_per_s), "load": None})})
 
 
 # ---------------------------------------------------------------- objectives and SLOs
@@ -294,6 +320,9 @@ class AgentSpec(_Strict):
         if goodput and not latency:
             raise ValueError(f"objective {goodput[0]} counts requests that meet the latency SLOs: add at least "
                              "one slo on ttft_ms, tpot_ms, itl_ms or e2el_ms with a max")
+        if self.workload.auto_rate and not latency and not any(s.max is not None for s in self.slos):
+            raise ValueError("workload.arrival.rate_per_s: auto sizes the rate on the SLOs: add at least one slo "
+                             "with a max")
         if self.budget.trials is None and self.budget.wall_time_s is None:
             raise ValueError("budget needs trials or wall_time_s")
         return self

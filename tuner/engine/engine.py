@@ -289,6 +289,8 @@ class Engine:
 
     def _iteration(self) -> None:
         self.iterations += 1
+        if self.cfg.step_delay_ms > 0:  # a deliberately slower engine (config step_delay_ms)
+            time.sleep(self.cfg.step_delay_ms / 1000.0)
         emits: list[tuple[Request, bool]] = []  # (request, is_first_token)
         parts: list[torch.Tensor] = []
         decoding = [r for r in self.running if r.decoding and not r.done_launching]

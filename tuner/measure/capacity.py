@@ -77,8 +77,11 @@ def check(m: Measurement, slos: Mapping[str, float], offered_rate: float | None 
 def find_capacity(run: Callable[[float], Measurement], slos: Mapping[str, float], *, start_rate_per_s: float,
                   max_rate_per_s: float = math.inf, min_rate_per_s: float = 0.0, rel_tol: float = 0.1,
                   max_runs: int = 10, growth: float = 2.0,
-                  min_throughput_ratio: float = 0.9) -> CapacityResult:
-    """Search with `run(rate) -> Measurement` for the highest rate meeting `slos`."""
+                  min_throughput_ratio: float = 0.9,
+                  on_step: Callable[[CapacityStep, int], None] | None = None) -> CapacityResult:
+    """Search with `run(rate) -> Measurement` for the highest rate meeting `slos`.
+
+    `on_step(step, runs so far)` is called after every run (a progress line)."""
     steps: list[CapacityStep] = []
     lo: CapacityStep | None = None
     hi: CapacityStep | None = None
@@ -91,6 +94,8 @@ def find_capacity(run: Callable[[float], Measurement], slos: Mapping[str, float]
                                                           if isinstance(v, float) and math.isfinite(v)})
         steps.append(step)
         log.info("capacity: %.4g req/s %s %s", rate, "ok" if ok else "fails", "; ".join(bad))
+        if on_step is not None:
+            on_step(step, len(steps))
         if ok:
             lo = step if lo is None or rate > lo.rate_per_s else lo
         else:
@@ -123,7 +128,8 @@ def measure_capacity(base_url: str, *, model: str, workload: WorkloadSpec, slos:
                      seed: int, start_rate_per_s: float = 8.0, run_s: float = 5.0, warmup_s: float = 0.5,
                      rel_tol: float = 0.1, max_runs: int = 10, max_rate_per_s: float = math.inf,
                      base_dir: Path | None = None, tokenizer: str | None = None,
-                     backlog_s: float | None = None) -> CapacityResult:
+                     backlog_s: float | None = None, min_rate_per_s: float = 0.0,
+                     on_step: Callable[[CapacityStep, int], None] | None = None) -> CapacityResult:
     """find_capacity with short open-loop runs of `workload` (Poisson unless it names constant/gamma).
 
     A run stops early once more requests are in flight than `rate x backlog_s x 3` (default backlog_s:
@@ -131,21 +137,38 @@ def measure_capacity(base_url: str, *, model: str, workload: WorkloadSpec, slos:
     """
     from tuner.measure.loadgen import measure_endpoint
 
-    kind = workload.arrival.kind if workload.arrival.kind in ("constant", "poisson", "gamma") else "poisson"
     if backlog_s is None:
-        lat = [v / 1000.0 for k, v in slos.items() if k.startswith(("ttft_ms", "e2el_ms"))]
-        backlog_s = max(lat) if lat else 10.0
+        backlog_s = default_backlog_s(slos)
 
     def run(rate: float) -> Measurement:
-        spec = workload.model_copy(update={
-            "arrival": Arrival(kind=kind, rate_per_s=rate, burstiness=workload.arrival.burstiness,
-                               concurrency=None),
-            "num_requests": None, "duration_s": run_s, "warmup_s": warmup_s, "warmup_requests": 0,
-            "cooldown_s": 0.0,
-        })
-        limit = max(16, int(math.ceil(rate * backlog_s * 3)))
+        spec = capacity_workload(workload, rate, run_s=run_s, warmup_s=warmup_s)
+        limit = in_flight_limit(rate, backlog_s)
         return measure_endpoint(base_url, model=model, workload=spec, goodput_ms={}, seed=seed,
                                 base_dir=base_dir, tokenizer=tokenizer, max_in_flight=limit)
 
     return find_capacity(run, slos, start_rate_per_s=start_rate_per_s, max_rate_per_s=max_rate_per_s,
-                         rel_tol=rel_tol, max_runs=max_runs)
+                         min_rate_per_s=min_rate_per_s, rel_tol=rel_tol, max_runs=max_runs, on_step=on_step)
+
+
+def capacity_workload(workload: WorkloadSpec, rate_per_s: float, *, run_s: float = 5.0,
+                      warmup_s: float = 0.5) -> WorkloadSpec:
+    """One short open-loop run of the capacity search: `workload`'s requests at `rate_per_s` for `run_s`
+    (Poisson unless it names constant/gamma)."""
+    kind = workload.arrival.kind if workload.arrival.kind in ("constant", "poisson", "gamma") else "poisson"
+    return workload.model_copy(update={
+        "arrival": Arrival(kind=kind, rate_per_s=rate_per_s, burstiness=workload.arrival.burstiness,
+                           concurrency=None),
+        "num_requests": None, "duration_s": run_s, "warmup_s": warmup_s, "warmup_requests": 0,
+        "cooldown_s": 0.0,
+    })
+
+
+def default_backlog_s(slos: Mapping[str, float]) -> float:
+    """The largest ttft/e2el limit in `slos` in seconds, else 10 s."""
+    lat = [v / 1000.0 for k, v in slos.items() if k.startswith(("ttft_ms", "e2el_ms"))]
+    return max(lat) if lat else 10.0
+
+
+def in_flight_limit(rate_per_s: float, backlog_s: float) -> int:
+    """Requests in flight past which a run at `rate_per_s` is clearly saturated and stops early."""
+    return max(16, int(math.ceil(rate_per_s * backlog_s * 3)))

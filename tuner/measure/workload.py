@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tuner.errors import ConfigError
 from tuner.measure.records import RequestPlan
 from tuner.spec import LengthDist, WorkloadSpec
 
@@ -46,14 +47,23 @@ def arrival_times(kind: str, rate_per_s: float, n: int, rng: np.random.Generator
     return np.cumsum(gaps)
 
 
+def fixed_rate(spec: WorkloadSpec) -> float | None:
+    """The open-loop rate of `spec` (None for closed loops and traces); refuses a rate still `auto`."""
+    r = spec.arrival.rate_per_s
+    if r == "auto":
+        raise ConfigError("workload.arrival.rate_per_s is 'auto' and was not sized: `tuner run` sizes it on "
+                          "the baseline before the first trial; elsewhere give a number", field="workload.arrival")
+    return None if r is None else float(r)
+
+
 def request_count(spec: WorkloadSpec) -> int:
     """How many measured requests to plan (duration-bound runs plan enough to fill the duration)."""
     if spec.num_requests is not None:
         return spec.num_requests
     assert spec.duration_s is not None
-    a = spec.arrival
-    if a.rate_per_s is not None:
-        return max(1, int(np.ceil(a.rate_per_s * spec.duration_s * 1.2)) + 8)
+    rate = fixed_rate(spec)
+    if rate is not None:
+        return max(1, int(np.ceil(rate * spec.duration_s * 1.2)) + 8)
     return 100_000  # closed loop bounded by duration
 
 
@@ -77,9 +87,10 @@ def build_plans(spec: WorkloadSpec, *, seed: int | None = None) -> list[RequestP
         o_len = sample_lengths(spec.output_tokens, n, rng)
         names = ["generation"] * n
     a = spec.arrival
+    rate = fixed_rate(spec)
     if a.kind in ("constant", "poisson", "gamma"):
-        assert a.rate_per_s is not None
-        t = arrival_times(a.kind, a.rate_per_s, n, rng, a.burstiness)
+        assert rate is not None
+        t = arrival_times(a.kind, rate, n, rng, a.burstiness)
     else:
         t = np.zeros(n)
     return [

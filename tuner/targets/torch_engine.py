@@ -6,6 +6,7 @@
       device: auto            # cpu, cuda
       weights: null           # a local Hugging Face Llama checkpoint dir (relative to the agent file)
       startup_timeout_s: 120
+      step_delay_ms: 0        # > 0: a deliberately slower engine (sleeps before every iteration)
 
 A trial's parameters (the knobs of tuner.engine.config.EngineConfig) become `--kebab-case` flags of
 `python -m tuner.engine.server`. The search space can read the fact `device` ("cpu" or "cuda") in its
@@ -42,7 +43,7 @@ PROBE_PROMPTS = (
 PROBE_TOKENS = 16
 
 # EngineConfig fields the target sets itself (from its options), never from the search space
-_TARGET_FIELDS = {"preset", "weights", "device"}
+_TARGET_FIELDS = {"preset", "weights", "device", "step_delay_ms"}
 
 
 class TorchEngineOptions(BaseModel):
@@ -56,6 +57,8 @@ class TorchEngineOptions(BaseModel):
     host: str = "127.0.0.1"
     cpu_threads: int | None = Field(default=None, ge=1, description="torch intra-op threads of the server")
     python: str | None = Field(default=None, description="interpreter of the server (the tuner's by default)")
+    step_delay_ms: float = Field(default=0.0, ge=0, le=10_000, description="a deliberately slower engine: "
+                                 "sleep this long before every iteration (tests of host-sized workloads)")
 
 
 @functools.lru_cache(maxsize=1)
@@ -134,7 +137,8 @@ class TorchEngineTarget(ProcessTarget):
         """The EngineConfig a trial runs, checked as the server will check it."""
         bad = sorted(set(params) & _TARGET_FIELDS)
         if bad:
-            raise InfeasibleConfig(f"{bad} are target options (target.preset/device/weights), not parameters")
+            raise InfeasibleConfig(f"{bad} are target options (target.preset/device/weights/step_delay_ms), "
+                                   "not parameters")
         fields = set(EngineConfig.__dataclass_fields__)
         unknown = sorted(set(params) - fields)
         if unknown:
@@ -142,7 +146,8 @@ class TorchEngineTarget(ProcessTarget):
         weights = self.weights_dir()
         knobs = {"cpu_threads": self.options.cpu_threads, **params}  # a tuned cpu_threads wins (as in argv)
         cfg = EngineConfig(preset=self.preset(), device=self.device(),
-                           weights=str(weights) if weights else None, **knobs)
+                           weights=str(weights) if weights else None, step_delay_ms=self.options.step_delay_ms,
+                           **knobs)
         try:
             cfg.validate(self.device())
         except EngineConfigError as exc:
@@ -159,6 +164,8 @@ class TorchEngineTarget(ProcessTarget):
         weights = self.weights_dir()
         if weights is not None:
             argv += ["--weights", str(weights)]
+        if self.options.step_delay_ms > 0:
+            argv += ["--step-delay-ms", str(self.options.step_delay_ms)]
         if self.options.cpu_threads is not None and "cpu_threads" not in values:
             values["cpu_threads"] = self.options.cpu_threads
         try:
@@ -192,4 +199,5 @@ class TorchEngineTarget(ProcessTarget):
         mc = PRESETS[self.preset()]
         return {"kind": self.kind, "engine": "tuner.engine", "torch": torch.__version__, "device": device,
                 "device_name": name, "preset": self.preset(), "params": f"{mc.param_count() / 1e6:.1f}M",
-                "weights": str(self.weights_dir() or "random")}
+                "weights": str(self.weights_dir() or "random"),
+                **({"step_delay_ms": str(self.options.step_delay_ms)} if self.options.step_delay_ms else {})}
