@@ -9,10 +9,10 @@ import mlflow
 import pytest
 from typer.testing import CliRunner
 
+from tuner.agent import load_agent
 from tuner.cli import app
 from tuner.loop import open_session, run_cycle
 from tuner.sizing import RATE_ATTR, RateSizing, recorded
-from tuner.agent import load_agent
 from tuner.summary import EXIT_NO_FEASIBLE
 
 AGENT = """\

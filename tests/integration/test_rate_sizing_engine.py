@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from tuner.agent import load_agent
 from tuner.loop import open_session, run_cycle
 from tuner.sizing import recorded
-from tuner.agent import load_agent
 
 pytestmark = pytest.mark.slow
 

@@ -8,9 +8,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from tuner.agent import load_agent
 from tuner.errors import ConfigError
 from tuner.loop import TrialOutcome
-from tuner.agent import load_agent
 from tuner.spec import AgentSpec
 from tuner.summary import nearest_misses, run_summary, slo_misses
 
