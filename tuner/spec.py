@@ -66,14 +66,19 @@ class Arrival(_Strict):
     burstiness: float = Field(default=1.0, gt=0, description="gamma shape; 1.0 = Poisson")
     trace: str | None = Field(default=None, description="JSONL trace for kind=trace")
 
+    @field_validator("rate_per_s")
+    @classmethod
+    def _rate(cls, v: float | str | None) -> float | str | None:
+        if isinstance(v, float) and not (v > 0 and math.isfinite(v)):
+            raise ValueError("must be a finite number greater than 0, or auto")
+        return v
+
     @model_validator(mode="after")
     def _check(self) -> Arrival:
         if self.kind == "closed" and self.concurrency is None:
             raise ValueError("kind 'closed' needs concurrency")
         if self.kind in ("constant", "poisson", "gamma") and self.rate_per_s is None:
             raise ValueError(f"kind {self.kind!r} needs rate_per_s (a rate, or auto)")
-        if isinstance(self.rate_per_s, float) and not (self.rate_per_s > 0 and math.isfinite(self.rate_per_s)):
-            raise ValueError(f"rate_per_s must be a finite number > 0 or auto (got {self.rate_per_s})")
         if self.rate_per_s == "auto" and self.kind not in ("constant", "poisson", "gamma"):
             raise ValueError("rate_per_s: auto is for open-loop arrivals (constant, poisson, gamma), "
                              f"not {self.kind!r}")
