@@ -307,8 +307,9 @@ def register(app: typer.Typer) -> None:
         seed: Annotated[int | None, typer.Option("--seed")] = None,
         stream: Annotated[bool | None, typer.Option("--stream/--no-stream", help="Stream the answers (default: "
                                                     "on; off measures only end-to-end latency)")] = None,
-        ignore_eos: Annotated[bool | None, typer.Option("--ignore-eos/--no-ignore-eos", help="Send ignore_eos "
-                                                        "(default: on; some servers refuse the field)")] = None,
+        ignore_eos: Annotated[bool | None, typer.Option(
+            "--ignore-eos/--no-ignore-eos",
+            help="Send ignore_eos (default: auto, sent unless the server refuses the field)")] = None,
         extra_body: Annotated[str | None, typer.Option("--extra-body", help="JSON object merged into every "
                                                        "request body (a null value removes a field)")] = None,
         prompt_format: Annotated[str | None, typer.Option("--prompt-format", help="text (default) or token_ids "

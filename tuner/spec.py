@@ -106,7 +106,9 @@ class WorkloadSpec(_Strict):
     cooldown_s: float = Field(default=0.0, ge=0)
     endpoint: Literal["completions", "chat"] = "completions"
     stream: bool = True
-    ignore_eos: bool = True
+    ignore_eos: bool | Literal["auto"] = Field(
+        default="auto", description="send ignore_eos (answers of the asked length); auto: send it unless the "
+        "server refuses the field, then send without it and say so")
     extra_body: dict[str, Any] = Field(default_factory=dict, description="fields added to every request body "
                                        "(a null value removes one the client would send)")
     prompt_format: Literal["text", "token_ids"] = Field(default="text", description="synthesised prompts as "

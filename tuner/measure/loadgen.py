@@ -53,7 +53,7 @@ class RunConfig:
     model: str
     endpoint: Literal["completions", "chat"] = "completions"
     stream: bool = True
-    ignore_eos: bool = True
+    ignore_eos: bool | Literal["auto"] = "auto"  # auto: dropped once the server refuses the field
     timeout_s: float = 120.0
     closed_loop: bool = True
     concurrency: int | None = None  # closed loop: in flight; open loop: cap (None = no cap)
@@ -86,7 +86,7 @@ class RunResult:
 
 
 # --------------------------------------------------------------------------------------------- requests
-def _body(cfg: RunConfig, plan: RequestPlan, prompt: str | list[int]) -> bytes:
+def _body(cfg: RunConfig, plan: RequestPlan, prompt: str | list[int], ignore_eos: bool | None = None) -> bytes:
     if cfg.endpoint == "chat":
         if not isinstance(prompt, str):
             raise ConfigError("the chat endpoint needs text prompts (got token ids)")
@@ -97,7 +97,7 @@ def _body(cfg: RunConfig, plan: RequestPlan, prompt: str | list[int]) -> bytes:
     body["stream"] = cfg.stream
     if cfg.stream:
         body["stream_options"] = {"include_usage": True}
-    if cfg.ignore_eos:
+    if (cfg.ignore_eos is not False) if ignore_eos is None else ignore_eos:
         body["ignore_eos"] = True
     for k, v in cfg.extra_body.items():  # a null value removes a field the client would send
         if v is None:
@@ -131,6 +131,8 @@ class _Client:
         # a streamed chunk's tokens are counted with the tokenizer when it is a real one (not the byte or
         # approximate ones: the engine streams one token per chunk and says so in usage)
         self.count_text = tok.count if isinstance(tok, HFTokenizer) else None
+        self.send_ignore_eos = cfg.ignore_eos is not False
+        self.ignore_eos_refused: str | None = None  # the server's message when it refused the field (auto)
 
     def prompt(self, plan: RequestPlan) -> tuple[str | list[int], bool]:
         """The prompt to send and whether plan.prompt_tokens is its exact token count."""
@@ -146,7 +148,9 @@ class _Client:
 
     async def send(self, plan: RequestPlan, scheduled_s: float, warmup: bool) -> RequestRecord:
         prompt, exact = self.prompt(plan)
-        data = _body(self.cfg, plan, prompt)
+        with_ignore_eos = self.send_ignore_eos
+        data = _body(self.cfg, plan, prompt, with_ignore_eos)
+        retry = False
         clock = time.perf_counter
         t0 = self.t0
         sent = clock() - t0
@@ -165,6 +169,11 @@ class _Client:
                 if status != 200:
                     error = _error_kind(status)
                     detail = (await resp.text(errors="replace"))[:300]
+                    if (self.cfg.ignore_eos == "auto" and with_ignore_eos and 400 <= status < 500
+                            and "ignore_eos" in detail):
+                        self.send_ignore_eos = False
+                        self.ignore_eos_refused = detail
+                        retry = True
                 elif self.cfg.stream:
                     buf = b""
                     async for chunk in resp.content.iter_any():
@@ -208,6 +217,8 @@ class _Client:
             # not a dead worker): before the status line it is a connection failure
             error = "stream_broken" if status is not None else "connect"
             detail = f"{type(exc).__name__}: {exc}"[:300]
+        if retry:  # sent again at once without the refused field
+            return await self.send(plan, scheduled_s, warmup)
         done_s = clock() - t0
         times: tuple[float, ...] = ()
         multi = 0
@@ -485,6 +496,10 @@ async def run_async(cfg: RunConfig, plans: Sequence[RequestPlan], *, tok: Tokeni
         notes.append(f"stopped early: more than {cfg.max_in_flight} requests in flight (saturated)")
     if run.interrupted:
         notes.append("interrupted: stop requested mid-run; requests in flight were abandoned")
+    if run.client.ignore_eos_refused is not None:
+        notes.append(f"the server refused ignore_eos ({run.client.ignore_eos_refused[:160]}): requests were sent "
+                     "without it, so answers may end before the asked output length (ignore_eos: false to "
+                     "say so up front)")
     return RunResult(records=sorted(run.records, key=lambda r: r.index), wall_s=wall,
                      saturated=run.saturated, max_concurrent=run.max_concurrent, notes=notes,
                      cooldown_sent=run.cooldown_sent, interrupted=run.interrupted)

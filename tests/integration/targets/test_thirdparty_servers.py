@@ -107,8 +107,12 @@ def test_transformers_serve_endpoints(hf: Server, tiny: Path, tmp_path: Path, en
         assert sum(res["output_lens"]) == sum(len(x) + 1 for x in res["itls"])
 
 
-def test_transformers_serve_refusals_are_on_screen(hf: Server, tmp_path: Path) -> None:
-    code, output, res = bench(hf, tmp_path)  # default options: it refuses ignore_eos
+def test_transformers_serve_default_options_and_refusals_on_screen(hf: Server, tiny: Path, tmp_path: Path) -> None:
+    # default options: it refuses ignore_eos; sent again without it, and said so
+    code, output, res = bench(hf, tmp_path, "--tokenizer", str(tiny))
+    check_ok(code, output, res, stream=True, exact_out=False)
+    assert "refused ignore_eos" in output and any("refused ignore_eos" in n for n in res["tuner"]["notes"])
+    code, output, res = bench(hf, tmp_path, "--ignore-eos")  # insisted on: every request fails, on screen
     assert code == 1 and res["failed"] == 4
     assert "errors: http_4xx 4" in output and "ignore_eos" in output and "--no-ignore-eos" in output
     assert res["tuner"]["error_details"]["http_4xx"]["count"] == 4
