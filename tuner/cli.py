@@ -6,9 +6,6 @@ import importlib
 import importlib.util
 import json
 import logging
-import os
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Annotated, Any
@@ -297,24 +294,26 @@ def ui(
     state_dir: StateDirOpt = None,
     port: Annotated[int, typer.Option(help="Port of the MLflow UI.")] = 5000,
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    workers: Annotated[int, typer.Option(min=1, help="MLflow server worker processes.")] = 2,
 ) -> None:
-    """Start the MLflow UI on the tuner's tracking store."""
+    """Start the MLflow UI on the tuner's tracking store; print its URL once it answers."""
     from tuner.loop import state_dir_for
-    from tuner.tracking import resolve_tracking_uri
+    from tuner.tracking import resolve_tracking_uri, safe_url
+    from tuner.ui import serve
 
     sd = state_dir_for(state_dir)
     uri = resolve_tracking_uri(None, sd)
-    argv = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
-            "--default-artifact-root", (sd / "mlartifacts").resolve().as_uri(), "--host", host, "--port", str(port)]
-    console.print(f"MLflow UI on http://{host}:{port} (store {uri}); Ctrl-C to stop")
+    err_console.print(f"starting the MLflow UI on {host}:{port} (store {safe_url(uri)}) ...", highlight=False)
     try:
-        raise typer.Exit(subprocess.call(argv, env=os.environ.copy()))
-    except KeyboardInterrupt:
-        raise typer.Exit(0) from None
+        rc = serve(sd, uri, host=host, port=port, workers=workers,
+                   announce=lambda line: console.print(line, highlight=False, soft_wrap=True))
+    except TunerError as exc:
+        raise fail(exc) from None
+    raise typer.Exit(rc)
 
 
 # ---------------------------------------------------------------- commands from other modules
-for _module in ("tuner.bench", "tuner.engine.cli", "tuner.cli_ops"):
+for _module in ("tuner.bench", "tuner.engine.cli", "tuner.cli_ops", "tuner.report.cli"):
     if importlib.util.find_spec(_module) is not None:
         importlib.import_module(_module).register(app)
 

@@ -23,6 +23,7 @@ from tuner.agent import Agent
 from tuner.errors import InfeasibleConfig, Interrupted, TrialError
 from tuner.measure.failures import error_rate_slo, request_failure
 from tuner.measure.measurement import Measurement
+from tuner.mlflow_review import log_cycle_plots, log_latency_plot, trial_metrics, trial_run_name
 from tuner.objectives import FAILURE_CONSTRAINT, Evaluation, evaluate, failed_evaluation, goodput_thresholds_ms
 from tuner.study import TunerStudy, default_storage
 from tuner.targets.base import Target, TrialContext
@@ -151,6 +152,7 @@ def run_cycle(
     cycle = int(study.user_attrs.get("cycles", 0)) + 1
     study.set_user_attr("cycles", cycle)
     desc = session.description
+    study.set_user_attr("target", desc)  # the hardware and engine the trials ran on (tuner report)
     run_id = session.tracker.start_run(
         f"cycle-{cycle}",
         tags={"kind": "cycle", "cycle": cycle, "agent": spec.name, "study": session.study.name,
@@ -228,6 +230,7 @@ def run_cycle(
         if "best" in noise:
             summary["best_ci_low_0"], summary["best_ci_high_0"] = noise["best"]["low"], noise["best"]["high"]
     session.tracker.log(run_id, metrics=summary, tags={"interrupted": interrupted})
+    log_cycle_plots(session.tracker, run_id, session.study.trials(), spec)
     session.tracker.end_run(run_id, "KILLED" if interrupted else "FINISHED")
     study.set_user_attr("last_cycle", {"cycle": cycle, "run_id": run_id, "trials": len(outcomes),
                                        "interrupted": interrupted, "wall_s": round(wall_s, 3),
@@ -261,11 +264,14 @@ def run_trial(session: Session, parent_run_id: str | None, stop: threading.Event
     config = space.full_config(params)
     baseline = bool(trial.user_attrs.get("baseline"))
     attrs: dict[str, Any] = {"config": config, "label": f"trial-{number}"}
+    if parent_run_id is not None:
+        attrs["cycle_run_id"] = parent_run_id  # verification runs nest under the cycle of their candidate
     m: Measurement | None = None
     log_path = None
     gpus: tuple[int, ...] = ()
     cause = error = None
     t_run = time.monotonic()
+    started_at = time.time()
     try:
         bad = space.violations(params)
         if bad:
@@ -313,6 +319,10 @@ def run_trial(session: Session, parent_run_id: str | None, stop: threading.Event
         metrics = {}
         attrs["cause"] = cause
         attrs["error"] = (error or "")[:2000]
+        failed_log = session.state_dir / "logs" / f"trial-{number}.log"
+        # the evidence of the failure, not only its cause (a log this trial wrote, not an older namesake's)
+        if log_path is None and failed_log.is_file() and failed_log.stat().st_mtime >= started_at - 1:
+            log_path = failed_log
     if gpus:
         attrs["gpus"] = list(gpus)
     attrs["duration_s"] = round(run_s, 4)
@@ -379,14 +389,20 @@ def _track_trial(session: Session, parent: str | None, number: int, baseline: bo
         tags["error"] = error[:1000]
     if gpus:
         tags["gpus"] = ",".join(map(str, gpus))
-    run_id = tr.start_run(f"trial-{number}", parent_run_id=parent, tags=tags, params=config)
-    vals = {f"objective_{i}_{o.metric}": v for i, (o, v) in enumerate(zip(spec.objectives, ev.values,
-                                                                           strict=True))}
-    cons = {f"violation_{k.replace(':', '_').replace('.', '_')}": v for k, v in ev.constraints.items()}
-    tr.log(run_id, metrics={**metrics, **vals, **cons})
+    if cause is None and not ev.feasible:
+        tags["slo_broken"] = ",".join(k.split(":", 1)[1] for k, v in ev.constraints.items()
+                                      if k.startswith("slo:") and v > 0)
+    name = trial_run_name(number, baseline=baseline, ev=ev, cause=cause)
+    run_id = tr.start_run(name, parent_run_id=parent, tags=tags, params=config)
+    key, rest = trial_metrics(spec, ev, metrics, measured=m is not None)
+    if key:  # first, in a batch of their own: the few columns the runs table should show
+        tr.log(run_id, metrics=key)
+    if rest:
+        tr.log(run_id, metrics=rest)
     tr.log_text(run_id, yaml.safe_dump({"trial": number, "config": redact(config)}, sort_keys=True), "config.yaml")
     if m is not None and m.records:
         tr.log_text(run_id, records_csv(m.records), "requests.csv")
+        log_latency_plot(tr, run_id, m.records, name)
     if log_path is not None:
         tr.log_file(run_id, Path(log_path))
     tr.end_run(run_id, "FINISHED" if cause is None else "FAILED")

@@ -280,8 +280,15 @@ def _record_verification(session: Session, store: ChampionStore, v: Verdict) -> 
     tr = session.tracker
     spec = session.agent.spec
     obj = spec.objectives[0]
+    parent = None
+    if v.candidate_trial is not None and v.study == session.study.name:  # under the cycle that produced it
+        from tuner.mlflow_review import trial_parent
+
+        with contextlib.suppress(Exception):
+            parent = trial_parent(session.study.trial(v.candidate_trial))
     run_id = tr.start_run(
-        f"verify-trial-{v.candidate_trial}" if v.candidate_trial is not None else "verify",
+        f"verify-trial-{v.candidate_trial} {'pass' if v.passed else 'fail'}" if v.candidate_trial is not None
+        else "verify", parent_run_id=parent,
         tags={"kind": "verification", "agent": spec.name, "study": v.study,
               "candidate_trial": "" if v.candidate_trial is None else v.candidate_trial,
               "reference": v.reference, "verdict": "pass" if v.passed else "fail", "reason": v.reason[:4000],

@@ -73,6 +73,10 @@ def records_csv(records: Iterable[RequestRecord]) -> str:
     return buf.getvalue()
 
 
+# the MLflow UI opens an experiment of this kind on its runs table, not on the GenAI traces page
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+
 _FLUENT_LOCK = threading.Lock()
 
 
@@ -150,10 +154,12 @@ class Tracker:
                 if self.artifact_dir is not None:
                     self.artifact_dir.mkdir(parents=True, exist_ok=True)
                     location = self.artifact_dir.resolve().as_uri()
-                self._experiment_id = self.client.create_experiment(self.experiment_name,
-                                                                     artifact_location=location)
+                self._experiment_id = self.client.create_experiment(
+                    self.experiment_name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
             else:
                 self._experiment_id = exp.experiment_id
+                if exp.tags.get(EXPERIMENT_KIND_TAG) is None:  # an experiment made by an older tuner
+                    self.client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         return self._experiment_id
 
     def _retry(self, what: str, fn: Callable[[], T]) -> T | None:
@@ -226,6 +232,13 @@ class Tracker:
         if run_id is None or not path.is_file():
             return
         self._retry(f"artifact {path.name}", lambda: self.client.log_artifact(run_id, str(path)))
+
+    def log_dir(self, run_id: str | None, path: Path, artifact_path: str | None = None) -> None:
+        """Every file of `path` as artifacts of the run, under `artifact_path`."""
+        if run_id is None or not path.is_dir():
+            return
+        self._retry(f"artifacts {artifact_path or path.name}",
+                    lambda: self.client.log_artifacts(run_id, str(path), artifact_path))
 
     def end_run(self, run_id: str | None, status: str = "FINISHED") -> None:
         if run_id is None:

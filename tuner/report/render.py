@@ -1,0 +1,134 @@
+"""A report as one self-contained HTML file (plots inlined as PNG data URIs, no script or style fetched) and as
+a short Markdown summary for a pull request or a ticket."""
+
+from __future__ import annotations
+
+import base64
+import math
+import time
+from typing import Any
+
+import yaml
+
+from tuner.report.data import ReportData, TrialRow
+
+PLOT_CAPTIONS = {
+    "optimization_history": "Optimisation history (measured trials)",
+    "parallel_coordinates": "Parallel coordinates",
+    "param_importances": "Parameter importance (fANOVA)",
+    "pareto_front": "Pareto front (infeasible trials greyed)",
+    "slo_feasibility": "SLO feasibility map (failed trials at their parameters)",
+}
+
+
+def fmt(v: Any) -> str:
+    """4 significant digits without an exponent for everyday magnitudes (15130, 0.0123), '' for none."""
+    if v is None:
+        return ""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return str(v)
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    if isinstance(v, int):
+        return str(v)
+    a = abs(v)
+    if a == 0:
+        return "0"
+    if a >= 1e7 or a < 1e-4:
+        return f"{v:.4g}"
+    if a >= 1000:
+        return f"{v:,.0f}"
+    digits = max(0, 3 - math.floor(math.log10(a)))
+    return f"{v:.{digits}f}"
+
+
+def when(t: float | None) -> str:
+    if not t:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(t))
+
+
+def changed_params(d: ReportData, row: TrialRow) -> str:
+    base = d.baseline
+    if base is None or row is base:
+        return "defaults" if row.baseline else _params(row.params)
+    diff = {k: v for k, v in row.params.items() if base.params.get(k) != v}
+    return _params(diff) if diff else "same as the baseline"
+
+
+def _params(p: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in p.items())
+
+
+def _cards(d: ReportData) -> list[tuple[str, TrialRow | None, str]]:
+    champ = d.champion
+    if champ is None:
+        champ_note = "no champion yet (tuner promote)"
+    else:
+        champ_note = (f"champion #{champ['seq']}, promoted {when(champ.get('promoted_at'))} by {champ.get('user')}"
+                      + ("" if champ.get("verified") else " WITHOUT verification"))
+        if d.champion_row is None:
+            champ_note += f" (trial {champ.get('trial')} of study {champ.get('study')})"
+    best = d.best[0] if d.best else None
+    return [("baseline", d.baseline, "" if d.baseline else "the baseline has not been measured"),
+            ("champion", d.champion_row, champ_note),
+            ("best", best, "" if best else "no feasible trial yet")]
+
+
+def html(d: ReportData) -> str:
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("tuner.report", "templates"),
+                             autoescape=jinja2.select_autoescape(["html", "j2"]), undefined=jinja2.StrictUndefined)
+    plots = [(name, PLOT_CAPTIONS.get(name, name), "data:image/png;base64," + base64.b64encode(data).decode())
+             for name, data in d.plots.items()]
+    objective_names = [o["metric"] for o in d.objectives]
+    table_metrics = [k for k in d.key_metrics if k not in objective_names]
+
+    def last_error(cause: str) -> str:
+        for r in reversed(d.rows):
+            if r.cause == cause and r.error:
+                return f"trial {r.number}: {r.error[:300]}"
+        return ""
+
+    return env.get_template("report.html.j2").render(
+        d=d, fmt=fmt, when=when, plots=plots, cards=_cards(d), objective_names=objective_names,
+        table_metrics=table_metrics, changed=lambda r: changed_params(d, r), params=lambda r: _params(r.params),
+        last_error=last_error, generated=when(d.generated_at),
+        n_infeasible=sum(r.state == "infeasible" for r in d.rows),
+        n_failed=sum(r.state in ("failed", "interrupted") for r in d.rows),
+        workload_yaml=yaml.safe_dump(d.workload, sort_keys=False))
+
+
+def markdown(d: ReportData) -> str:
+    """A summary that fits a PR description: headline, the three configurations, failures, the last verdicts."""
+    obj = d.objectives[0]
+    lines = [f"## Tuning report: {d.agent}", "",
+             f"Study `{d.study}`, target `{d.target.get('kind')}`"
+             + "".join(f", {k} `{v}`" for k, v in d.target_description.items())
+             + f"; generated {when(d.generated_at)}.",
+             "",
+             f"{len(d.rows)} trials: {d.counts.get('FEASIBLE', 0)} feasible, "
+             f"{sum(r.state == 'infeasible' for r in d.rows)} breaking an SLO, "
+             f"{sum(r.state in ('failed', 'interrupted') for r in d.rows)} failed. "
+             f"Objective: {obj['metric']} ({obj['direction']}); SLOs: "
+             + (", ".join(f"`{s[4:]}`" for s in d.slos) or "none") + ".", "",
+             f"| | trial | {obj['metric']} | vs baseline | parameters changed from the baseline |",
+             "|---|---:|---:|---:|---|"]
+    for label, row, note in _cards(d):
+        if row is None:
+            lines.append(f"| {label} | - | - | - | {note} |")
+        else:
+            v = fmt(row.values[0]) if row.values else "-"
+            lines.append(f"| {label} | {row.number} | {v} | {d.vs_baseline(row)} | {changed_params(d, row)} |")
+    if d.failures:
+        lines += ["", "Failures by cause: " + ", ".join(f"{c} {n}" for c, n in d.failures.items()) + "."]
+    if d.verifications:
+        ver = d.verifications[-1]
+        lines += ["", f"Last verification ({when(ver.get('time'))}): trial {ver.get('trial')} vs "
+                      f"{ver.get('reference')}: {'PASS' if ver.get('passed') else 'FAIL'}, {ver.get('reason')}."]
+    if d.promotions:
+        e = d.promotions[-1]
+        lines += ["", f"Last promotion event ({when(e.get('time'))}): {e.get('action')} #{e.get('seq')} "
+                      f"(trial {e.get('trial')}) by {e.get('user')}: {e.get('reason')}."]
+    return "\n".join(lines) + "\n"
