@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tuner.loop import open_session, run_cycle
-from tuner.spec import load_agent
+from tuner.agent import load_agent
 
 SUPPORT = Path(__file__).resolve().parent
 FAULTY = SUPPORT / "faulty_server.py"

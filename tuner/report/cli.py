@@ -16,7 +16,7 @@ def build(agent_path: Path, state_dir: Path | None, out: Path, md_out: Path | No
     from tuner.loop import state_dir_for
     from tuner.report.data import gather
     from tuner.report.render import html, markdown
-    from tuner.spec import load_agent
+    from tuner.agent import load_agent
     from tuner.study import TunerStudy, default_storage
 
     agent = load_agent(agent_path)
@@ -37,7 +37,7 @@ def build(agent_path: Path, state_dir: Path | None, out: Path, md_out: Path | No
 
 
 def _study_name(state_dir: Path, agent_name: str) -> str:
-    from tuner.daemon import current_study_name
+    from tuner.lineage import current_study_name
 
     return current_study_name(state_dir, agent_name)
 

@@ -12,7 +12,7 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.objectives import improvement
-from tuner.spec import Agent
+from tuner.agent import Agent
 
 
 @dataclass
