@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tuner.loop import open_session, run_cycle
 from tuner.agent import load_agent
+from tuner.loop import open_session, run_cycle
 
 SUPPORT = Path(__file__).resolve().parent
 FAULTY = SUPPORT / "faulty_server.py"

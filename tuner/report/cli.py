@@ -13,10 +13,10 @@ from tuner.errors import TunerError
 
 def build(agent_path: Path, state_dir: Path | None, out: Path, md_out: Path | None) -> tuple[Path, Path]:
     """Gather, render and write both files; returns their paths."""
+    from tuner.agent import load_agent
     from tuner.loop import state_dir_for
     from tuner.report.data import gather
     from tuner.report.render import html, markdown
-    from tuner.agent import load_agent
     from tuner.study import TunerStudy, default_storage
 
     agent = load_agent(agent_path)

@@ -11,8 +11,8 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.objectives import improvement
 from tuner.agent import Agent
+from tuner.objectives import improvement
 
 
 @dataclass
