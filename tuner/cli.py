@@ -270,7 +270,9 @@ def status(
         return
     c = data["trials"]
     console.print(f"[bold]{agent.name}[/] (study {study.name}): {c['COMPLETE']} finished "
-                  f"({c['FEASIBLE']} feasible, {c['INFEASIBLE']} infeasible), {c['FAIL']} failed/interrupted, "
+                  f"({c['FEASIBLE']} feasible, {c['INFEASIBLE']} infeasible"
+                  f"{', ' + str(c['REJECTED']) + ' rejected proposals' if c.get('REJECTED') else ''}), "
+                  f"{c['FAIL']} failed/interrupted, "
                   f"{c['RUNNING']} running, {c['WAITING']} waiting")
     for label, t in [("baseline", data["baseline"])] + [("best", b) for b in data["best"]]:
         if t:
