@@ -85,7 +85,6 @@ def study_plots(trials: Sequence[FrozenTrial], spec: AgentSpec) -> dict[str, byt
     makers: dict[str, Callable[[], Any]] = {
         "optimization_history": lambda: ovm.plot_optimization_history(study, target=first, target_name=obj0),
         "parallel_coordinates": lambda: ovm.plot_parallel_coordinate(study, target=first, target_name=obj0),
-        "param_importances": lambda: ovm.plot_param_importances(study, target=first, target_name=obj0),
     }
     if multi:
         makers["pareto_front"] = lambda: ovm.plot_pareto_front(
@@ -98,17 +97,37 @@ def study_plots(trials: Sequence[FrozenTrial], spec: AgentSpec) -> dict[str, byt
             out[name] = _pyplot_png(draw)
         except Exception as exc:  # noqa: BLE001 - one plot the data cannot make must not lose the others
             log.debug("plot %s skipped: %s", name, exc)
-    fmap = feasibility_map(trials, spec, importances=_importances(study, first))
+    importances = _importances(study, first) if n >= 2 else {}
+    if importances:
+        out["param_importances"] = importance_bars(importances, obj0)
+    fmap = feasibility_map(trials, spec, importances=list(importances))
     if fmap is not None:
         out["slo_feasibility"] = fmap
     return out
 
 
-def _importances(study: optuna.Study, target: Callable[[FrozenTrial], float] | None) -> list[str]:
+def _importances(study: optuna.Study, target: Callable[[FrozenTrial], float] | None) -> dict[str, float]:
+    """Optuna's parameter importances (computed once: the bar chart and the feasibility map's axes use them)."""
     try:
-        return list(optuna.importance.get_param_importances(study, target=target))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return dict(optuna.importance.get_param_importances(study, target=target))
     except Exception:  # noqa: BLE001 - too few trials or a single distinct value
-        return []
+        return {}
+
+
+def importance_bars(importances: dict[str, float], objective: str) -> bytes:
+    fig = Figure(figsize=(8, 0.5 * len(importances) + 1.5))
+    ax = fig.add_subplot()
+    names = list(importances)[::-1]  # the most important on top
+    vals = [importances[n] for n in names]
+    ax.barh(names, vals, color="tab:blue")
+    for i, v in enumerate(vals):
+        ax.annotate(f"{v:.2f}", (v, i), xytext=(3, -3), textcoords="offset points", fontsize=8)
+    ax.set_xlabel(f"importance for {objective}")
+    ax.set_title("Parameter importance")
+    ax.set_xlim(0, max(vals + [0.01]) * 1.15)
+    return png(fig)
 
 
 def feasibility_map(trials: Sequence[FrozenTrial], spec: AgentSpec, *, importances: Sequence[str] = ()) -> bytes | None:

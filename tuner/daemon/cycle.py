@@ -48,8 +48,8 @@ def run_agent_cycle(agent_path: Path | str, state_dir: Path | str, *, stop: thre
         if not result.interrupted and not stop.is_set():
             out["check"] = check_and_act(session, stop_event=stop)
         if metrics is not None:
-            for state, n in session.study.counts().items():
-                metrics.trials.labels(spec.name, state).set(n)
+            metrics.set_trial_counts(spec.name, session.study.counts())
+            metrics.count_failures(spec.name, (o.cause for o in result.outcomes))
             best = session.study.best()
             if best and best[0].values:
                 metrics.best.labels(spec.name).set(best[0].values[0])
@@ -105,6 +105,7 @@ def cycle_job(agent_path: str, state_dir: str) -> None:
         st.last_result = entry
         rt.metrics.running.labels(st.name).set(0)
         rt.metrics.cycles.labels(st.name, outcome).inc()
+        rt.metrics.cycle_duration.labels(st.name).observe(st.last_end - started)
         entry.update(outcome=outcome, end_time=st.last_end)
         log.info("cycle of %s %s in %.1fs: study %s, trial(s) %s%s", st.name, outcome, st.last_end - started,
                  entry.get("study", "-"), entry.get("trials", []),

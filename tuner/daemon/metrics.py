@@ -1,8 +1,39 @@
-"""The daemon's Prometheus metrics, on a private registry."""
+"""The daemon's Prometheus metrics, on a private registry.
+
+Trials are counted twice, by Optuna state and by feasibility, as two metrics (one metric mixing both would sum
+every trial twice). No `_created` series: they double every counter and histogram for nothing a dashboard uses.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+import platform
+from collections.abc import Iterable, Mapping
+from importlib.metadata import PackageNotFoundError, version
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    disable_created_metrics,
+    generate_latest,
+)
+
+from tuner import __version__
+
+disable_created_metrics()
+
+# a cycle lasts from seconds (the simulator) to a day (a real GPU study)
+CYCLE_BUCKETS_S = (1, 5, 15, 60, 300, 900, 1800, 3600, 7200, 14400, 43200, 86400)
+FEASIBILITY = ("feasible", "infeasible", "rejected")  # rejected: a proposal resampled, never deployed
+
+
+def _version(dist: str) -> str:
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "none"
 
 
 class DaemonMetrics:
@@ -11,8 +42,20 @@ class DaemonMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.cycles = Counter("tuner_cycles", "Cycles run", ["agent", "outcome"], registry=self.registry)
-        self.trials = Gauge("tuner_trials", "Trials of the agent's study by state", ["agent", "state"],
-                            registry=self.registry)
+        self.trials = Gauge("tuner_trials", "Trials of the agent's current study by Optuna state",
+                            ["agent", "state"], registry=self.registry)
+        self.trials_feasibility = Gauge(
+            "tuner_trials_by_feasibility", "Completed trials of the agent's current study: feasible (within the "
+            "SLOs) or not", ["agent", "feasibility"], registry=self.registry)
+        self.failures = Counter("tuner_trial_failures", "Trials that failed, by classified cause",
+                                ["agent", "cause"], registry=self.registry)
+        self.cycle_duration = Histogram("tuner_cycle_duration_seconds", "Wall time of a whole cycle (trials, "
+                                        "verification, promotion)", ["agent"], buckets=CYCLE_BUCKETS_S,
+                                        registry=self.registry)
+        self.build = Info("tuner_build", "The tuner and the libraries it runs on", registry=self.registry)
+        self.build.info({"version": __version__, "python": platform.python_version(),
+                         "optuna": _version("optuna"), "mlflow": _version("mlflow"),
+                         "prometheus_client": _version("prometheus_client")})
         self.best = Gauge("tuner_best_objective", "Best feasible value of the primary objective", ["agent"],
                           registry=self.registry)
         self.champion_age = Gauge("tuner_champion_age_seconds", "Seconds since the champion was promoted",
@@ -24,6 +67,19 @@ class DaemonMetrics:
         self.anomalies = Counter("tuner_watch_anomalies", "Production anomalies seen by the watcher",
                                  ["agent", "kind"], registry=self.registry)
         self.promotions = Counter("tuner_promotions", "Automatic promotions", ["agent"], registry=self.registry)
+
+    def set_trial_counts(self, agent: str, counts: Mapping[str, int]) -> None:
+        """From TunerStudy.counts(): Optuna's states to tuner_trials, FEASIBLE/INFEASIBLE to their own metric."""
+        for key, n in counts.items():
+            if key.lower() in FEASIBILITY:
+                self.trials_feasibility.labels(agent, key.lower()).set(n)
+            else:
+                self.trials.labels(agent, key).set(n)
+
+    def count_failures(self, agent: str, causes: Iterable[str | None]) -> None:
+        for cause in causes:
+            if cause:
+                self.failures.labels(agent, cause).inc()
 
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))

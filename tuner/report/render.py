@@ -15,7 +15,7 @@ from tuner.report.data import ReportData, TrialRow
 PLOT_CAPTIONS = {
     "optimization_history": "Optimisation history (measured trials)",
     "parallel_coordinates": "Parallel coordinates",
-    "param_importances": "Parameter importance (fANOVA)",
+    "param_importances": "Parameter importance (Optuna)",
     "pareto_front": "Pareto front (infeasible trials greyed)",
     "slo_feasibility": "SLO feasibility map (failed trials at their parameters)",
 }

@@ -55,6 +55,29 @@ def cycles(sd: Path, name: str) -> list[dict]:
     return [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.is_file() else []
 
 
+def check_daemon_metrics(text: str, agent: str) -> None:
+    """The exposition parses (prometheus_client's own parser); trials are counted once by state and once by
+    feasibility; cycle durations, failures by cause and build info are there; no _created series."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    samples = {f.name: [s for s in f.samples] for f in fams.values()}
+    states = {s.labels["state"]: s.value for s in samples["tuner_trials"] if s.labels["agent"] == agent}
+    assert {"COMPLETE", "FAIL", "RUNNING", "WAITING"} <= set(states), states
+    assert not {"FEASIBLE", "INFEASIBLE", "REJECTED"} & set(states), states  # feasibility has its own metric
+    feas = {s.labels["feasibility"]: s.value for s in samples["tuner_trials_by_feasibility"]}
+    assert {"feasible", "infeasible"} <= set(feas) <= {"feasible", "infeasible", "rejected"}
+    assert sum(feas.values()) == states["COMPLETE"]  # each completed trial counted once
+    assert fams["tuner_cycle_duration_seconds"].type == "histogram"
+    count = next(s.value for s in samples["tuner_cycle_duration_seconds"]
+                 if s.name == "tuner_cycle_duration_seconds_count" and s.labels["agent"] == agent)
+    assert count >= 1
+    assert fams["tuner_trial_failures"].type == "counter"
+    info = next(s for ss in samples.values() for s in ss if s.name == "tuner_build_info")
+    assert info.value == 1 and info.labels["version"] and info.labels["optuna"] != "none"
+    assert not any(s.name.endswith("_created") for ss in samples.values() for s in ss)
+
+
 def app() -> typer.Typer:
     a = typer.Typer()
     cli_ops.register(a)
@@ -86,6 +109,7 @@ def test_daemon_runs_cycles_on_schedule_serves_health_and_stops_on_sigterm(tmp_p
             text = r.read().decode()
         assert 'tuner_cycles_total{agent="dsim",outcome="ok"}' in text
         assert 'tuner_trials{agent="dsim",state="COMPLETE"}' in text and "tuner_best_objective" in text
+        check_daemon_metrics(text, "dsim")
         run = CliRunner().invoke
         assert run(app(), ["check", "--url", url]).exit_code == 0
         second = subprocess.run([sys.executable, "-m", "tuner.cli_ops", "daemon", str(agent), "--state-dir", str(sd),
