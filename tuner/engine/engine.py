@@ -76,6 +76,8 @@ class EngineStats:
 
     def queue(self, running: int, waiting: int, kv_usage: float) -> None: ...
 
+    def admitted(self, req: Request, queue_s: float) -> None: ...
+
     def ttft(self, seconds: float) -> None: ...
 
     def itl(self, seconds: float) -> None: ...
@@ -269,6 +271,7 @@ class Engine:
             req = self.waiting.pop(0)
             req.slot = slot
             self.running.append(req)
+            self.stats.admitted(req, time.monotonic() - req.arrival_s)
         return None
 
     # ------------------------------------------------------------------ the loop

@@ -5,7 +5,7 @@
 Endpoints: POST /v1/completions and /v1/chat/completions (streaming SSE or not; chat messages go through
 the checkpoint's chat template or the preset's, tuner/engine/chat.py), GET /v1/models, GET /health (200 when ready,
 503 while starting or after a fatal error), GET /metrics (Prometheus, vLLM's names where they mean the
-same thing, plus `engine_startup_phase_seconds{phase}`). The server binds 127.0.0.1 unless told
+same thing, plus `tuner_engine_startup_phase_seconds{phase}`). The server binds 127.0.0.1 unless told
 otherwise and listens while the engine starts, so /health answers 503 until the engine is ready.
 
 Exit codes: 0 after SIGINT/SIGTERM, 2 for a knob that is invalid or cannot apply on the device (the
@@ -28,16 +28,9 @@ from aiohttp import web
 
 from tuner.engine import chat
 from tuner.engine.config import EngineConfig, EngineConfigError, add_engine_arguments, config_from_namespace
-from tuner.engine.engine import EngineStats
+from tuner.engine.metrics import PromStats
 
 log = logging.getLogger(__name__)
-
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-                10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
-               0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-E2E_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
-               50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 
 
 class ApiError(Exception):
@@ -56,51 +49,6 @@ class ApiError(Exception):
 
 def error_response(err: ApiError) -> web.Response:
     return web.json_response(err.body(), status=err.status)
-
-
-class PromStats(EngineStats):
-    """The engine's metrics in a private Prometheus registry."""
-
-    def __init__(self, model_name: str) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
-        self.registry = CollectorRegistry()
-        lab = ["model_name"]
-        r = self.registry
-        self.running = Gauge("vllm:num_requests_running", "Requests in the running batch", lab, registry=r)
-        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled", lab, registry=r)
-        self.kv = Gauge("vllm:kv_cache_usage_perc", "KV-cache pool usage, fraction 0-1", lab, registry=r)
-        self.ttft_h = Histogram("vllm:time_to_first_token_seconds", "Time to first token", lab,
-                                buckets=TTFT_BUCKETS, registry=r)
-        self.itl_h = Histogram("vllm:inter_token_latency_seconds", "Inter-token latency", lab,
-                               buckets=ITL_BUCKETS, registry=r)
-        self.e2e_h = Histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency", lab,
-                               buckets=E2E_BUCKETS, registry=r)
-        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens processed", lab, registry=r)
-        self.gen_tokens = Counter("vllm:generation_tokens", "Generation tokens produced", lab, registry=r)
-        self.success = Counter("vllm:request_success", "Finished requests", ["model_name", "finished_reason"],
-                               registry=r)
-        self.phase = Gauge("engine_startup_phase_seconds", "Seconds spent in each start-up phase",
-                           ["model_name", "phase"], registry=r)
-        self.ready = Gauge("engine_ready", "1 once the engine serves", lab, registry=r)
-        self.model_name = model_name
-
-    def queue(self, running: int, waiting: int, kv_usage: float) -> None:
-        self.running.labels(self.model_name).set(running)
-        self.waiting.labels(self.model_name).set(waiting)
-        self.kv.labels(self.model_name).set(kv_usage)
-
-    def ttft(self, seconds: float) -> None:
-        self.ttft_h.labels(self.model_name).observe(seconds)
-
-    def itl(self, seconds: float) -> None:
-        self.itl_h.labels(self.model_name).observe(seconds)
-
-    def finished(self, req: Any, reason: str, e2e_s: float) -> None:
-        self.e2e_h.labels(self.model_name).observe(e2e_s)
-        self.prompt_tokens.labels(self.model_name).inc(len(req.prompt))
-        self.gen_tokens.labels(self.model_name).inc(req.emitted)
-        self.success.labels(self.model_name, reason).inc()
 
 
 class EngineServer:

@@ -179,7 +179,20 @@ def test_metrics_use_vllm_names(server: str, client: Any) -> None:
                  "vllm:generation_tokens_total"):
         assert name + "{" in text, name
     for phase in ("load", "allocate", "capture", "compile", "warmup"):
-        assert f'engine_startup_phase_seconds{{model_name="{MODEL}",phase="{phase}"}}' in text
+        assert f'tuner_engine_startup_phase_seconds{{model_name="{MODEL}",phase="{phase}"}}' in text
+    # parsed by prometheus_client's own parser: every series is vLLM's or ours (prefixed), none unprefixed,
+    # and the series the tuner's scraper reads are there
+    from prometheus_client.parser import text_string_to_metric_families
+
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    assert all(n.startswith(("vllm:", "tuner_engine_")) for n in fams), sorted(fams)
+    samples = {s.name: s.value for f in fams.values() for s in f.samples}
+    assert samples["vllm:num_preemptions_total"] == 0  # KV slots are reserved at admission
+    assert samples["vllm:prefix_cache_queries_total"] >= len("warm")
+    assert samples["vllm:prefix_cache_hits_total"] == 0
+    assert samples["vllm:request_queue_time_seconds_count"] >= 1
+    assert samples["tuner_engine_ready"] == 1
+    assert not any(n.endswith("_created") for n in samples)
 
 
 def test_concurrent_clients_beyond_the_pool_all_complete(server: str) -> None:
