@@ -54,7 +54,7 @@ class ReportData:
     def vs_baseline(self, row: TrialRow | None) -> str:
         """`+12.3%` on the first objective, or `-`."""
         base = self.baseline
-        if row is None or base is None or not row.values or not base.values:
+        if row is None or base is None or row is base or not row.values or not base.values:
             return "-"
         a, b = row.values[0], base.values[0]
         if a is None or b is None:
