@@ -209,6 +209,10 @@ class ChampionStore:
         atomic_write(self.history_dir / f"{rec.seq:06d}.yaml", text)
         atomic_write(self.champion_path, text)
 
+    def set_current(self, rec: ChampionRecord) -> None:
+        """Put an existing record (a rollback's) in force, without a new history entry."""
+        atomic_write(self.champion_path, rec.to_yaml())
+
     def restore(self, old: str | None) -> None:
         """Put the champion file back to `old` (None: no champion)."""
         if old is None:

@@ -246,6 +246,7 @@ def status(
         agent = load_agent(agent_path)
         sd = state_dir_for(state_dir)
         study = TunerStudy(agent.spec, agent.space, storage_url=agent.spec.storage or default_storage(sd))
+        study.reap_stale()  # a trial whose worker went away (on any host) is shown failed, not running
         data: dict[str, Any] = {
             "agent": agent.name,
             "study": study.name,
@@ -259,10 +260,13 @@ def status(
         }
         if importlib.util.find_spec("tuner.promote") is not None:
             promote = importlib.import_module("tuner.promote")
+            from tuner.champion_db import champion_store_for
+
+            store = champion_store_for(agent, sd, study)  # in the shared database for a fleet
             if hasattr(promote, "champion_summary"):
-                data["champion"] = promote.champion_summary(sd, agent.name)
+                data["champion"] = promote.champion_summary(sd, agent.name, store)
             if hasattr(promote, "pending_summary"):
-                data["pending"] = promote.pending_summary(sd, agent.name)
+                data["pending"] = promote.pending_summary(sd, agent.name, store)
     except TunerError as exc:
         raise fail(exc) from None
     if as_json:
@@ -315,7 +319,7 @@ def ui(
 
 
 # ---------------------------------------------------------------- commands from other modules
-for _module in ("tuner.bench", "tuner.engine.cli", "tuner.cli_ops", "tuner.report.cli"):
+for _module in ("tuner.bench", "tuner.engine.cli", "tuner.cli_ops", "tuner.report.cli", "tuner.cli_fleet"):
     if importlib.util.find_spec(_module) is not None:
         importlib.import_module(_module).register(app)
 

@@ -112,7 +112,7 @@ def rollback(agent: Path = typer.Argument(..., help="agent spec file"),
              state_dir: Path | None = typer.Option(None, "--state-dir")) -> None:
     """Restore the previous champion (file, apply command, MLflow aliases, audit)."""
     from tuner.agent import load_agent
-    from tuner.champion import ChampionStore
+    from tuner.champion_db import champion_store_for
     from tuner.loop import state_dir_for
     from tuner.promote import rollback as do_rollback
     from tuner.tracking import Tracker, resolve_tracking_uri
@@ -121,7 +121,7 @@ def rollback(agent: Path = typer.Argument(..., help="agent spec file"),
     try:
         a = load_agent(agent)
         sd = state_dir_for(state_dir)
-        store = ChampionStore(sd, a.name)
+        store = champion_store_for(a, sd)
         cur = store.champion()
         if cur is None or cur.previous_seq is None:
             raise TunerError(f"{a.name} has no previous champion to restore")
@@ -153,7 +153,9 @@ def history(agent: Path = typer.Argument(..., help="agent spec file"),
         spec = a.spec
         tracker = Tracker(resolve_tracking_uri(spec.tracking.uri, sd), spec.tracking.experiment or spec.name,
                           artifact_dir=sd / "mlartifacts", enabled=spec.tracking.enabled)
-        h = get_history(sd, a.name, tracker)
+        from tuner.champion_db import champion_store_for
+
+        h = get_history(sd, a.name, tracker, champion_store_for(a, sd))
     except TunerError as exc:
         raise _fail(exc) from None
     if as_json:

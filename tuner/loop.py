@@ -8,6 +8,8 @@ cycle after tearing the running deployment down and recording the running trial 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -25,7 +27,7 @@ from tuner.measure.failures import error_rate_slo, request_failure
 from tuner.measure.measurement import Measurement
 from tuner.mlflow_review import log_cycle_plots, log_latency_plot, trial_metrics, trial_run_name
 from tuner.objectives import FAILURE_CONSTRAINT, Evaluation, evaluate, failed_evaluation, goodput_thresholds_ms
-from tuner.study import TunerStudy, default_storage
+from tuner.study import LeaseLost, TunerStudy, default_storage
 from tuner.targets.base import Target, TrialContext
 from tuner.targets.registry import make_target
 from tuner.tracking import Tracker, records_csv, redact, resolve_tracking_uri
@@ -66,6 +68,7 @@ class Session:
     target: Target
     study: TunerStudy
     tracker: Tracker
+    executor: Any = None  # tuner.ray_executor.RayExecutor, or None: this host's GPU pool
 
     @cached_property
     def description(self) -> dict[str, str]:
@@ -106,7 +109,10 @@ def open_session(agent: Agent, state_dir: Path, *, target: Target | None = None,
     from tuner import sizing
 
     agent = sizing.apply(agent, sizing.recorded(study))  # an `auto` rate the study was sized at
-    session = Session(agent=agent, state_dir=state_dir, target=target, study=study, tracker=tracker)
+    from tuner.ray_executor import make_executor
+
+    session = Session(agent=agent, state_dir=state_dir, target=target, study=study, tracker=tracker,
+                      executor=make_executor(spec))
     reap(session)  # trial 0 is the baseline: queue it before anything else can be enqueued
     return session
 
@@ -254,11 +260,13 @@ def measure_config(session: Session, config: dict[str, Any], ctx: TrialContext, 
         return m, dep.log_path
 
 
-def run_trial(session: Session, parent_run_id: str | None, stop: threading.Event, gpu_pool: Any) -> TrialOutcome:
+def run_trial(session: Session, parent_run_id: str | None, stop: threading.Event, gpu_pool: Any, *,
+              asked: tuple[Any, dict[str, Any]] | None = None) -> TrialOutcome:
+    """Measure one trial (asked here, or `asked` by the caller) and record it in Optuna and MLflow."""
     spec = session.agent.spec
     space = session.agent.space
     ts = time.monotonic()
-    trial, params = session.study.ask()
+    trial, params = asked if asked is not None else session.study.ask()
     overhead = time.monotonic() - ts
     number = trial.number
     config = space.full_config(params)
@@ -279,7 +287,11 @@ def run_trial(session: Session, parent_run_id: str | None, stop: threading.Event
         need = session.target.gpus_needed(config)
         ctx = TrialContext(trial_number=number, state_dir=session.state_dir, seed=spec.workload.seed + number,
                            stop_event=stop, label=f"trial-{number}")
-        if need > 0 and gpu_pool is not None and gpu_pool.total > 0:
+        if session.executor is not None:  # Ray places the trial on a node and gives it the GPUs
+            m, log_path, placement = session.executor.measure(session, config, ctx, need)
+            gpus = placement.gpus
+            attrs.update(placement.attrs())
+        elif need > 0 and gpu_pool is not None and gpu_pool.total > 0:
             with gpu_pool.claim(need, stop, label=f"trial-{number}") as claimed:
                 gpus = tuple(claimed)
                 ctx.gpus = gpus
@@ -331,7 +343,12 @@ def run_trial(session: Session, parent_run_id: str | None, stop: threading.Event
         overhead += time.monotonic() - ts
         attrs["repeats"] = repeat_trial(session, number, config, stop, gpu_pool)
         ts = time.monotonic()
-    session.study.tell(trial, ev, attrs=attrs)
+    try:
+        session.study.tell(trial, ev, attrs=attrs)
+    except LeaseLost as exc:  # failed by another process meanwhile: the measurement still goes to MLflow
+        log.warning("%s; its measurement is kept in MLflow only", exc)
+        cause = cause or "worker_lost"
+        error = error or str(exc)
     _track_trial(session, parent_run_id, number, baseline, config, ev, metrics, m, cause, error, log_path, gpus)
     overhead += time.monotonic() - ts
     return TrialOutcome(number, params, ev.values, ev.feasible, cause=cause, error=error, metrics=metrics,
@@ -392,6 +409,7 @@ def _track_trial(session: Session, parent: str | None, number: int, baseline: bo
     if cause is None and not ev.feasible:
         tags["slo_broken"] = ",".join(k.split(":", 1)[1] for k, v in ev.constraints.items()
                                       if k.startswith("slo:") and v > 0)
+    tags["host"], tags["pid"] = socket.gethostname(), os.getpid()
     name = trial_run_name(number, baseline=baseline, ev=ev, cause=cause)
     run_id = tr.start_run(name, parent_run_id=parent, tags=tags, params=config)
     key, rest = trial_metrics(spec, ev, metrics, measured=m is not None)

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from tuner.champion import ChampionRecord, ChampionStore
+from tuner.champion_db import champion_store
 from tuner.errors import Interrupted, PromotionError, TrialError
 from tuner.objectives import evaluate
 from tuner.proc import parent_death_preexec  # libc resolved at import, not in the child
@@ -163,7 +164,7 @@ def verify(session: Session, candidate_config: Mapping[str, Any], *, candidate_t
 
     spec = session.agent.spec
     promo = spec.promotion
-    store = store or ChampionStore(session.state_dir, spec.name)
+    store = store or champion_store(session)
     stop = stop_event or threading.Event()
     ref_name, ref_config, champ = reference_for(session, store)
     n_pairs = runs or promo.verify_runs
@@ -322,7 +323,7 @@ def _record_verification(session: Session, store: ChampionStore, v: Verdict) -> 
 def select_candidate(session: Session, store: ChampionStore | None = None) -> FrozenTrial | None:
     """The best feasible trial not yet judged that beats the reference's recorded value, else None."""
     spec = session.agent.spec
-    store = store or ChampionStore(session.state_dir, spec.name)
+    store = store or champion_store(session)
     study = session.study
     judged = store.judged(study.name)
     _, ref_config, champ = reference_for(session, store)
@@ -456,9 +457,7 @@ def _switch(store: ChampionStore, tracker: Tracker | None, rec: ChampionRecord, 
                           "verified": rec.verified})
             store.write_champion(rec)
         else:
-            from tuner.champion import atomic_write
-
-            atomic_write(store.champion_path, rec.to_yaml())
+            store.set_current(rec)
         run_apply(apply_command, champion_file=store.champion_path, agent=store.agent, action=action, cwd=cwd)
     except BaseException as exc:
         store.restore(old_text)
@@ -484,7 +483,7 @@ def promote_trial(session: Session, *, trial: int | None = None, skip_verify: bo
                   verify_seed: int | None = None) -> PromoteResult:
     """`tuner promote`: pick the trial (given, pending, else the best candidate), verify, confirm, promote."""
     spec = session.agent.spec
-    store = ChampionStore(session.state_dir, spec.name)
+    store = champion_store(session)
     with store.lock():
         pending = store.pending()
         champ = store.champion()
@@ -537,7 +536,7 @@ def check_and_act(session: Session, *, stop_event: threading.Event | None = None
                   seed: int | None = None) -> dict[str, Any]:
     """Check (verify the best unjudged candidate) and Act (auto: promote; manual: leave it pending)."""
     spec = session.agent.spec
-    store = ChampionStore(session.state_dir, spec.name)
+    store = champion_store(session)
     cand = select_candidate(session, store)
     if cand is None:
         return {"candidate": None, "action": "none"}
@@ -566,8 +565,9 @@ def check_and_act(session: Session, *, stop_event: threading.Event | None = None
 
 
 # ---------------------------------------------------------------- summaries (tuner status, history)
-def champion_summary(state_dir: Path | str, agent_name: str) -> dict[str, Any] | None:
-    rec = ChampionStore(Path(state_dir), agent_name).champion()
+def champion_summary(state_dir: Path | str, agent_name: str, store: ChampionStore | None = None
+                     ) -> dict[str, Any] | None:
+    rec = (store or ChampionStore(Path(state_dir), agent_name)).champion()
     if rec is None:
         return None
     return {"seq": rec.seq, "trial": rec.trial, "study": rec.study, "config": rec.config, "values": rec.values,
@@ -576,13 +576,15 @@ def champion_summary(state_dir: Path | str, agent_name: str) -> dict[str, Any] |
             "previous_seq": rec.previous_seq, "restored_from": rec.restored_from}
 
 
-def pending_summary(state_dir: Path | str, agent_name: str) -> dict[str, Any] | None:
-    return ChampionStore(Path(state_dir), agent_name).pending()
+def pending_summary(state_dir: Path | str, agent_name: str, store: ChampionStore | None = None
+                    ) -> dict[str, Any] | None:
+    return (store or ChampionStore(Path(state_dir), agent_name)).pending()
 
 
-def history(state_dir: Path | str, agent_name: str, tracker: Tracker | None = None) -> dict[str, list[Any]]:
+def history(state_dir: Path | str, agent_name: str, tracker: Tracker | None = None,
+            store: ChampionStore | None = None) -> dict[str, list[Any]]:
     """Cycles (MLflow cycle runs, else the daemon's journal), verifications and promotions of an agent."""
-    store = ChampionStore(Path(state_dir), agent_name)
+    store = store or ChampionStore(Path(state_dir), agent_name)
     cycles: list[dict[str, Any]] = []
     if tracker is not None and tracker.enabled:
         try:

@@ -216,10 +216,53 @@ class NoiseSpec(_Strict):
     confidence: float = Field(default=0.95, gt=0.5, lt=1, description="of the interval on the best")
 
 
+_URL_PASSWORD_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@]*:[^/@]*@")
+
+
+def _no_password(url: str | None, where: str) -> str | None:
+    """Refuse a URL that carries a password: specs are shared, copied and logged."""
+    if url is not None and _URL_PASSWORD_RE.match(url):
+        hint = ("set PGPASSWORD or a ~/.pgpass file (PGPASSFILE)" if url.startswith("postgres")
+                else "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD" if where == "tracking"
+                else "give it in the environment")
+        raise ValueError(f"a password in the URL is refused: {hint}")
+    return url
+
+
+class LeaseSpec(_Strict):
+    """A running trial's lease: its owner beats every heartbeat_s; a trial not beaten for timeout_s is lost."""
+
+    heartbeat_s: int = Field(default=5, ge=1, description="seconds between two beats (whole seconds)")
+    timeout_s: int = Field(default=30, ge=2, description="a trial not beaten for this long is failed")
+
+    @model_validator(mode="after")
+    def _check(self) -> LeaseSpec:
+        if self.timeout_s < 2 * self.heartbeat_s:
+            raise ValueError(f"timeout_s ({self.timeout_s}) must be at least twice heartbeat_s "
+                             f"({self.heartbeat_s}): one late beat must not lose a trial")
+        return self
+
+
+class ExecutorSpec(_Strict):
+    """Where trials run: `local` (this host's GPU pool) or `ray` (a Ray task per trial, placed by Ray)."""
+
+    kind: Literal["local", "ray"] = "local"
+    address: str | None = Field(default=None, description="ray: 'auto', 'host:6379' or 'ray://host:10001'")
+    cpus_per_trial: float = Field(default=1.0, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> ExecutorSpec:
+        if self.kind == "local" and self.address is not None:
+            raise ValueError("address is for kind 'ray'")
+        return self
+
+
 class TrackingSpec(_Strict):
     uri: str | None = None
     experiment: str | None = None
     enabled: bool = True
+
+    _u = field_validator("uri")(classmethod(lambda cls, v: _no_password(v, "tracking")))
 
 
 class PromotionSpec(_Strict):
@@ -301,12 +344,16 @@ class AgentSpec(_Strict):
     sampler: SamplerSpec = SamplerSpec()
     noise: NoiseSpec = NoiseSpec()
     storage: str | None = None
+    lease: LeaseSpec = LeaseSpec()
+    executor: ExecutorSpec = ExecutorSpec()
     tracking: TrackingSpec = TrackingSpec()
     promotion: PromotionSpec = PromotionSpec()
     schedule: ScheduleSpec | None = None
     watch: WatchSpec | None = None
     gpus: list[int] | None = Field(default=None, min_length=1, description="GPU ids (default: all NVML sees)")
     parallel_trials: int = Field(default=1, ge=1)
+
+    _s = field_validator("storage")(classmethod(lambda cls, v: _no_password(v, "storage")))
 
     @field_validator("sampler", mode="before")
     @classmethod

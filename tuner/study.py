@@ -7,6 +7,8 @@ Optuna's storage is the source of truth for trials. Trial user attributes writte
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import logging
 import math
 import os
@@ -15,14 +17,16 @@ import threading
 import time
 import warnings
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from tuner.errors import ConfigError
+from tuner.dblock import study_lock
+from tuner.errors import ConfigError, TunerError
+from tuner.lease import Heartbeat
 from tuner.objectives import Evaluation, pessimistic
 from tuner.search.samplers import make_sampler
 from tuner.space import SearchSpace
@@ -32,6 +36,12 @@ log = logging.getLogger(__name__)
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+# the tuner beats its trials' heartbeats itself (tuner.lease) around ask and tell
+warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+T = TypeVar("T")
+DB_RETRY_S = 120.0  # how long a worker waits for an unreachable database before it gives up
+# causes of trials that were not measured because their process went away (not counted in a fleet's budget)
+LOST_CAUSES = ("interrupted", "worker_lost")
 
 
 # system attribute of a trial: the process that asked it (reap_stale spares the trials of live owners)
@@ -74,28 +84,71 @@ def default_storage(state_dir: Path) -> str:
     return f"sqlite:///{(state_dir / 'optuna.db').resolve()}"
 
 
-def open_storage(url: str) -> optuna.storages.BaseStorage:
+def open_storage(url: str, *, heartbeat_s: int | None = None, lease_s: int | None = None
+                 ) -> optuna.storages.RDBStorage:
     """The study's storage. Opening it creates its tables when the database is new: on SQLite one process
     at a time (tuner.sqlite.init_lock); elsewhere a process that loses the race to create them retries.
+
+    With `heartbeat_s`, running trials carry Optuna's heartbeat and a trial not beaten for `lease_s` is stale
+    (see tuner.lease). Off SQLite, pooled connections are checked before use (a restarted server).
     `memory:` is a new in-process store that lives as long as the study object (experiments, tests)."""
     if url == "memory:":
-        return optuna.storages.InMemoryStorage()
+        return optuna.storages.InMemoryStorage()  # type: ignore[return-value]
+    beat: dict[str, Any] = {}
+    if heartbeat_s is not None:
+        beat = {"heartbeat_interval": int(heartbeat_s), "grace_period": int(lease_s or 2 * heartbeat_s)}
     if url.startswith("sqlite:"):
         from tuner.sqlite import init_lock, tune_engine
 
         with init_lock(url):
-            storage = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 30}})
+            storage = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 30}}, **beat)
         tune_engine(storage.engine)
         return storage
     for attempt in range(3):
         try:
-            return optuna.storages.RDBStorage(url)
+            return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True}, **beat)
         except Exception as exc:  # noqa: BLE001 - re-raised unless another process was creating the tables
             text = str(exc).lower()
             if attempt == 2 or ("already exists" not in text and "duplicate key" not in text):
                 raise
             time.sleep(0.5)
     raise AssertionError("unreachable")
+
+
+class LeaseLost(TunerError):
+    """The trial was failed by another process (its lease expired) before its owner told it."""
+
+
+# a database error that a retry may get past: the server restarting, a dropped connection
+# (Optuna wraps a failed commit's error in StorageInternalError: the chain is searched)
+def _transient(exc: BaseException) -> bool:
+    from sqlalchemy.exc import DBAPIError, OperationalError
+
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, OperationalError):
+            return True
+        if isinstance(seen, DBAPIError) and getattr(seen, "connection_invalidated", False):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def with_db_retry(what: str, fn: Callable[[], T], *, deadline_s: float = DB_RETRY_S) -> T:
+    """Run `fn`, retrying while the database is unreachable (up to `deadline_s`), then raise."""
+    t_end = time.monotonic() + deadline_s
+    delay = 0.2
+    while True:
+        try:
+            return fn()
+        except Exception as exc:
+            if not _transient(exc) or time.monotonic() + delay > t_end:
+                raise
+            log.warning("%s: database unreachable (%s); retrying in %.1f s", what, type(exc).__name__, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
 
 class TunerStudy:
@@ -110,10 +163,11 @@ class TunerStudy:
         self._ask_lock = threading.Lock()
         directions = [o.direction for o in spec.objectives]
         try:
-            self.study = optuna.create_study(
-                storage=open_storage(storage_url), sampler=make_sampler(spec.sampler, space), study_name=self.name,
+            self.storage = open_storage(storage_url, heartbeat_s=spec.lease.heartbeat_s, lease_s=spec.lease.timeout_s)
+            self.study = with_db_retry("open the study", lambda: optuna.create_study(
+                storage=self.storage, sampler=make_sampler(spec.sampler, space), study_name=self.name,
                 directions=directions, load_if_exists=True,
-            )
+            ), deadline_s=10)
         except Exception as exc:  # noqa: BLE001 - bad URL, missing driver, unreachable database
             hint = ""
             if storage_url.startswith("postgresql") and "import" in str(exc):
@@ -135,31 +189,85 @@ class TunerStudy:
                 "use another storage or study name", field="objectives")
 
     # ------------------------------------------------------------ lifecycle
-    def reap_stale(self) -> list[int]:
-        """Tell FAIL (reason "interrupted") every trial left RUNNING by a killed process.
+    @property
+    def heartbeat(self) -> Heartbeat:
+        """The heartbeat of this process's trials in this study's storage (one per storage URL)."""
+        return _heartbeat_for(self.storage_url, self.storage, self.spec.lease.heartbeat_s)
 
-        A trial whose owner (recorded at ask) is a live process, or a process of another host, is running:
-        `tuner promote` or `tuner status` next to a working daemon must not fail its trials.
+    @contextlib.contextmanager
+    def lock(self, purpose: str, *, timeout_s: float = 120.0) -> Iterator[None]:
+        """A lock of this study shared by every process of the fleet (tuner.dblock)."""
+        engine = getattr(self.storage, "engine", None)  # None: an in-process store, one process
+        with study_lock(engine, f"tuner:{self.name}:{purpose}", timeout_s=timeout_s):
+            yield
+
+    def reap_stale(self) -> list[int]:
+        """Tell FAIL every trial whose process went away, on any host.
+
+        A trial whose lease expired (no heartbeat for lease.timeout_s, whatever host it ran on) gets cause
+        `worker_lost`; a trial of this host whose owner is dead (or was never recorded) `interrupted`, at
+        once. A live owner's trial with a fresh lease is running: `tuner promote` or `tuner status` next to a
+        working daemon or worker must not fail its trials.
         """
+        storage = self.study._storage
+
+        def stale_ids() -> set[int]:
+            # Optuna's own query (what optuna.storages.fail_stale_trials uses): RUNNING trials whose last
+            # heartbeat, by the database's clock, is older than the grace period; here the cause is ours
+            if not isinstance(self.storage, optuna.storages.RDBStorage):
+                return set()  # an in-process store: no other process, no lease
+            return set(self.storage._get_stale_trial_ids(self.study._study_id))
+
+        expired = with_db_retry("read the trials' leases", stale_ids)
         reaped = []
+        now = datetime.datetime.now()
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            if _owner_may_live(t.system_attrs.get(OWNER_ATTR), (self.storage_url, t._trial_id)):
+            owner = t.system_attrs.get(OWNER_ATTR)
+            if t._trial_id in expired:
+                cause = "worker_lost"
+            elif owner is None and t.datetime_start is not None:
+                # asked a moment ago, its owner not recorded yet (or never: the asker died or lost the
+                # database in between): lost once a lease has passed since it started
+                if (now - t.datetime_start).total_seconds() <= self.spec.lease.timeout_s:
+                    continue
+                cause = "worker_lost"
+            elif _owner_may_live(owner, (self.storage_url, t._trial_id)):
                 continue
-            self.study._storage.set_trial_user_attr(t._trial_id, "cause", "interrupted")
-            self.study._storage.set_trial_user_attr(t._trial_id, "feasible", False)
-            self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+            else:
+                cause = "interrupted"
+            with self.lock("tell"):  # its owner may be telling it right now
+                if storage.get_trial(t._trial_id).state != TrialState.RUNNING:
+                    continue
+                storage.set_trial_user_attr(t._trial_id, "cause", cause)
+                storage.set_trial_user_attr(t._trial_id, "feasible", False)
+                self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+            who = owner if isinstance(owner, dict) else {}
+            log.warning("trial %d failed (%s): its process %s on %s went away", t.number, cause,
+                        who.get("pid", "?"), who.get("host", "?"))
             reaped.append(t.number)
-        if reaped:
-            log.warning("reaped %d trial(s) left RUNNING by an earlier process: %s", len(reaped), reaped)
         return reaped
 
     def ensure_baseline(self) -> None:
-        """Enqueue the baseline (all defaults) unless it already ran or waits."""
+        """Enqueue the baseline (all defaults) unless it already ran or waits: once for the whole fleet."""
+        with self.lock("baseline"):
+            for t in self.study.get_trials(deepcopy=False):
+                if t.user_attrs.get("baseline") and t.state in (TrialState.COMPLETE, TrialState.WAITING,
+                                                                 TrialState.RUNNING):
+                    return
+            self.study.enqueue_trial(self.space.defaults(), user_attrs={"baseline": True})
+
+    def counted(self) -> int:
+        """Trials that count against a fleet's budget: running or told, except those whose process went away."""
+        n = 0
         for t in self.study.get_trials(deepcopy=False):
-            if t.user_attrs.get("baseline") and t.state in (TrialState.COMPLETE, TrialState.WAITING,
-                                                             TrialState.RUNNING):
-                return
-        self.study.enqueue_trial(self.space.defaults(), user_attrs={"baseline": True})
+            if t.state == TrialState.WAITING:
+                continue
+            if t.state == TrialState.FAIL and t.user_attrs.get("cause") in LOST_CAUSES:
+                continue
+            if t.user_attrs.get("rejected"):  # a proposal refused by a constraint: nothing ran
+                continue
+            n += 1
+        return n
 
     # ------------------------------------------------------------ ask / tell
     def ask(self) -> tuple[Trial, dict[str, Any]]:
@@ -191,10 +299,15 @@ class TunerStudy:
 
     def _ask_once(self) -> tuple[Trial, dict[str, Any]]:
         with self._ask_lock:  # two threads asking at once on SQLite can both pop the same queued trial
-            trial = self.study.ask()
+            trial = with_db_retry("ask a trial", self.study.ask)
         with _IN_FLIGHT_LOCK:
             _IN_FLIGHT.add((self.storage_url, trial._trial_id))
-        self.study._storage.set_trial_system_attr(trial._trial_id, OWNER_ATTR, _this_process())
+        owner = _this_process()
+        with_db_retry("record the trial's owner", lambda: (
+            self.study._storage.set_trial_system_attr(trial._trial_id, OWNER_ATTR, owner),
+            self.study._storage.set_trial_user_attr(trial._trial_id, "host", owner["host"]),
+            self.study._storage.set_trial_user_attr(trial._trial_id, "pid", owner["pid"])))
+        self.heartbeat.add(trial._trial_id)
         chosen: dict[str, Any] = {}
         for p in self.space.params:
             if not self.space.active(p, chosen):
@@ -215,25 +328,44 @@ class TunerStudy:
         return trial, chosen
 
     def tell(self, trial: Trial, ev: Evaluation, *, attrs: Mapping[str, Any]) -> FrozenTrial:
-        for key, value in ev.constraints.items():
-            trial.set_constraint(key, float(value))
-        for key, value in attrs.items():
-            trial.set_user_attr(key, _jsonable(value))
-        trial.set_user_attr("feasible", ev.feasible)
+        """Record the measurement. Raises LeaseLost when another process failed the trial meanwhile."""
+        def go() -> FrozenTrial:
+            with self.lock("tell"):
+                self._check_running(trial)
+                for key, value in ev.constraints.items():
+                    trial.set_constraint(key, float(value))
+                for key, value in attrs.items():
+                    trial.set_user_attr(key, _jsonable(value))
+                trial.set_user_attr("feasible", ev.feasible)
+                return self.study.tell(trial, ev.values)
+
         try:
-            return self.study.tell(trial, ev.values)
+            return with_db_retry(f"tell trial {trial.number}", go)
         finally:
             self._told(trial)
 
     def tell_interrupted(self, trial: Trial, reason: str = "interrupted") -> None:
-        trial.set_user_attr("cause", reason)
-        trial.set_user_attr("feasible", False)
+        def go() -> None:
+            with self.lock("tell"):
+                if self.study._storage.get_trial(trial._trial_id).state != TrialState.RUNNING:
+                    return  # already failed by a reaper
+                trial.set_user_attr("cause", reason)
+                trial.set_user_attr("feasible", False)
+                self.study.tell(trial, state=TrialState.FAIL)
+
         try:
-            self.study.tell(trial, state=TrialState.FAIL)
+            with_db_retry(f"tell trial {trial.number}", go)
         finally:
             self._told(trial)
 
+    def _check_running(self, trial: Trial) -> None:
+        t = self.study._storage.get_trial(trial._trial_id)
+        if t.state != TrialState.RUNNING:
+            raise LeaseLost(f"trial {trial.number} was failed by another process "
+                            f"(cause {t.user_attrs.get('cause')!r}) before it was told: its lease expired")
+
     def _told(self, trial: Trial) -> None:
+        self.heartbeat.remove(trial._trial_id)
         with _IN_FLIGHT_LOCK:
             _IN_FLIGHT.discard((self.storage_url, trial._trial_id))
 
@@ -325,6 +457,17 @@ def measurements(t: FrozenTrial) -> list[float]:
     xs = [t.values[0]] if t.values else []
     xs += [float(v) for v in t.user_attrs.get("repeats") or [] if isinstance(v, int | float) and math.isfinite(v)]
     return xs
+
+
+_HEARTBEATS: dict[str, Heartbeat] = {}
+_HEARTBEATS_LOCK = threading.Lock()
+
+
+def _heartbeat_for(url: str, storage: Any, heartbeat_s: int) -> Heartbeat:
+    with _HEARTBEATS_LOCK:
+        if url not in _HEARTBEATS:
+            _HEARTBEATS[url] = Heartbeat(storage, heartbeat_s)
+        return _HEARTBEATS[url]
 
 
 def trial_summary(t: FrozenTrial | None) -> dict[str, Any] | None:

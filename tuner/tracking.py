@@ -151,7 +151,8 @@ class Tracker:
             exp = self.client.get_experiment_by_name(self.experiment_name)
             if exp is None:
                 location = None
-                if self.artifact_dir is not None:
+                # a tracking server keeps the artifacts itself (every host of a fleet uploads to it)
+                if self.artifact_dir is not None and not self.uri.startswith(("http:", "https:")):
                     self.artifact_dir.mkdir(parents=True, exist_ok=True)
                     location = self.artifact_dir.resolve().as_uri()
                 self._experiment_id = self.client.create_experiment(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -76,5 +77,7 @@ def pydantic_to_config_error(exc: Any, file: str, lines: dict[Loc, int], prefix:
         msg = "required field is missing"
     vtxt = ""
     if err["type"] not in ("missing",) and not isinstance(value, dict | list):
+        if isinstance(value, str) and "://" in value:  # a URL's password never reaches a message
+            value = re.sub(r"(//[^:/@]+:)[^@/]*@", r"\1***@", value)
         vtxt = f" (got {value!r})"
     return ConfigError(f"{msg}{vtxt}", file=file, line=line_of(lines, loc), field=field)

@@ -7,13 +7,16 @@ Not a pipe: a test polls state for a minute or more without reading, and a pipe 
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 
-def start_logged(argv: list[str], log: Path, cwd: Path) -> subprocess.Popen[str]:
+def start_logged(argv: list[str], log: Path, cwd: Path, env: Mapping[str, str] | None = None
+                 ) -> subprocess.Popen[str]:
     """Start argv with stdout and stderr appended to `log` (appended: a restarted daemon keeps the first log)."""
     with log.open("a") as out:
-        return subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, text=True,
+                                env=dict(env) if env is not None else None)
 
 
 def output(log: Path, last: int = 3000) -> str:
