@@ -213,8 +213,10 @@ def test_a_trial_whose_requests_all_failed_is_recorded_with_the_cause_and_the_se
         "objectives: [{metric: request_throughput, direction: maximize}]\nbudget: {trials: 1}\n"
         "tracking: {enabled: false}\n")
     sd = tmp_path / "state"
+    from tuner.summary import EXIT_NO_FEASIBLE
+
     r = CliRunner().invoke(app, ["run", str(tmp_path / "agent.yaml"), "--state-dir", str(sd)])
-    assert r.exit_code in (0, 1), r.output
+    assert r.exit_code == EXIT_NO_FEASIBLE and "all_requests_failed" in r.output, r.output
     r = CliRunner().invoke(app, ["status", str(tmp_path / "agent.yaml"), "--state-dir", str(sd), "--json"])
     base = json.loads(r.output)["baseline"]
     assert base["cause"] == "all_requests_failed" and not base["feasible"], base
