@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -35,6 +36,12 @@ def _tuner(*args: str, log: Path) -> tuple[int, float, str]:
         rc = subprocess.call([sys.executable, "-m", "tuner.cli", *args], cwd=REPO, stdout=f,
                              stderr=subprocess.STDOUT)
     return rc, time.monotonic() - t0, log.read_text(errors="replace")
+
+
+def sanitize(text: str) -> str:
+    """No machine path in what is committed: the repository root becomes `.`, other absolute paths `<path>`."""
+    text = text.replace(str(REPO), ".")
+    return re.sub(r"/(?:root|home|tmp|work|usr|opt)/[^\s'\"),]*", "<path>", text)
 
 
 def _fmt_params(p: dict[str, Any]) -> str:
@@ -85,7 +92,9 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
             start = measured = "-"
             wall = r["duration_s"]
             if isinstance(wall, int | float):
-                start = f"({wall:.0f} to fail)"
+                start = f"({wall:.0f} s in all)"
+        elif r["state"] != "COMPLETE" or not m:
+            outcome, start, measured = r["state"].lower(), "-", "-"
         else:
             outcome = ("baseline, " if r["baseline"] else "") + ("feasible" if r["feasible"] else "misses an SLO")
             start = _num(m, "cold_start_s", "{:.1f}")
@@ -121,6 +130,23 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
     out.append(f"- trials: {len(rows)}; measured {len(done)}, feasible {len(feasible)}; failed: "
                + (", ".join(f"{k} x{v}" for k, v in sorted(causes.items())) or "none"))
     return out
+
+
+def verifications(state_dir: Path) -> list[str]:
+    """The A/B runs of each verification (arm A: the champion, else the baseline; arm B: the candidate)."""
+    path = state_dir / "vllm-cpu" / "verifications.jsonl"
+    if not path.exists():
+        return []
+    out = ["| candidate trial | pair | arm | goodput req/s | feasible | verdict |", "|---|---|---|---|---|---|"]
+    for line in path.read_text().splitlines():
+        v = json.loads(line)
+        verdict = "passed" if v.get("passed") else f"not promoted: {v.get('reason', '')}"
+        for r in v.get("runs", []):
+            value = r.get("value")
+            shown = f"{value:.2f}" if isinstance(value, int | float) else "-"
+            arm = f"{r.get('arm')} ({'candidate' if r.get('arm') == 'B' else v.get('reference', 'champion')})"
+            out.append(f"| {v.get('trial')} | {r.get('pair')} | {arm} | {shown} | {r.get('feasible')} | {verdict} |")
+    return [*out, ""]
 
 
 def main() -> int:
@@ -165,9 +191,9 @@ def main() -> int:
         tail = [ln for ln in p_text.splitlines() if ln.strip()][-12:]
         how = f"exit {p_rc}, {p_wall:.0f} s" if p_wall is not None else "promote.log"
         text += [f"## Verification: `tuner promote agents/vllm-cpu.yaml --yes` ({how})", "",
-                 "```", *tail, "```", ""]
-    args.out.write_text("\n".join(text))
-    (HERE / "trials.json").write_text(json.dumps(rows, indent=1, default=str))
+                 "```", *tail, "```", "", *verifications(args.state_dir)]
+    args.out.write_text(sanitize("\n".join(text)))
+    (HERE / "trials.json").write_text(sanitize(json.dumps(rows, indent=1, default=str)))
     print("\n".join(text))
     return 0
 
