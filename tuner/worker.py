@@ -24,6 +24,7 @@ from typing import Any
 from optuna.trial import TrialState
 
 from tuner.loop import Session, TrialOutcome, reap, run_trial
+from tuner.study import with_db_retry
 
 log = logging.getLogger(__name__)
 
@@ -111,15 +112,21 @@ def run_worker(session: Session, *, trials: int | None = None, wall_time_s: floa
     def take() -> tuple[tuple[Any, dict[str, Any]], float] | None:
         """A slot of the budget and its trial, with the time that took (the tuner's own), or None when the
         budget is spent and nobody else runs."""
-        while not out_of_time():
+        def slot() -> tuple[Any, dict[str, Any]] | None:
+            with study.lock("budget"):
+                if budget is None or study.counted() < budget:
+                    return study.ask()
+                return None
+
+        while not out_of_time():  # every step retried while the database is unreachable (a restart)
             t_take = time.monotonic()
             if t_take - last_reap[0] >= poll_s:  # a lost trial is seen within a beat of its lease's end
                 last_reap[0] = t_take
-                study.reap_stale()
-            with study.lock("budget"):
-                if budget is None or study.counted() < budget:
-                    return study.ask(), time.monotonic() - t_take
-            if not _others_running(session):
+                with_db_retry("reap lost trials", study.reap_stale)
+            asked = with_db_retry("take a slot of the budget", slot)
+            if asked is not None:
+                return asked, time.monotonic() - t_take
+            if not with_db_retry("read the running trials", lambda: _others_running(session)):
                 return None
             stop.wait(poll_s)  # another worker's trial may yet be lost and re-open a slot
         return None
@@ -145,7 +152,7 @@ def run_worker(session: Session, *, trials: int | None = None, wall_time_s: floa
             for f in [ex.submit(work) for _ in range(n)]:
                 f.result()
     result.stopped = stop.is_set()
-    result.counted = study.counted()
+    result.counted = with_db_retry("count the study's trials", study.counted)
     result.wall_s = time.monotonic() - t0
     if budget is not None and result.counted >= budget and not _others_running(session):
         _end_fleet_run(session, run_id)
