@@ -6,6 +6,7 @@ import importlib
 import importlib.util
 import json
 import logging
+import sys
 import threading
 from pathlib import Path
 from typing import Annotated, Any
@@ -16,6 +17,7 @@ from rich.table import Table
 
 from tuner import __version__
 from tuner.errors import TunerError
+from tuner.textfmt import console_width, fmt, log_handler
 
 app = typer.Typer(
     name="tuner",
@@ -24,8 +26,9 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console(stderr=False)
-err_console = Console(stderr=True)
+# in a pipe or a file, tables are not cut at rich's default 80 columns (COLUMNS still wins)
+console = Console(stderr=False, width=console_width(sys.stdout))
+err_console = Console(stderr=True, width=console_width(sys.stderr))
 
 AgentArg = Annotated[Path, typer.Argument(help="Agent spec YAML (see agents/).", show_default=False)]
 StateDirOpt = Annotated[
@@ -36,12 +39,10 @@ StateDirOpt = Annotated[
 
 
 def _setup_logging(verbose: bool = False) -> None:
-    from rich.logging import RichHandler
-
     # Default: warnings from everything, progress from the loop, daemon and promotion; -v: everything.
+    # Rich on a terminal; plain lines (or JSON: TUNER_LOG_FORMAT=json) in a file, a pipe or a journal.
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="%(message)s",
-                        datefmt="[%X]",
-                        handlers=[RichHandler(console=err_console, show_path=False, rich_tracebacks=False)])
+                        datefmt="[%X]", handlers=[log_handler(sys.stderr, rich_console=err_console)])
     if not verbose:
         for chatty in ("tuner.loop", "tuner.daemon", "tuner.lineage", "tuner.promote", "tuner.bench", "tuner.sizing"):
             logging.getLogger(chatty).setLevel(logging.INFO)
@@ -78,6 +79,8 @@ def run(
     trials: Annotated[int | None, typer.Option("--trials", "-n", min=1,
                                                help="Trials in this cycle (default: the agent's budget).")] = None,
     state_dir: StateDirOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="No progress: one JSON object (the cycle's trials, "
+                                          "the baseline and the best) on stdout at the end.")] = False,
 ) -> None:
     """Run one cycle of tuning: baseline first, then Optuna's proposals, each deployed and measured.
 
@@ -98,17 +101,19 @@ def run(
         n = trials or (spec.budget.trials or 0)
         stop = threading.Event()
         _install_stop_handlers(stop)
-        console.print(f"[bold]{spec.name}[/]: target [cyan]{spec.target.kind}[/], {n or 'unbounded'} trial(s), "
-                      f"state in {sd}")
+        if not as_json:
+            console.print(f"[bold]{spec.name}[/]: target [cyan]{spec.target.kind}[/], {n or 'unbounded'} "
+                          f"trial(s), state in {sd}")
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      TextColumn("{task.fields[last]}"), console=console, transient=False) as progress:
+                      TextColumn("{task.fields[last]}"), console=console if not as_json else err_console,
+                      transient=False, disable=as_json) as progress:
             task = progress.add_task("trials", total=n or None, last="")
 
             def on_trial(o: TrialOutcome) -> None:
                 if o.cause:
                     last = f"#{o.number}: {o.cause}"
                 else:
-                    last = f"#{o.number}: {spec.objectives[0].metric}={o.values[0]:.4g}" + (
+                    last = f"#{o.number}: {spec.objectives[0].metric}={fmt(o.values[0])}" + (
                         "" if o.feasible else " (violates SLO)")
                 progress.update(task, advance=1, last=last)
 
@@ -119,10 +124,15 @@ def run(
 
             result = run_cycle(session, trials=trials, stop_event=stop, on_trial=on_trial,
                                on_sizing_step=on_sizing_step)
-        _print_best(session)
         from tuner.summary import EXIT_NO_FEASIBLE, run_summary
 
         feasible = bool(session.study.best())
+        if as_json:
+            _print_run_json(session, result)
+            if not feasible:
+                raise typer.Exit(EXIT_NO_FEASIBLE)
+            return
+        _print_best(session)
         for line in run_summary(session.study.trials(), session.agent.spec, feasible=feasible,
                                 cycle_outcomes=result.outcomes):
             console.print(line, highlight=False, soft_wrap=True)
@@ -135,6 +145,19 @@ def run(
         raise fail(exc) from None
     if not feasible:
         raise typer.Exit(EXIT_NO_FEASIBLE)
+
+
+def _print_run_json(session: Any, result: Any) -> None:
+    from tuner.study import trial_summary
+
+    study = session.study
+    out = {"agent": session.agent.name, "study": study.name, "cycle": result.cycle, "run_id": result.run_id,
+           "interrupted": result.interrupted, "wall_s": round(result.wall_s, 3),
+           "trials": [{"number": o.number, "params": o.params, "values": o.values if o.cause is None else None,
+                       "feasible": o.feasible, "cause": o.cause, "error": o.error, "metrics": o.metrics,
+                       "duration_s": round(o.duration_s, 3)} for o in result.outcomes],
+           "baseline": trial_summary(study.baseline()), "best": [trial_summary(t) for t in study.best()]}
+    typer.echo(json.dumps(out, default=str))
 
 
 def _install_stop_handlers(stop: threading.Event) -> None:
@@ -167,14 +190,18 @@ def _print_best(session: Any) -> None:
     rows = ([base] if base else []) + [b for b in best if not base or b.number != base.number]
     for t in rows[:8]:
         vs = ""
-        if base and base.values and t.values and t is not base:
+        base_measured = base is not None and base.values and "cause" not in base.user_attrs
+        if base_measured and t.values and t is not base:
             vs = f"{improvement(t.values[0], base.values[0], spec.objectives[0].direction):+.1%}"
         label = f"{t.number}{' (baseline)' if t.user_attrs.get('baseline') else ''}"
         if base is not None and t is not base:  # only what differs from the baseline
             params = ", ".join(f"{k}={v}" for k, v in t.params.items() if base.params.get(k) != v)
         else:
             params = "defaults"
-        table.add_row(label, *[f"{v:.4g}" for v in t.values], vs, params)
+        if "cause" in t.user_attrs:  # a failed baseline: its values are the study's placeholders
+            table.add_row(label, *["-" for _ in t.values], vs, f"{params} (failed: {t.user_attrs['cause']})")
+        else:
+            table.add_row(label, *[fmt(v) for v in t.values], vs, params)
     from tuner.sizing import recorded
 
     sizing = recorded(study)
@@ -213,6 +240,7 @@ def validate(
     agent_paths: Annotated[list[Path], typer.Argument(help="Agent spec YAML files.", show_default=False)],
     show_command: Annotated[bool, typer.Option("--show-command",
                                                help="Print the argv and environment of the baseline trial.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per file: ok, or the error.")] = False,
 ) -> None:
     """Validate agent specs and their search spaces: exit 0, or exit 2 with the located error."""
     from tuner.agent import load_agent
@@ -220,12 +248,21 @@ def validate(
     for p in agent_paths:
         try:
             agent = load_agent(p)
-            if show_command:
+            if show_command and not as_json:
                 from tuner.agent import show_command as _show
 
                 console.print(_show(agent), highlight=False, soft_wrap=True)
         except TunerError as exc:
+            if as_json:
+                typer.echo(json.dumps({"file": str(p), "ok": False, "error": str(exc),
+                                       "field": getattr(exc, "field", None), "line": getattr(exc, "line", None)}))
+                raise typer.Exit(exc.exit_code) from None
             raise fail(exc) from None
+        if as_json:
+            typer.echo(json.dumps({"file": str(p), "ok": True, "agent": agent.name,
+                                   "target": agent.spec.target.kind, "parameters": len(agent.space.params),
+                                   "constraints": len(agent.space.constraints)}))
+            continue
         console.print(f"[green]ok[/] {p}: agent {agent.name!r}, target {agent.spec.target.kind}, "
                       f"{len(agent.space.params)} parameter(s), {len(agent.space.constraints)} constraint(s)")
 
@@ -272,26 +309,9 @@ def status(
     if as_json:
         console.print_json(json.dumps(data, default=str))
         return
-    c = data["trials"]
-    console.print(f"[bold]{agent.name}[/] (study {study.name}): {c['COMPLETE']} finished "
-                  f"({c['FEASIBLE']} feasible, {c['INFEASIBLE']} infeasible"
-                  f"{', ' + str(c['REJECTED']) + ' rejected proposals' if c.get('REJECTED') else ''}), "
-                  f"{c['FAIL']} failed/interrupted, "
-                  f"{c['RUNNING']} running, {c['WAITING']} waiting")
-    for label, t in [("baseline", data["baseline"])] + [("best", b) for b in data["best"]]:
-        if t:
-            console.print(f"  {label}: trial {t['number']} values={t['values']} params={t['params']}",
-                          highlight=False)
-    if data["workload_rate"]:
-        from tuner.sizing import RateSizing
+    from tuner.status_view import print_status
 
-        sized = RateSizing.from_attr(data["workload_rate"])
-        console.print(f"  workload rate: {sized.describe() if sized else data['workload_rate']}", highlight=False)
-    console.print(f"  champion: {data['champion'] or 'none yet'}", highlight=False)
-    if data["pending"]:
-        console.print(f"  pending candidate: {data['pending']}", highlight=False)
-    if data["last_cycle"]:
-        console.print(f"  last cycle: {data['last_cycle']}", highlight=False)
+    print_status(console, data)
 
 
 # ---------------------------------------------------------------- ui

@@ -64,14 +64,18 @@ def daemon(agents: list[Path] = typer.Argument(..., help="agent spec files"),
 
 def check(url: str | None = typer.Option(None, "--url", help="the daemon's endpoint, e.g. http://127.0.0.1:8787"),
           state_dir: Path | None = typer.Option(None, "--state-dir"),
-          max_age_s: float | None = typer.Option(None, "--max-age-s", help="oldest acceptable heartbeat")) -> None:
+          max_age_s: float | None = typer.Option(None, "--max-age-s", help="oldest acceptable heartbeat"),
+          as_json: bool = typer.Option(False, "--json", help='{"ok": ..., "reason": ...} on stdout')) -> None:
     """Exit 0 when the daemon is alive and its last cycle did not fail, 1 otherwise."""
     from tuner.daemon.health import check_alive
     from tuner.loop import state_dir_for
 
     ok, why = check_alive(url=url, state_dir=state_dir_for(state_dir) if url is None else None,
                           max_age_s=max_age_s)
-    typer.echo(("ok: " if ok else "not ok: ") + why, err=not ok)
+    if as_json:
+        typer.echo(json.dumps({"ok": ok, "reason": why}))
+    else:
+        typer.echo(("ok: " if ok else "not ok: ") + why, err=not ok)
     raise typer.Exit(0 if ok else 1)
 
 
@@ -81,7 +85,8 @@ def promote(agent: Path = typer.Argument(..., help="agent spec file"),
             skip_verify: bool = typer.Option(False, "--skip-verify", help="promote without A/B verification"),
             reverify: bool = typer.Option(False, "--reverify", help="verify even a verified pending candidate"),
             reason: str = typer.Option("", "--reason", help="recorded in the audit log"),
-            state_dir: Path | None = typer.Option(None, "--state-dir")) -> None:
+            state_dir: Path | None = typer.Option(None, "--state-dir"),
+            as_json: bool = typer.Option(False, "--json", help="the new champion as JSON (needs --yes)")) -> None:
     """Verify a candidate against the champion, then make it the champion (file, apply, MLflow, audit)."""
     from tuner.promote import promote_trial
 
@@ -92,7 +97,12 @@ def promote(agent: Path = typer.Argument(..., help="agent spec file"),
             typer.secho("WARNING: promoting WITHOUT verification (--skip-verify); this is recorded in the audit "
                         "log", fg=typer.colors.RED, err=True, bold=True)
 
+        if as_json and not yes:
+            raise TunerError("--json needs --yes (no question can be asked)")
+
         def confirm(msg: str) -> bool:
+            if as_json:
+                return True
             typer.echo(msg)
             return yes or typer.confirm("Promote?", default=False)
 
@@ -101,6 +111,13 @@ def promote(agent: Path = typer.Argument(..., help="agent spec file"),
     except TunerError as exc:
         raise _fail(exc) from None
     r = res.record
+    if as_json:
+        typer.echo(json.dumps({"action": "promoted", "agent": r.agent, "seq": r.seq, "trial": r.trial,
+                               "study": r.study, "values": r.values, "verified": r.verified,
+                               "model_version": r.model_version, "evidence": r.evidence,
+                               "verdict": res.verdict.summary() if res.verdict is not None else None,
+                               "champion_file": str(session.state_dir / r.agent / "champion.yaml")}, default=str))
+        return
     typer.echo(f"promoted trial {r.trial} of {r.agent} as champion #{r.seq}"
                + (f" (MLflow {r.model_name} v{r.model_version})" if r.model_version else "")
                + f": {session.state_dir / r.agent / 'champion.yaml'}")
@@ -109,7 +126,8 @@ def promote(agent: Path = typer.Argument(..., help="agent spec file"),
 def rollback(agent: Path = typer.Argument(..., help="agent spec file"),
              yes: bool = typer.Option(False, "--yes", "-y"),
              reason: str = typer.Option("operator rollback", "--reason"),
-             state_dir: Path | None = typer.Option(None, "--state-dir")) -> None:
+             state_dir: Path | None = typer.Option(None, "--state-dir"),
+             as_json: bool = typer.Option(False, "--json", help="the restored champion as JSON (needs --yes)")) -> None:
     """Restore the previous champion (file, apply command, MLflow aliases, audit)."""
     from tuner.agent import load_agent
     from tuner.champion_db import champion_store_for
@@ -125,6 +143,8 @@ def rollback(agent: Path = typer.Argument(..., help="agent spec file"),
         cur = store.champion()
         if cur is None or cur.previous_seq is None:
             raise TunerError(f"{a.name} has no previous champion to restore")
+        if as_json and not yes:
+            raise TunerError("--json needs --yes (no question can be asked)")
         if not yes and not typer.confirm(f"Replace champion #{cur.seq} (trial {cur.trial}) of {a.name} by "
                                          f"#{cur.previous_seq}?", default=False):
             raise TunerError("rollback cancelled")
@@ -135,6 +155,10 @@ def rollback(agent: Path = typer.Argument(..., help="agent spec file"),
                           reason=reason)
     except TunerError as exc:
         raise _fail(exc) from None
+    if as_json:
+        typer.echo(json.dumps({"action": "rolled_back", "agent": a.name, "seq": res.record.seq,
+                               "trial": res.record.trial, "study": res.record.study}, default=str))
+        return
     typer.echo(f"rolled back {a.name}: champion #{res.record.seq} (trial {res.record.trial}) restored")
 
 

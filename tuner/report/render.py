@@ -4,13 +4,12 @@ a short Markdown summary for a pull request or a ticket."""
 from __future__ import annotations
 
 import base64
-import math
-import time
 from typing import Any
 
 import yaml
 
 from tuner.report.data import ReportData, TrialRow
+from tuner.textfmt import fmt, when
 
 PLOT_CAPTIONS = {
     "optimization_history": "Optimisation history (measured trials)",
@@ -19,33 +18,6 @@ PLOT_CAPTIONS = {
     "pareto_front": "Pareto front (infeasible trials greyed)",
     "slo_feasibility": "SLO feasibility map (failed trials at their parameters)",
 }
-
-
-def fmt(v: Any) -> str:
-    """4 significant digits without an exponent for everyday magnitudes (15130, 0.0123), '' for none."""
-    if v is None:
-        return ""
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        return str(v)
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)
-    if isinstance(v, int):
-        return str(v)
-    a = abs(v)
-    if a == 0:
-        return "0"
-    if a >= 1e7 or a < 1e-4:
-        return f"{v:.4g}"
-    if a >= 1000:
-        return f"{v:,.0f}"
-    digits = max(0, 3 - math.floor(math.log10(a)))
-    return f"{v:.{digits}f}"
-
-
-def when(t: float | None) -> str:
-    if not t:
-        return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(t))
 
 
 def changed_params(d: ReportData, row: TrialRow) -> str:
