@@ -33,6 +33,8 @@ from tuner.engine.varlen import VarlenAttention
 
 log = logging.getLogger(__name__)
 
+MAX_CONSECUTIVE_FAILURES = 3  # iterations failing in a row: the device, not a request, is at fault
+
 _ids = itertools.count()
 
 
@@ -213,11 +215,15 @@ class Engine:
         while True:
             kind, req = item
             if kind == "add":
-                if req.temperature > 0:
-                    req.generator = torch.Generator(device=self.device)
-                    req.generator.manual_seed(req.seed if req.seed is not None
-                                              else int.from_bytes(os.urandom(8), "little") >> 1)
-                self.waiting.append(req)
+                try:
+                    if req.temperature > 0:
+                        req.generator = torch.Generator(device=self.device)
+                        req.generator.manual_seed(req.seed if req.seed is not None
+                                                  else int.from_bytes(os.urandom(8), "little") >> 1)
+                except (RuntimeError, ValueError, OverflowError, TypeError) as exc:
+                    self._fail([req], f"request refused: {exc}")  # this request alone
+                else:
+                    self.waiting.append(req)
             elif kind == "abort":
                 self._abort(req)
             try:
@@ -276,6 +282,7 @@ class Engine:
 
     # ------------------------------------------------------------------ the loop
     def _loop(self) -> None:
+        failures = 0
         while not self._stop.is_set():
             self._intake(None)
             wait_s = self._admit()
@@ -284,8 +291,32 @@ class Engine:
                 self._publish()
                 self._intake(wait_s if wait_s is not None else 0.5)
                 continue
-            self._iteration()
+            try:
+                self._iteration()
+                failures = 0
+            except Exception as exc:  # noqa: BLE001 - the batch's requests fail, the engine goes on
+                failures += 1
+                if failures >= MAX_CONSECUTIVE_FAILURES:
+                    raise  # the device itself is broken: the engine reports fatal
+                log.exception("iteration failed; failing the %d request(s) it carried", len(self.running))
+                self._fail_batch(f"request failed: {type(exc).__name__}: {exc}")
             self._publish()
+
+    def _fail_batch(self, message: str) -> None:
+        """Fail every running request (their slots come back) and drop an output copy in flight."""
+        pending, self._pending = self._pending, None
+        batch = list(self.running)
+        for req in batch:
+            self._release(req)
+        if pending is not None:  # requests whose last token was still being copied out
+            batch += [r for r, _ in pending[0] if r not in batch]
+        self._fail([r for r in batch if not r.finished], message)
+
+    def _fail(self, reqs: list[Request], message: str) -> None:
+        for r in reqs:
+            r.finished = True
+        if reqs:
+            self.emit([(r, [], "error:" + message) for r in reqs])
 
     def _publish(self) -> None:
         self.stats.queue(len(self.running), len(self.waiting), self.pool.usage())
@@ -355,7 +386,7 @@ class Engine:
 
     def _choose(self, logits: torch.Tensor, req: Request) -> torch.Tensor:
         if req.temperature > 0 and req.generator is not None:
-            probs = torch.softmax(logits / req.temperature, dim=-1)
+            probs = torch.softmax(logits.float() / req.temperature, dim=-1)
             return torch.multinomial(probs, 1, generator=req.generator)[0]
         return logits.argmax()
 
@@ -423,10 +454,7 @@ class Engine:
                 break
             if kind == "add":
                 reqs.append(req)
-        for r in reqs:
-            r.finished = True
-        if reqs:
-            self.emit([(r, [], "error:" + message) for r in reqs])
+        self._fail(reqs, message)
 
     # ------------------------------------------------------------------ facts for the server
     def info(self) -> dict[str, Any]:

@@ -274,7 +274,7 @@ class Runner:
     def sample_rows(self, logits: torch.Tensor, rows: list[tuple[int, float, torch.Generator]]) -> None:
         """Replace the greedy choice of the given rows by a sample at their temperature."""
         for row, temperature, gen in rows:
-            probs = torch.softmax(logits[row] / temperature, dim=-1)
+            probs = torch.softmax(logits[row].float() / temperature, dim=-1)
             self.dec_tok[row] = torch.multinomial(probs, 1, generator=gen)[0]
 
     @torch.inference_mode()

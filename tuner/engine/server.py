@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import signal
@@ -29,26 +30,36 @@ from aiohttp import web
 from tuner.engine import chat
 from tuner.engine.config import EngineConfig, EngineConfigError, add_engine_arguments, config_from_namespace
 from tuner.engine.metrics import PromStats
+from tuner.engine.schema import MAX_BODY_BYTES, ApiError, CompletionRequest, error_type, parse_body, parse_completion
 
 log = logging.getLogger(__name__)
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, *, type: str = "BadRequestError",
-                 param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.status}}
-
-
 def error_response(err: ApiError) -> web.Response:
     return web.json_response(err.body(), status=err.status)
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Every error leaves as a JSON body, whatever raised it: a route that does not exist (404), a method
+    it does not take (405), a body over the size limit (413), or a failure inside a handler (500, logged;
+    the failure ends that request alone)."""
+    try:
+        return await handler(request)
+    except ApiError as err:
+        return error_response(err)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        headers = {k: v for k, v in exc.headers.items() if k.lower() in ("allow", "retry-after")}
+        body = ApiError(exc.status, exc.reason if exc.text is None else exc.text.strip() or exc.reason,
+                        type=error_type(exc.status)).body()
+        return web.json_response(body, status=exc.status, headers=headers)
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - one request fails, never the server
+        log.exception("request %s %s failed", request.method, request.path)
+        return error_response(ApiError(500, f"internal error: {type(exc).__name__}", type="InternalServerError"))
 
 
 class EngineServer:
@@ -68,7 +79,7 @@ class EngineServer:
 
     # ------------------------------------------------------------------ app
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 2**20)
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[json_errors])
         app.router.add_get("/health", self.health)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/completions", self.completions)
@@ -128,76 +139,10 @@ class EngineServer:
         body = generate_latest(self.stats.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    def _parse(self, body: Any) -> tuple[list[list[int]], dict[str, Any]]:
-        if not isinstance(body, dict):
-            raise ApiError(400, "the request body must be a JSON object")
-        model = body.get("model")
-        if model is not None and model != self.model_name:
-            raise ApiError(404, f"The model `{model}` does not exist.", type="NotFoundError", param="model")
-        prompts = self._prompts(body.get("prompt"))
-
-        def num(name: str, default: Any, kind: type, low: float | None = None) -> Any:
-            v = body.get(name, default)
-            if v is None:
-                return default
-            if isinstance(v, bool) or not isinstance(v, int | float) or (kind is int and not float(v).is_integer()):
-                raise ApiError(400, f"{name} must be a{'n integer' if kind is int else ' number'} "
-                                    f"(got {v!r})", param=name)
-            if low is not None and v < low:
-                raise ApiError(400, f"{name} must be at least {low}, got {v}.", param=name)
-            return kind(v)
-
-        max_tokens = num("max_tokens", 16, int, 1)
-        temperature = num("temperature", 1.0, float, 0.0)
-        seed = body.get("seed")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ApiError(400, f"seed must be an integer (got {seed!r})", param="seed")
-        n = num("n", 1, int, 1)
-        if n != 1:
-            raise ApiError(400, "only n=1 is supported", param="n")
-        top_p = num("top_p", 1.0, float, 0.0)
-        if top_p != 1.0:
-            raise ApiError(400, "only top_p=1 is supported", param="top_p")
-        if body.get("stop"):
-            raise ApiError(400, "stop sequences are not supported", param="stop")
-        if body.get("logprobs") is not None or body.get("echo"):
-            raise ApiError(400, "logprobs and echo are not supported", param="logprobs")
+    def _parse(self, body: Any) -> CompletionRequest:
         mc = self.engine.mc
-        for p in prompts:
-            if len(p) + max_tokens > mc.max_model_len:
-                raise ApiError(400, f"This model's maximum context length is {mc.max_model_len} tokens. "
-                                    f"However, you requested {len(p) + max_tokens} tokens ({len(p)} in the "
-                                    f"prompt, {max_tokens} in the completion).", param="prompt")
-        stream_options = body.get("stream_options") or {}
-        if not isinstance(stream_options, dict):
-            raise ApiError(400, "stream_options must be an object", param="stream_options")
-        return prompts, {
-            "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
-            "ignore_eos": bool(body.get("ignore_eos", False)), "priority": num("priority", 0, int),
-            "stream": bool(body.get("stream", False)),
-            "include_usage": bool(stream_options.get("include_usage", False)),
-            "return_token_ids": bool(body.get("return_token_ids", False)),
-        }
-
-    def _prompts(self, prompt: Any) -> list[list[int]]:
-        vocab = self.engine.mc.vocab_size
-        if isinstance(prompt, str):
-            out = [self.tokenizer.encode(prompt)]
-        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
-                                                         for t in prompt):
-            out = [list(prompt)]
-        elif isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
-            out = [p2 for p in prompt for p2 in self._prompts(p)]
-        else:
-            raise ApiError(400, "prompt must be a string, a list of token ids, or a list of either",
-                           param="prompt")
-        for p in out:
-            if not p:
-                raise ApiError(400, "the prompt is empty", param="prompt")
-            bad = [t for t in p if not 0 <= t < vocab]
-            if bad:
-                raise ApiError(400, f"token id {bad[0]} is out of vocabulary (0..{vocab - 1})", param="prompt")
-        return out
+        return parse_completion(body, model_name=self.model_name, vocab_size=mc.vocab_size,
+                                max_model_len=mc.max_model_len, encode=self.tokenizer.encode)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self.completions(request, is_chat=True)
@@ -207,49 +152,53 @@ class EngineServer:
 
         if not self._healthy():
             return error_response(ApiError(503, "the engine is not ready", type="ServiceUnavailableError"))
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return error_response(ApiError(400, "the request body is not valid JSON"))
+        body = parse_body(await request.read())
         if is_chat:
             try:
                 body = chat.completion_body(body, self.chat_template)
             except chat.ChatError as exc:
                 return error_response(ApiError(400, str(exc), param=exc.param))
-        try:
-            prompts, opts = self._parse(body)
-        except ApiError as err:
-            return error_response(err)
+        req_ = dataclasses.replace(self._parse(body), chat=is_chat)
+        sp = req_.sampling
         q: asyncio.Queue[tuple[int, list[int], str | None]] = asyncio.Queue()
-        reqs = [Request(prompt=p, max_tokens=opts["max_tokens"], temperature=opts["temperature"],
-                        seed=opts["seed"], ignore_eos=opts["ignore_eos"], priority=opts["priority"],
-                        context=(q, i)) for i, p in enumerate(prompts)]
+        reqs = [Request(prompt=p, max_tokens=sp.max_tokens, temperature=sp.temperature, seed=sp.seed,
+                        ignore_eos=sp.ignore_eos, priority=sp.priority, context=(q, i))
+                for i, p in enumerate(req_.prompts)]
         try:
             for r in reqs:
                 self.engine.submit(r)
         except RuntimeError as exc:
             return error_response(ApiError(503, str(exc), type="ServiceUnavailableError"))
         cid = f"{'chatcmpl' if is_chat else 'cmpl'}-{uuid.uuid4().hex}"
-        opts["chat"] = is_chat
         try:
-            if opts["stream"]:
-                return await self._stream(request, cid, reqs, q, opts)
-            return await self._whole(cid, reqs, q, opts)
+            if req_.stream:
+                return await self._stream(request, cid, reqs, q, req_)
+            return await self._whole(cid, reqs, q, req_)
         finally:
             for r in reqs:
                 if not r.finished:
                     self.engine.abort(r)
 
+    async def _next(self, q: asyncio.Queue[Any]) -> tuple[int, list[int], str | None]:
+        """The next output of a request; an error output if the engine fails meanwhile (a request never
+        waits on a dead engine)."""
+        while True:
+            try:
+                return await asyncio.wait_for(q.get(), timeout=1.0)
+            except asyncio.TimeoutError:
+                if self.engine.fatal is not None and q.empty():
+                    return 0, [], f"error:engine failed: {self.engine.fatal}"
+
     def _usage(self, reqs: list[Any], completion: int) -> dict[str, int]:
         prompt = sum(len(r.prompt) for r in reqs)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
-    async def _whole(self, cid: str, reqs: list[Any], q: asyncio.Queue[Any], opts: dict[str, Any]) -> web.Response:
+    async def _whole(self, cid: str, reqs: list[Any], q: asyncio.Queue[Any], opts: CompletionRequest) -> web.Response:
         tokens: list[list[int]] = [[] for _ in reqs]
         reasons: list[str | None] = [None] * len(reqs)
         left = len(reqs)
         while left:
-            index, new, reason = await q.get()
+            index, new, reason = await self._next(q)
             tokens[index] += new
             if reason is not None:
                 if reason.startswith("error:"):
@@ -257,14 +206,14 @@ class EngineServer:
                 reasons[index] = reason
                 left -= 1
         usage = self._usage(reqs, sum(len(t) for t in tokens))
-        if opts["chat"]:
+        if opts.chat:
             return web.json_response(chat.whole(cid, self.model_name, [self.tokenizer.decode(t) for t in tokens],
                                                 reasons, usage))
         choices = []
         for i, toks in enumerate(tokens):
             c: dict[str, Any] = {"index": i, "text": self.tokenizer.decode(toks), "logprobs": None,
                                  "finish_reason": reasons[i], "stop_reason": None}
-            if opts["return_token_ids"]:
+            if opts.return_token_ids:
                 c["token_ids"] = toks
                 c["prompt_token_ids"] = reqs[i].prompt
             choices.append(c)
@@ -272,7 +221,7 @@ class EngineServer:
                                   "model": self.model_name, "choices": choices, "usage": usage})
 
     async def _stream(self, request: web.Request, cid: str, reqs: list[Any], q: asyncio.Queue[Any],
-                      opts: dict[str, Any]) -> web.StreamResponse:
+                      opts: CompletionRequest) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         created = int(time.time())
@@ -283,14 +232,14 @@ class EngineServer:
             data = obj if isinstance(obj, str) else json.dumps(obj, separators=(",", ":"))
             await resp.write(f"data: {data}\n\n".encode())
 
-        is_chat = opts["chat"]
+        is_chat = opts.chat
         obj = "chat.completion.chunk" if is_chat else "text_completion"
         try:
             if is_chat:  # the assistant's role first, as OpenAI's and vLLM's chat streams do
                 for i in range(len(reqs)):
                     await send(chat.chunk(cid, created, self.model_name, i, text="", role=True))
             while left:
-                index, new, reason = await q.get()
+                index, new, reason = await self._next(q)
                 if reason is not None and reason.startswith("error:"):
                     await send(ApiError(500, reason[6:], type="InternalServerError").body())
                     break
@@ -303,11 +252,11 @@ class EngineServer:
                     continue
                 choice: dict[str, Any] = {"index": index, "text": self.tokenizer.decode(new), "logprobs": None,
                                           "finish_reason": reason, "stop_reason": None}
-                if opts["return_token_ids"]:
+                if opts.return_token_ids:
                     choice["token_ids"] = new
                 await send({"id": cid, "object": "text_completion", "created": created,
                             "model": self.model_name, "choices": [choice]})
-            if opts["include_usage"]:
+            if opts.include_usage:
                 await send({"id": cid, "object": obj, "created": created, "model": self.model_name,
                             "choices": [], "usage": self._usage(reqs, completion)})
             await send("[DONE]")
