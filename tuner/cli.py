@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from tuner import __version__
@@ -26,9 +27,10 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-# in a pipe or a file, tables are not cut at rich's default 80 columns (COLUMNS still wins)
-console = Console(stderr=False, width=console_width(sys.stdout))
-err_console = Console(stderr=True, width=console_width(sys.stderr))
+# in a pipe or a file, tables are not cut at rich's default 80 columns (COLUMNS still wins); no emoji codes:
+# an error on line 100 printed as `spec.yaml:100:` must not become `spec.yaml💯`
+console = Console(stderr=False, width=console_width(sys.stdout), emoji=False)
+err_console = Console(stderr=True, width=console_width(sys.stderr), emoji=False)
 
 AgentArg = Annotated[Path, typer.Argument(help="Agent spec YAML (see agents/).", show_default=False)]
 StateDirOpt = Annotated[
@@ -52,7 +54,7 @@ def _setup_logging(verbose: bool = False) -> None:
 
 
 def fail(exc: TunerError) -> typer.Exit:
-    err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
     return typer.Exit(exc.exit_code)
 
 

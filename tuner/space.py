@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 
 class ParamSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     type: Literal["int", "float", "categorical", "bool"]
     default: Any
@@ -171,17 +171,34 @@ class SearchSpace:
         return {**self.facts, **self.fixed, **_missing(self, chosen), **chosen}
 
     def defaults(self) -> dict[str, Any]:
-        """The baseline: every active parameter at its default (conditions applied)."""
+        """The baseline: every active parameter at its default (conditions applied). An ExprError if a
+        condition cannot be evaluated on it."""
         out: dict[str, Any] = {}
         for p in self.params:
             if p.when is None or p.when(self._env(out)):
                 out[p.name] = p.default
         return out
 
+    def check_expressions(self, params: Mapping[str, Any]) -> None:
+        """Evaluate every condition and constraint on `params`: an ExprError for the first that cannot be
+        evaluated (a division by zero, a comparison of a number with a string)."""
+        env = self._env(params)
+        for p in self.params:
+            if p.when is not None:
+                p.when(env)
+        for c in self.constraints:
+            c(env)
+
     def active(self, param: Param, chosen: Mapping[str, Any]) -> bool:
+        """Whether the parameter's condition holds; a condition that cannot be evaluated for these values
+        (a division by zero, values of the wrong kind) leaves the parameter inactive. `validate` has
+        already evaluated every condition on the defaults."""
         if param.when is None:
             return True
-        return bool(param.when(self._env(chosen)))
+        try:
+            return bool(param.when(self._env(chosen)))
+        except ExprError:
+            return False
 
     def violations(self, params: Mapping[str, Any]) -> list[str]:
         """Constraints that `params` violate (by source text)."""
@@ -251,11 +268,27 @@ def parse_space(data: Any, *, file: str, lines: dict[Loc, int] | None = None, pr
                               line=line_of(lines, loc), field=".".join(map(str, loc)))
         constraints.append(expr)
     space = SearchSpace(params, constraints, sf.fixed, target=sf.target, source=file, facts=sf.facts)
+    try:
+        space.check_expressions(space.defaults())
+    except ExprError as exc:
+        loc = _expr_loc(exc, params, constraints, prefix)
+        raise ConfigError(str(exc), file=file, line=line_of(lines, loc), field=".".join(map(str, loc))) from None
     bad = space.violations(space.defaults())
     if bad:
         raise ConfigError(f"the defaults (baseline) violate constraint(s) {bad}", file=file,
                           line=line_of(lines, (*prefix, "constraints")), field="constraints")
     return space
+
+
+def _expr_loc(exc: ExprError, params: list[Param], constraints: list[Expr], prefix: Loc) -> Loc:
+    """Where the expression an ExprError names sits in the file."""
+    for p in params:
+        if p.when is not None and p.when is exc.expr:
+            return (*prefix, "params", p.name, "when")
+    for i, c in enumerate(constraints):
+        if c is exc.expr:
+            return (*prefix, "constraints", i)
+    return (*prefix, "constraints")
 
 
 def load_space(path: str | Path) -> SearchSpace:

@@ -18,36 +18,89 @@ class _LineLoader(yaml.SafeLoader):
 
 
 def _walk(node: yaml.Node, loc: Loc, lines: dict[Loc, int]) -> None:
-    lines.setdefault(loc, node.start_mark.line + 1)
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            key = key_node.value
-            lines[(*loc, key)] = key_node.start_mark.line + 1
-            _walk(value_node, (*loc, key), lines)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            lines[(*loc, i)] = item.start_mark.line + 1
-            _walk(item, (*loc, i), lines)
+    stack = [(node, loc)]
+    while stack:
+        node, loc = stack.pop()
+        lines.setdefault(loc, node.start_mark.line + 1)
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                key = key_node.value if isinstance(key_node, yaml.ScalarNode) else repr(key_node.value)[:40]
+                lines[(*loc, key)] = key_node.start_mark.line + 1
+                stack.append((value_node, (*loc, key)))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                lines[(*loc, i)] = item.start_mark.line + 1
+                stack.append((item, (*loc, i)))
+
+
+MAX_YAML_BYTES = 1_000_000
+MAX_YAML_NODES = 20_000  # nodes after every alias is expanded (a spec has a few hundred)
+MAX_YAML_DEPTH = 64
+
+
+def _check_graph(root: yaml.Node, file: str) -> None:
+    """Refuse a recursive anchor, an alias expansion past MAX_YAML_NODES (a "billion laughs"), and
+    nesting past MAX_YAML_DEPTH, before anything is constructed. Walked without recursion."""
+    count = 0
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, int, bool]] = [(root, 1, False)]
+    while stack:
+        node, depth, leaving = stack.pop()
+        if leaving:
+            on_path.discard(id(node))
+            continue
+        line = node.start_mark.line + 1
+        if id(node) in on_path:
+            raise ConfigError("invalid YAML: an alias refers to its own anchor (a recursive structure)",
+                              file=file, line=line)
+        count += 1
+        if count > MAX_YAML_NODES:
+            raise ConfigError(f"invalid YAML: anchors and aliases expand to over {MAX_YAML_NODES} nodes",
+                              file=file, line=line)
+        if depth > MAX_YAML_DEPTH:
+            raise ConfigError(f"invalid YAML: nested over {MAX_YAML_DEPTH} levels deep", file=file, line=line)
+        if isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        else:
+            if node.tag.endswith(":float") and str(node.value).lower().lstrip("+-") in (".nan", "nan"):
+                raise ConfigError("not a number (.nan) is not a valid value anywhere in a spec", file=file,
+                                  line=line)
+            continue
+        on_path.add(id(node))
+        stack.append((node, depth, True))
+        stack.extend((child, depth + 1, False) for child in children)
 
 
 def load_yaml(path: str | Path) -> tuple[Any, dict[Loc, int]]:
-    """Parse a YAML file; return the data and a map from key path to 1-based line."""
+    """Parse a YAML file; return the data and a map from key path to 1-based line. Bounded: file size,
+    alias expansion, nesting; no recursive structures, no NaN."""
     p = Path(path)
     try:
+        if p.stat().st_size > MAX_YAML_BYTES:
+            raise ConfigError(f"the file is over {MAX_YAML_BYTES} bytes", file=str(path))
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError("file not found", file=str(path)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read: {exc}", file=str(path)) from None
+    loader = _LineLoader(text)
     try:
-        node = yaml.compose(text, Loader=_LineLoader)
-        data = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
+        node = loader.get_single_node()
+        if node is not None:
+            _check_graph(node, str(path))
+        data = loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         line = mark.line + 1 if mark is not None else None
         raise ConfigError(f"invalid YAML: {exc.problem}", file=str(path), line=line) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"invalid YAML: {exc}", file=str(path)) from None
+    except RecursionError:
+        raise ConfigError(f"invalid YAML: nested over {MAX_YAML_DEPTH} levels deep", file=str(path)) from None
+    finally:
+        loader.dispose()
     lines: dict[Loc, int] = {}
     if node is not None:
         _walk(node, (), lines)

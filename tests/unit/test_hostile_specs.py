@@ -1,0 +1,147 @@
+"""Specs written to hurt: expressions and YAML that used to crash or hang `validate` (a division by zero,
+a tower of powers, a string of 10**10 characters, a self-referencing anchor, a "billion laughs" of
+aliases, NaN and infinities) are located errors, fast and small."""
+
+from __future__ import annotations
+
+import time
+import tracemalloc
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tuner.cli import app
+from tuner.errors import ConfigError
+from tuner.expr import Expr, ExprError
+from tuner.spec import load_agent
+from tuner.yamlio import MAX_YAML_NODES, load_yaml
+
+SIM_AGENT = Path(__file__).resolve().parents[2] / "agents" / "sim-8xa100.yaml"
+
+
+@pytest.mark.parametrize(("src", "env", "match"), [
+    ("a / 0 > 1", {"a": 1}, "division by zero"),
+    ("a // b", {"a": 1, "b": 0}, "division by zero"),
+    ("9 ** 9 ** 9 > 1", {}, "over 2\\*\\*256"),
+    ("2 ** 100000", {}, "over 2\\*\\*256"),
+    ("'x' * 10 ** 10", {}, "over 1000 items"),
+    ("[1] * 10 ** 6", {}, "over 1000 items"),
+    ("'%0999999999d' % 1", {}, "% takes numbers"),
+    ("a < 'x'", {"a": 1}, "not supported"),
+    ("10.0 ** 400", {}, "over 2\\*\\*256"),
+    ("(-8) ** 0.5 > 1", {}, "complex"),
+    ("a in 5", {"a": 1}, "not iterable"),
+])
+def test_evaluation_errors_are_expr_errors_and_fast(src: str, env: dict, match: str) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(ExprError, match=match):
+        Expr(src)(env)
+    assert time.monotonic() - t0 < 1.0
+
+
+@pytest.mark.parametrize("src", [
+    " + ".join(["a"] * 5000),
+    "-" * 200 + "a",
+    "[" * 100 + "a" + "]" * 100,
+    "a" + " < a" * 500,
+    "x" * 3000,
+    "1" * 5000,
+])
+def test_oversized_expressions_are_refused_at_compile_time(src: str) -> None:
+    with pytest.raises(ExprError):
+        Expr(src)
+
+
+def test_ordinary_expressions_still_work() -> None:
+    assert Expr("2 ** 10 == 1024 and 'ab' * 3 == 'ababab' and 7 % 3 == 1")({})
+    assert Expr("max_num_batched_tokens >= max_num_seqs * 2")({"max_num_batched_tokens": 512, "max_num_seqs": 8})
+
+
+def _write(tmp_path: Path, text: str, name: str = "x.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_a_self_referencing_anchor_is_a_located_error(tmp_path: Path) -> None:
+    p = _write(tmp_path, "name: x\nlist: &a [1, *a]\n")
+    with pytest.raises(ConfigError, match="refers to its own anchor") as ei:
+        load_yaml(p)
+    assert ei.value.line == 2
+
+
+def test_a_billion_laughs_is_refused_quickly_and_small(tmp_path: Path) -> None:
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, 9):
+        lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]")
+    p = _write(tmp_path, "\n".join(lines) + "\n")
+    tracemalloc.start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(ConfigError, match=f"over {MAX_YAML_NODES} nodes"):
+            load_yaml(p)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert time.monotonic() - t0 < 2.0
+    assert peak < 100 * 2**20
+
+
+def test_deep_nesting_is_a_located_error(tmp_path: Path) -> None:
+    p = _write(tmp_path, "a: " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ConfigError, match="nested"):
+        load_yaml(p)
+
+
+@pytest.mark.parametrize("text", ["x: .nan\n", "x: [1, .NaN]\n", "x: !!float nan\n"])
+def test_nan_is_refused_anywhere(tmp_path: Path, text: str) -> None:
+    with pytest.raises(ConfigError, match="not a number"):
+        load_yaml(_write(tmp_path, text))
+
+
+def _sim_spec(tmp_path: Path, replace: tuple[str, str]) -> Path:
+    text = SIM_AGENT.read_text()
+    assert replace[0] in text, replace[0]
+    return _write(tmp_path, text.replace(replace[0], replace[1], 1), "agent.yaml")
+
+
+def test_the_sim_agent_is_valid_as_shipped() -> None:
+    load_agent(SIM_AGENT)
+
+
+def _cli(*args: str) -> tuple[int, str]:
+    r = CliRunner().invoke(app, list(args))
+    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+    return r.exit_code, r.output
+
+
+def test_an_error_on_line_100_prints_its_line_number_not_an_emoji(tmp_path: Path) -> None:
+    p = _write(tmp_path, "\n" * 99 + "name: x\nfoo: 1\n", "emoji.yaml")  # `target` missing: line 100
+    code, out = _cli("validate", str(p))
+    assert code == 2
+    assert "emoji.yaml:100:" in out and "\U0001f4af" not in out
+
+
+def test_a_when_comparing_a_number_with_a_string_is_a_located_error(tmp_path: Path) -> None:
+    from tuner.space import parse_space
+
+    data = {"params": {"a": {"type": "int", "low": 1, "high": 4, "default": 2},
+                       "b": {"type": "int", "low": 1, "high": 4, "default": 2, "when": "a < 'x'"}}}
+    with pytest.raises(ConfigError, match="cannot evaluate") as ei:
+        parse_space(data, file="s.yaml")
+    assert ei.value.field == "params.b.when"
+    data = {"params": {"a": {"type": "int", "low": 0, "high": 4, "default": 0}}, "constraints": ["8 / a > 1"]}
+    with pytest.raises(ConfigError, match="division by zero") as ei:
+        parse_space(data, file="s.yaml")
+    assert ei.value.field == "constraints.0"
+
+
+@pytest.mark.parametrize("bad", [-float("inf"), float("inf")])
+def test_infinite_bounds_are_refused(bad: float) -> None:
+    from tuner.space import parse_space
+
+    with pytest.raises(ConfigError):
+        parse_space({"params": {"a": {"type": "int", "low": bad, "high": 4, "default": 2}}}, file="s.yaml")
+    with pytest.raises(ConfigError):
+        parse_space({"params": {"a": {"type": "float", "low": 0, "high": bad, "default": 2}}}, file="s.yaml")
