@@ -23,6 +23,7 @@ import yaml
 
 from tuner.agent import Agent
 from tuner.errors import InfeasibleConfig, Interrupted, TrialError
+from tuner.files import private_dir
 from tuner.measure.failures import error_rate_slo, request_failure
 from tuner.measure.measurement import Measurement
 from tuner.mlflow_review import log_cycle_plots, log_latency_plot, trial_metrics, trial_run_name
@@ -85,16 +86,16 @@ class Session:
 def state_dir_for(state_dir: Path | None) -> Path:
     import os
 
-    d = Path(state_dir or os.environ.get("TUNER_STATE_DIR") or ".tuner")
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    from tuner.files import private_dir
+
+    return private_dir(Path(state_dir or os.environ.get("TUNER_STATE_DIR") or ".tuner"))
 
 
 def open_session(agent: Agent, state_dir: Path, *, target: Target | None = None,
                  study_name: str | None = None, tracker: Tracker | None = None) -> Session:
     """Build the target (or take the one passed in), bind host facts, open study and tracker."""
     spec = agent.spec
-    state_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(state_dir)
     if target is None:
         target = make_target(spec.target.kind, agent.target_options, agent.path.parent)
     space = agent.space.bind_facts(target.facts())
@@ -114,7 +115,17 @@ def open_session(agent: Agent, state_dir: Path, *, target: Target | None = None,
     session = Session(agent=agent, state_dir=state_dir, target=target, study=study, tracker=tracker,
                       executor=make_executor(spec))
     reap(session)  # trial 0 is the baseline: queue it before anything else can be enqueued
+    sync_mlflow(session)  # runs a killed process left RUNNING ended KILLED; what MLflow missed written
     return session
+
+
+def sync_mlflow(session: Session) -> None:
+    """Make MLflow hold what the Optuna study holds (tuner.tracking_sync); bounded by the tracker's timeout."""
+    from tuner.tracking_sync import reconcile
+
+    spec = session.agent.spec
+    reconcile(session.tracker, session.study.study, agent=spec.name, objectives=[o.metric for o in spec.objectives],
+              state_dir=session.state_dir, description=session.description)
 
 
 def reap(session: Session) -> None:
@@ -202,7 +213,7 @@ def run_cycle(
 
     def worker() -> None:
         while take():
-            outcome = run_trial(session, run_id, stop, gpu_pool)
+            outcome = run_trial(session, run_id, stop, gpu_pool, cycle=cycle)
             with lock:
                 outcomes.append(outcome)
             if on_trial is not None:
@@ -238,6 +249,9 @@ def run_cycle(
     session.tracker.log(run_id, metrics=summary, tags={"interrupted": interrupted})
     log_cycle_plots(session.tracker, run_id, session.study.trials(), spec)
     session.tracker.end_run(run_id, "KILLED" if interrupted else "FINISHED")
+    study.set_user_attr(f"cycle:{cycle}", {"interrupted": interrupted, "trials": len(outcomes)})
+    if interrupted or session.tracker.failures or session.tracker.recovered():
+        sync_mlflow(session)
     study.set_user_attr("last_cycle", {"cycle": cycle, "run_id": run_id, "trials": len(outcomes),
                                        "interrupted": interrupted, "wall_s": round(wall_s, 3),
                                        "ended_at": time.time()})
@@ -261,7 +275,7 @@ def measure_config(session: Session, config: dict[str, Any], ctx: TrialContext, 
 
 
 def run_trial(session: Session, parent_run_id: str | None, stop: threading.Event, gpu_pool: Any, *,
-              asked: tuple[Any, dict[str, Any]] | None = None) -> TrialOutcome:
+              asked: tuple[Any, dict[str, Any]] | None = None, cycle: int | None = None) -> TrialOutcome:
     """Measure one trial (asked here, or `asked` by the caller) and record it in Optuna and MLflow."""
     spec = session.agent.spec
     space = session.agent.space
@@ -274,6 +288,8 @@ def run_trial(session: Session, parent_run_id: str | None, stop: threading.Event
     attrs: dict[str, Any] = {"config": config, "label": f"trial-{number}"}
     if parent_run_id is not None:
         attrs["cycle_run_id"] = parent_run_id  # verification runs nest under the cycle of their candidate
+    if cycle is not None:
+        attrs["cycle"] = cycle
     m: Measurement | None = None
     log_path = None
     gpus: tuple[int, ...] = ()
@@ -343,13 +359,20 @@ def run_trial(session: Session, parent_run_id: str | None, stop: threading.Event
         overhead += time.monotonic() - ts
         attrs["repeats"] = repeat_trial(session, number, config, stop, gpu_pool)
         ts = time.monotonic()
+    session.tracker.tracking_trials.add(number)  # a reconcile meanwhile must not write this trial too
     try:
-        session.study.tell(trial, ev, attrs=attrs)
-    except LeaseLost as exc:  # failed by another process meanwhile: the measurement still goes to MLflow
-        log.warning("%s; its measurement is kept in MLflow only", exc)
-        cause = cause or "worker_lost"
-        error = error or str(exc)
-    _track_trial(session, parent_run_id, number, baseline, config, ev, metrics, m, cause, error, log_path, gpus)
+        try:
+            session.study.tell(trial, ev, attrs=attrs)
+        except LeaseLost as exc:  # failed by another process meanwhile: the measurement still goes to MLflow
+            log.warning("%s; its measurement is kept in MLflow only", exc)
+            cause = cause or "worker_lost"
+            error = error or str(exc)
+        _track_trial(session, parent_run_id, number, baseline, config, ev, metrics, m, cause, error, log_path,
+                     gpus, cycle)
+    finally:
+        session.tracker.tracking_trials.discard(number)
+    if session.tracker.recovered():  # MLflow answers again: write what it missed meanwhile
+        sync_mlflow(session)
     overhead += time.monotonic() - ts
     return TrialOutcome(number, params, ev.values, ev.feasible, cause=cause, error=error, metrics=metrics,
                         overhead_s=overhead, duration_s=run_s, gpus=gpus)
@@ -394,18 +417,20 @@ def repeat_trial(session: Session, number: int, config: dict[str, Any], stop: th
 
 def _track_trial(session: Session, parent: str | None, number: int, baseline: bool, config: dict[str, Any],
                  ev: Evaluation, metrics: dict[str, float], m: Measurement | None, cause: str | None,
-                 error: str | None, log_path: Any, gpus: tuple[int, ...]) -> None:
+                 error: str | None, log_path: Any, gpus: tuple[int, ...], cycle: int | None = None) -> None:
     tr = session.tracker
     if not tr.enabled:
         return
     spec = session.agent.spec
     tags = {"kind": "trial", "trial": number, "baseline": baseline, "state": "COMPLETE",
-            "feasible": ev.feasible, "failure_cause": cause or "", "agent": spec.name,
+            "feasible": ev.feasible, "failure_cause": cause or "", "agent": spec.name, "study": session.study.name,
             **{f"target.{k}": v for k, v in session.description.items()}}
     if error:
         tags["error"] = error[:1000]
     if gpus:
         tags["gpus"] = ",".join(map(str, gpus))
+    if cycle is not None:
+        tags["cycle"] = cycle
     if cause is None and not ev.feasible:
         tags["slo_broken"] = ",".join(k.split(":", 1)[1] for k, v in ev.constraints.items()
                                       if k.startswith("slo:") and v > 0)

@@ -65,8 +65,11 @@ def init_lock(url: str) -> Iterator[None]:
         yield
         return
     try:
+        from tuner.files import private_file
+
         path.parent.mkdir(parents=True, exist_ok=True)
-        f = open(path.with_name(path.name + ".init.lock"), "a")  # noqa: SIM115 - closed below
+        lock = private_file(path.with_name(path.name + ".init.lock"))
+        f = open(lock, "a")  # noqa: SIM115 - closed below
     except OSError as exc:  # a read-only state dir (a reader such as `tuner status`): open without the lock
         log.debug("no init lock for %s: %s", path, exc)
         yield

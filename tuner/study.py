@@ -162,6 +162,13 @@ class TunerStudy:
         self.name = study_name or spec.name
         self._ask_lock = threading.Lock()
         directions = [o.direction for o in spec.objectives]
+        from tuner.sqlite import sqlite_path
+
+        db = sqlite_path(storage_url)
+        if db is not None and db.parent.is_dir():
+            from tuner.files import private_file
+
+            private_file(db)  # 0600 before SQLite creates it (an empty file is a new database to SQLite)
         try:
             self.storage = open_storage(storage_url, heartbeat_s=spec.lease.heartbeat_s, lease_s=spec.lease.timeout_s)
             self.study = with_db_retry("open the study", lambda: optuna.create_study(
@@ -172,9 +179,10 @@ class TunerStudy:
             hint = ""
             if storage_url.startswith("postgresql") and "import" in str(exc):
                 hint = " (install the driver: pip install 'tuner[postgres]', and use postgresql+psycopg://...)"
+            from tuner.redact import redact_text
             from tuner.tracking import safe_url
 
-            msg = str(exc).replace(storage_url, safe_url(storage_url))
+            msg = redact_text(str(exc).replace(storage_url, safe_url(storage_url)))
             raise ConfigError(f"cannot open the Optuna storage {safe_url(storage_url)!r}: {msg}{hint}",
                               field="storage") from None
         # A new session continues the study: re-seed the sampler past the trials already run, or a seeded

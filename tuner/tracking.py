@@ -11,7 +11,7 @@ import csv
 import io
 import logging
 import os
-import re
+import socket
 import tempfile
 import threading
 import time
@@ -21,18 +21,13 @@ from typing import Any, TypeVar
 
 from tuner import __version__
 from tuner.measure.records import RequestRecord
+from tuner.redact import redact_mapping, redact_text, redact_url
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 RECORD_FIELDS = ("index", "scheduled_s", "sent_s", "first_token_s", "done_s", "prompt_tokens",
                  "output_tokens", "status", "error", "error_detail", "warmup", "ttft_ms", "e2el_ms", "tpot_ms")
-# a name is secret when its last word is one of these (api_key, HF_TOKEN), or it has a password word anywhere;
-# knobs that count tokens (max_num_batched_tokens, long_prefill_token_threshold) are not
-SECRET_MARKERS = ("key", "token", "secret", "password", "passwd", "auth", "authorization", "apikey", "credentials")
-_ALWAYS_SECRET = ("password", "passwd", "secret")
-
-
 def default_tracking_uri(state_dir: Path) -> str:
     return f"sqlite:///{(state_dir / 'mlflow.db').resolve()}"
 
@@ -44,22 +39,12 @@ def resolve_tracking_uri(spec_uri: str | None, state_dir: Path) -> str:
 
 def redact(mapping: Mapping[str, Any]) -> dict[str, Any]:
     """Hide values whose names look secret (api keys, tokens...) before they reach MLflow."""
-    out = {}
-    for k, v in mapping.items():
-        out[k] = "***" if _is_secret(k) else v
-    return out
-
-
-def _is_secret(name: str) -> bool:
-    words = [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w]
-    return bool(words) and (words[-1] in SECRET_MARKERS or any(w in _ALWAYS_SECRET for w in words))
+    return redact_mapping(mapping)
 
 
 def safe_url(url: str) -> str:
-    """A URL fit for logs and messages: any password replaced by ***."""
-    import re
-
-    return re.sub(r"(//[^:/@]+:)[^@/]*@", r"\1***@", url)
+    """A URL fit for logs and messages (tuner.redact.redact_url)."""
+    return redact_url(url)
 
 
 def records_csv(records: Iterable[RequestRecord]) -> str:
@@ -106,44 +91,80 @@ def _fluent_uris(uri: str) -> Iterator[None]:
                     os.environ[k] = v
 
 
+def _owner_token() -> str:
+    """This process, as MLflow runs record it (tag tuner.owner): host, PID and the PID's start time, so a
+    later process can tell a dead owner from a live one even after the PID is reused."""
+    from tuner.proc import process_start_ticks
+
+    return f"{socket.gethostname()}:{os.getpid()}:{process_start_ticks(os.getpid())}"
+
+
+OWNER_TAG = "tuner.owner"
+LOCAL_OPEN_TIMEOUT_S = 120.0  # making a new SQLite store's tables takes seconds, more on a loaded host
+BACKFILLED_TAG = "tuner.backfilled"
+_MISSING = object()
+
+
 class Tracker:
-    """Thin wrapper over MlflowClient (safe across threads: no fluent active-run stack)."""
+    """Thin wrapper over MlflowClient (safe across threads: no fluent active-run stack).
+
+    Time-bounded: every write runs in a helper thread and the caller waits at most `call_timeout_s` for
+    it (retries included). A write that fails or times out marks the store down: later writes are skipped
+    at once (no wait) while a background probe asks the store every `pause_s` whether it answers again.
+    Skipped writes are not lost: Optuna holds every trial, and tuner.tracking_sync.reconcile writes what
+    MLflow lacks (`recovered()` says when to run it)."""
 
     def __init__(self, uri: str, experiment: str, *, artifact_dir: Path | None = None,
-                 retries: int = 3, enabled: bool = True, pause_s: float = 60.0) -> None:
+                 retries: int = 3, enabled: bool = True, pause_s: float = 5.0, call_timeout_s: float = 10.0) -> None:
         self.uri = uri
         self.experiment_name = experiment
         self.enabled = enabled
         self.retries = retries
         self.pause_s = pause_s
-        self._down_until = 0.0  # after a write fails every retry, skip MLflow until then
+        self.call_timeout_s = call_timeout_s
         self.artifact_dir = artifact_dir
         self._client: Any = None
+        self._client_lock = threading.Lock()
         self._experiment_id: str | None = None
+        self._state_lock = threading.Lock()
+        self._down = False
+        self._probe: threading.Thread | None = None
+        self._recovered = False
+        self.failures = 0  # writes skipped or failed since the last reconcile
+        self.owner = _owner_token()
+        self.active: set[str] = set()  # runs this process started and has not ended yet
+        self.tracking_trials: set[int] = set()  # trials told to Optuna whose run this process is writing
 
     # ------------------------------------------------------------ plumbing
     @property
     def client(self) -> Any:
-        if self._client is None:
-            logging.getLogger("alembic").setLevel(logging.WARNING)
-            # usage telemetry would try the network from every call; the tuner's hosts often have none
-            os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-            # MLflow configures its own logger at import (INFO: "Creating initial MLflow database tables")
-            os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
-            # an unreachable tracking server must cost seconds, not MLflow's default minutes per call
-            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
-            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-            from mlflow.tracking import MlflowClient
+        with self._client_lock:
+            if self._client is None:
+                self._client = self._open_client()
+            return self._client
 
-            from tuner.sqlite import init_lock, tune_engine
+    def _open_client(self) -> Any:
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+        # usage telemetry would try the network from every call; the tuner's hosts often have none
+        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+        # MLflow configures its own logger at import (INFO: "Creating initial MLflow database tables")
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+        # an unreachable tracking server must cost seconds, not MLflow's default minutes per call
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        from mlflow.tracking import MlflowClient
 
-            with init_lock(self.uri):  # a store migrates a new file's tables when first used (no-op off SQLite)
-                client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
-                if self.uri.startswith("sqlite:"):
-                    tune_engine(getattr(client._tracking_client.store, "engine", None))
-                    client._get_registry_client().store  # noqa: B018 - the registry's store migrates too
-            self._client = client
-        return self._client
+        from tuner.mlflow_store import prepare_sqlite_store
+        from tuner.sqlite import init_lock, tune_engine
+
+        with init_lock(self.uri):  # a store migrates a new file's tables when first used (no-op off SQLite)
+            if self.uri.startswith("sqlite:"):
+                prepare_sqlite_store(self.uri)  # made out of sight and moved into place; a half-made one repaired
+            client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
+            if self.uri.startswith("sqlite:"):
+                tune_engine(getattr(client._tracking_client.store, "engine", None))
+                client._get_registry_client().store  # noqa: B018 - the registry's store migrates too
+        return client
 
     @property
     def experiment_id(self) -> str:
@@ -163,25 +184,82 @@ class Tracker:
                     self.client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         return self._experiment_id
 
+    @property
+    def down(self) -> bool:
+        return self._down
+
+    def recovered(self) -> bool:
+        """True once after the store answers again following a failure (time to reconcile)."""
+        with self._state_lock:
+            was, self._recovered = self._recovered, False
+            return was
+
     def _retry(self, what: str, fn: Callable[[], T]) -> T | None:
+        """Run `fn` with retries, waiting at most call_timeout_s; None (and the store marked down) when it
+        fails or does not answer in time. Never raises."""
         if not self.enabled:
             return None
-        if time.monotonic() < self._down_until:
-            log.debug("MLflow %s skipped: the store failed recently", what)
+        if self._down:
+            self.failures += 1
+            log.debug("MLflow %s skipped: the store is down (made up later from the Optuna study)", what)
             return None
-        delay = 0.2
-        for attempt in range(1, self.retries + 1):
-            try:
-                return fn()
-            except Exception as exc:  # noqa: BLE001 - tracking must never break the loop
-                if attempt == self.retries:
-                    self._down_until = time.monotonic() + self.pause_s
-                    log.warning("MLflow %s failed after %d tries (%s); skipping MLflow for %.0f s "
-                                "(trials stay in the Optuna study)", what, attempt, exc, self.pause_s)
-                    return None
-                time.sleep(delay)
-                delay *= 2
+        timeout_s = self.call_timeout_s
+        if self._client is None and self.uri.startswith("sqlite:"):
+            timeout_s = max(timeout_s, LOCAL_OPEN_TIMEOUT_S)  # making a local store's tables, not a silent server
+        deadline = time.monotonic() + timeout_s
+        box: dict[str, Any] = {}
+
+        def attempt() -> None:
+            delay = 0.2
+            for i in range(1, self.retries + 1):
+                try:
+                    box["value"] = fn()
+                    return
+                except Exception as exc:  # noqa: BLE001 - tracking must never break the loop
+                    box["error"] = exc
+                    if i == self.retries or time.monotonic() + delay >= deadline:
+                        return
+                    time.sleep(delay)
+                    delay *= 2
+
+        worker = threading.Thread(target=attempt, name="mlflow-call", daemon=True)
+        worker.start()
+        worker.join(max(0.0, deadline - time.monotonic()))
+        if worker.is_alive():
+            error: Any = f"no answer within {timeout_s:.0f} s"
+        elif "value" in box:
+            return box["value"]  # type: ignore[no-any-return]
+        else:
+            error = box.get("error", "unknown error")
+        self._mark_down(what, error)
         return None
+
+    def _mark_down(self, what: str, error: Any) -> None:
+        self.failures += 1
+        with self._state_lock:
+            if self._down:
+                return
+            self._down = True
+            log.warning("MLflow %s failed (%s); MLflow writes are skipped until %s answers again, then made up "
+                        "from the Optuna study (trials are not lost)", what, redact_text(str(error))[:300],
+                        redact_url(self.uri))
+            self._probe = threading.Thread(target=self._probe_loop, name="mlflow-probe", daemon=True)
+            self._probe.start()
+
+    def _probe_loop(self) -> None:
+        while True:
+            time.sleep(self.pause_s)
+            try:
+                self.client.search_experiments(max_results=1)
+            except Exception as exc:  # noqa: BLE001 - still down
+                log.debug("MLflow still down: %s", redact_text(str(exc))[:200])
+                continue
+            with self._state_lock:
+                self._down = False
+                self._recovered = True
+            log.warning("MLflow %s answers again; what it missed is written from the Optuna study",
+                        redact_url(self.uri))
+            return
 
     def _log_batch(self, run_id: str, *, params: Mapping[str, Any] | None = None,
                    metrics: Mapping[str, float] | None = None, tags: Mapping[str, Any] | None = None) -> None:
@@ -206,7 +284,7 @@ class Tracker:
     def start_run(self, name: str, *, parent_run_id: str | None = None, tags: Mapping[str, Any] | None = None,
                   params: Mapping[str, Any] | None = None) -> str | None:
         def go() -> str:
-            all_tags = {"tuner.version": __version__, **(tags or {})}
+            all_tags = {"tuner.version": __version__, OWNER_TAG: self.owner, **(tags or {})}
             if parent_run_id:
                 all_tags["mlflow.parentRunId"] = parent_run_id
             run = self.client.create_run(self.experiment_id, run_name=name,
@@ -214,6 +292,8 @@ class Tracker:
             return str(run.info.run_id)
 
         run_id = self._retry(f"start run {name}", go)
+        if run_id is not None:
+            self.active.add(run_id)
         if run_id is not None and params:  # retried on its own: a retry must not create a second run
             self.log(run_id, params=params)
         return run_id
@@ -244,6 +324,7 @@ class Tracker:
     def end_run(self, run_id: str | None, status: str = "FINISHED") -> None:
         if run_id is None:
             return
+        self.active.discard(run_id)  # ended, or left to the next reconcile if this write fails
         self._retry("end run", lambda: self.client.set_terminated(run_id, status=status))
 
     # ------------------------------------------------------------ queries (for tests, history)

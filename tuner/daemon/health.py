@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 import time
 import urllib.error
@@ -15,6 +16,7 @@ from typing import Any
 from tuner.champion import atomic_write
 from tuner.daemon.runtime import HEARTBEAT_INTERVAL_S, Runtime, daemon_dir
 from tuner.promote import champion_summary
+from tuner.redact import redact_text
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,23 @@ def serve_endpoint(rt: Runtime, port: int) -> ThreadingHTTPServer:
     return srv
 
 
+def _daemon_gone(snap: dict[str, Any]) -> str | None:
+    """Why the heartbeat's daemon is not running, if this host can tell (its PID gone, or reused by another
+    process since); None when it runs or ran on another host."""
+    from tuner.proc import pid_alive, process_start_ticks
+
+    pid = snap.get("pid")
+    if not isinstance(pid, int) or snap.get("host", socket.gethostname()) != socket.gethostname():
+        return None
+    if not pid_alive(pid):
+        age_s = time.time() - float(snap.get("time", 0))
+        return f"daemon pid {pid} is not running (killed?); its last heartbeat is {age_s:.0f}s old"
+    ticks = snap.get("pid_start_ticks")
+    if ticks is not None and process_start_ticks(pid) != ticks:
+        return f"daemon pid {pid} is not running (the PID now belongs to another process)"
+    return None
+
+
 def check_alive(*, url: str | None = None, state_dir: Path | None = None,
                 max_age_s: float | None = None) -> tuple[bool, str]:
     """Is the daemon alive and did its last cycle(s) succeed? (ok, one-line reason)."""
@@ -86,7 +105,7 @@ def check_alive(*, url: str | None = None, state_dir: Path | None = None,
         except urllib.error.HTTPError as exc:
             return False, f"{health} answered {exc.code}: the last cycle failed"
         except (OSError, ValueError) as exc:
-            return False, f"{health} does not answer: {exc}"
+            return False, redact_text(f"{health} does not answer: {exc}")
         return True, f"daemon pid {snap.get('pid')} healthy"
     hb = heartbeat_path(Path(state_dir or "."))
     if not hb.is_file():
@@ -99,6 +118,9 @@ def check_alive(*, url: str | None = None, state_dir: Path | None = None,
     limit = max_age_s if max_age_s is not None else 3 * float(snap.get("interval_s", HEARTBEAT_INTERVAL_S)) + 5
     if snap.get("stopped"):
         return False, f"daemon pid {snap.get('pid')} stopped"
+    gone = _daemon_gone(snap)
+    if gone:
+        return False, gone
     if age > limit:
         return False, f"heartbeat is {age:.0f}s old (limit {limit:.0f}s)"
     failed = [f"{n}: {a.get('last_error')}" for n, a in snap.get("agents", {}).items() if a.get("last_ok") is False]

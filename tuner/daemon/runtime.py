@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -61,7 +62,10 @@ class Runtime:
         return not any(a.last_ok is False for a in self.agents.values())
 
     def snapshot(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "time": time.time(), "port": self.port, "interval_s": HEARTBEAT_INTERVAL_S,
+        from tuner.proc import process_start_ticks
+
+        return {"pid": os.getpid(), "pid_start_ticks": process_start_ticks(os.getpid()), "host": socket.gethostname(),
+                "time": time.time(), "port": self.port, "interval_s": HEARTBEAT_INTERVAL_S,
                 "stopping": self.stop.is_set(), "healthy": self.healthy(),
                 "agents": {n: {"running": a.running, "cycles": a.cycles, "last_ok": a.last_ok,
                                "last_error": a.last_error, "last_end": a.last_end}

@@ -14,6 +14,7 @@ from tuner.daemon.runtime import AgentState, Runtime, job_id
 from tuner.measure.datasets import plans_for
 from tuner.measure.scrape import Snapshot, scrape, telemetry
 from tuner.measure.tokenize import load_tokenizer
+from tuner.redact import redact_text, redact_url
 from tuner.spec import AgentSpec, WorkloadSpec
 from tuner.tracking import Tracker, resolve_tracking_uri
 
@@ -55,7 +56,8 @@ def watch_loop(rt: Runtime, st: AgentState, spec: AgentSpec, done: threading.Eve
         try:
             anomalies = detect_anomalies(spec, base, snap, st.path.parent)
         except Exception as exc:  # noqa: BLE001 - a failing check must not end the watch for good
-            log.warning("watch %s: cannot check the scrape of %s: %s", st.name, w.url, exc)
+            log.warning("watch %s: cannot check the scrape of %s: %s", st.name, redact_url(w.url),
+                        redact_text(str(exc)))
             continue
         if not anomalies:
             continue

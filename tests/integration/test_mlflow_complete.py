@@ -1,0 +1,182 @@
+"""MLflow is eventually complete: Optuna stays the source of truth, and what MLflow missed (a store that
+could not be reached, a process killed mid-cycle, a store whose creation was interrupted) is written later,
+once, tagged as backfilled. Real SQLite stores and real `tuner run` processes; the faults are real too (a
+store path that cannot be created, SIGKILL, a half-migrated database)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from typer.testing import CliRunner
+
+from tuner.cli import app
+from tuner.loop import open_session, run_cycle
+from tuner.spec import load_agent
+from tuner.study import default_storage, open_storage
+from tuner.tracking import BACKFILLED_TAG, Tracker, default_tracking_uri
+from tuner.tracking_sync import reconcile
+
+AGENT = """\
+name: complete
+target: {kind: sim, hardware: a100-80gb-sxm, model: llama-3-8b, num_gpus: 8}
+search_space:
+  params:
+    max_num_seqs: {type: int, low: 8, high: 512, log: true, default: 256}
+    max_num_batched_tokens: {type: int, low: 256, high: 16384, log: true, default: 2048}
+  constraints:
+    - max_num_batched_tokens >= max_num_seqs
+workload:
+  arrival: {kind: poisson, rate_per_s: 20}
+  prompt_tokens: {dist: uniform, low: 64, high: 512}
+  output_tokens: {dist: fixed, value: 64}
+  num_requests: NUM
+objectives:
+  - {metric: output_throughput, direction: maximize}
+slos:
+  - {metric: ttft_ms.p99, max: 5000}
+sampler: {name: random, seed: 1}
+budget: {trials: 6}
+"""
+
+
+def _agent(tmp_path: Path, n: int = 40) -> Path:
+    p = tmp_path / "agent.yaml"
+    p.write_text(AGENT.replace("NUM", str(n)))
+    return p
+
+
+def _runs(tracker: Tracker) -> list:
+    return [r for r in tracker.runs() if r.data.tags.get("kind") in ("cycle", "trial")]
+
+
+def _wait(cond, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if cond():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_trials_run_while_mlflow_is_down_are_backfilled_once_it_is_back(tmp_path: Path) -> None:
+    blocker = tmp_path / "mlstore"  # a file where the store's directory must go: the store cannot open
+    blocker.write_text("")
+    tracker = Tracker(f"sqlite:///{blocker}/mlflow.db", "complete", pause_s=0.3)
+    agent = load_agent(_agent(tmp_path))
+    session = open_session(agent, tmp_path / "state", tracker=tracker)
+    t0 = time.monotonic()
+    first = run_cycle(session, trials=3)
+    assert time.monotonic() - t0 < 60
+    assert tracker.down and first.run_id is None and len(first.outcomes) == 3
+    blocker.unlink()  # the store can be made now: the probe sees it, the next trial backfills
+    _wait(lambda: not tracker.down, 180, "the tracker to see the store again")
+    run_cycle(session, trials=1)
+    runs = _runs(tracker)
+    trials = sorted(int(r.data.tags["trial"]) for r in runs if r.data.tags["kind"] == "trial")
+    assert trials == [0, 1, 2, 3]  # every trial, once
+    backfilled = {int(r.data.tags["trial"]) for r in runs
+                  if r.data.tags["kind"] == "trial" and r.data.tags.get(BACKFILLED_TAG) == "true"}
+    assert backfilled == {0, 1, 2}
+    assert sorted(int(r.data.tags["cycle"]) for r in runs if r.data.tags["kind"] == "cycle") == [1, 2]
+    assert all(r.info.status != "RUNNING" for r in runs)
+    t1 = next(r for r in runs if r.data.tags.get("trial") == "1")
+    optuna_t1 = session.study.study.trials[1]
+    assert t1.data.metrics["output_throughput"] == pytest.approx(optuna_t1.user_attrs["metrics"]["output_throughput"])
+    assert t1.data.params["max_num_seqs"] == str(optuna_t1.params["max_num_seqs"])
+    cycle1 = next(r for r in runs if r.data.tags.get("kind") == "cycle" and r.data.tags["cycle"] == "1")
+    assert t1.data.tags["mlflow.parentRunId"] == cycle1.info.run_id
+    # idempotent: another pass writes nothing
+    again = reconcile(tracker, session.study.study, agent="complete", objectives=["output_throughput"])
+    assert again.changed == 0 and again.skipped is None
+    assert len(_runs(tracker)) == len(runs)
+
+
+def test_an_unanswering_store_costs_bounded_time(tmp_path: Path) -> None:
+    """A TCP port that accepts and never answers: the first write waits call_timeout_s, the others none."""
+    import socket
+
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(16)
+        port = srv.getsockname()[1]
+        tracker = Tracker(f"http://user:hunter2@127.0.0.1:{port}", "x", call_timeout_s=2.0, pause_s=60)
+        t0 = time.monotonic()
+        assert tracker.start_run("cycle-1") is None
+        first_s = time.monotonic() - t0
+        t1 = time.monotonic()
+        for i in range(20):
+            assert tracker.start_run(f"trial-{i}") is None
+        rest_s = time.monotonic() - t1
+    assert first_s < 5.0 and rest_s < 0.5, (first_s, rest_s)
+
+
+@pytest.mark.slow
+def test_a_killed_runs_mlflow_runs_are_ended_killed_at_the_next_start(tmp_path: Path) -> None:
+    agent = _agent(tmp_path, n=400)
+    sd = tmp_path / "state"
+    log = tmp_path / "run.log"
+    env = {**os.environ, "TUNER_STATE_DIR": str(sd)}
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "run", str(agent), "--trials", "200"],
+                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        def two_done() -> bool:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            if not (sd / "optuna.db").exists():
+                return False
+            try:
+                study = optuna.load_study(study_name="complete", storage=open_storage(default_storage(sd)))
+            except Exception:  # noqa: BLE001 - not created yet
+                return False
+            return sum(t.state.name == "COMPLETE" for t in study.get_trials(deepcopy=False)) >= 2
+        _wait(two_done, 180, "two finished trials")
+        # a trial run (and the cycle run) is RUNNING in MLflow now
+        tracker = Tracker(default_tracking_uri(sd), "complete")
+        _wait(lambda: any(r.info.status == "RUNNING" and r.data.tags.get("kind") == "trial" for r in _runs(tracker)),
+              60, "a RUNNING trial run")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    assert any(r.info.status == "RUNNING" for r in _runs(tracker))
+    res = CliRunner().invoke(app, ["run", str(agent), "--trials", "1", "--state-dir", str(sd)])
+    assert res.exit_code == 0, res.output
+    runs = _runs(tracker)
+    assert all(r.info.status != "RUNNING" for r in runs), [(r.info.run_name, r.info.status) for r in runs]
+    killed_cycle = next(r for r in runs if r.data.tags.get("kind") == "cycle" and r.data.tags["cycle"] == "1")
+    assert killed_cycle.info.status == "KILLED" and killed_cycle.data.tags["interrupted"] == "True"
+    study = optuna.load_study(study_name="complete", storage=open_storage(default_storage(sd)))
+    finished = {t.number for t in study.get_trials(deepcopy=False) if t.state.name in ("COMPLETE", "FAIL")}
+    tracked = [int(r.data.tags["trial"]) for r in runs if r.data.tags.get("kind") == "trial"]
+    assert sorted(tracked) == sorted(finished)  # every finished trial, once
+    hist = CliRunner().invoke(app, ["history", str(agent), "--state-dir", str(sd), "--json"])
+    assert hist.exit_code == 0, hist.output
+    import json
+
+    cycles = json.loads(hist.output)["cycles"]
+    first = next(c for c in cycles if c["cycle"] == 1)
+    assert first["interrupted"] is True and first["status"] == "KILLED"
+
+
+def test_a_half_made_store_is_set_aside_and_made_again(tmp_path: Path) -> None:
+    sd = tmp_path / "state"
+    sd.mkdir()
+    uri = default_tracking_uri(sd)
+    Tracker(uri, "x").start_run("probe")  # a complete store
+    db = sd / "mlflow.db"
+    with sqlite3.connect(db) as conn:  # what a kill during the migration leaves: tables, no version stamp
+        conn.execute("DELETE FROM runs")
+        conn.execute("DELETE FROM alembic_version")
+    tracker = Tracker(uri, "x")
+    assert tracker.start_run("after") is not None, "the store was not repaired"
+    assert len(tracker.runs()) == 1
+    assert list(sd.glob("mlflow.db.broken-*")), "the half-made store was not kept aside"
+    assert not list(sd.glob("mlflow.db.making-*"))
+    assert (db.stat().st_mode & 0o777) == 0o600
