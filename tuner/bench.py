@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import urllib.request
 from datetime import datetime, timezone
@@ -16,13 +17,17 @@ import numpy as np
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tuner.errors import ConfigError, TunerError
 from tuner.measure.measurement import Measurement
 from tuner.measure.metrics import GOODPUT_KEYS, LATENCY_METRICS, PERCENTILES, first_errors
+from tuner.redact import redact_text, redact_url
 from tuner.spec import Arrival, LengthDist, WorkloadSpec
+
+log = logging.getLogger(__name__)
 
 
 def parse_goodput(items: list[str]) -> dict[str, float]:
@@ -54,14 +59,35 @@ def parse_extra_body(text: str) -> dict[str, Any]:
     return body
 
 
+def check_url(url: str, option: str = "--url") -> str:
+    """An http(s) base URL with a host, no spaces or control characters, a valid port; else a ConfigError."""
+    from urllib.parse import urlsplit
+
+    if not url or any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
+        raise ConfigError(f"{option} {redact_url(url)!r}: a URL may not contain spaces or control characters")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+    except ValueError as exc:
+        raise ConfigError(f"{option} {redact_url(url)!r}: not a valid URL ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{option} {redact_url(url)!r}: must be an http:// or https:// URL with a host")
+    return url
+
+
 def first_model(url: str, timeout_s: float = 10.0) -> str:
     """The first model the server lists at /v1/models."""
+    where = f"{redact_url(url.rstrip('/'))}/v1/models"
     try:
         with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=timeout_s) as r:
             data = json.loads(r.read())
-        return str(data["data"][0]["id"])
-    except (OSError, ValueError, KeyError, IndexError) as exc:
-        raise ConfigError(f"--model not given and {url}/v1/models gave no model: {exc}") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--model not given and {where} gave no model: {redact_text(str(exc))}") from None
+    models = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(models, list) or not models or not isinstance(models[0], dict) or "id" not in models[0]:
+        raise ConfigError(f"--model not given and {where} did not list a model (expected "
+                          f'{{"data": [{{"id": ...}}]}}, got {json.dumps(data)[:120]})')
+    return str(models[0]["id"])
 
 
 def load_workload(path: Path) -> WorkloadSpec:
@@ -320,8 +346,8 @@ def register(app: typer.Typer) -> None:
         """Benchmark an OpenAI-compatible endpoint (vllm bench serve metrics)."""
         from tuner.measure.loadgen import measure_endpoint
 
-        console = Console()
-        err = Console(stderr=True)
+        console = Console(emoji=False)
+        err = Console(stderr=True, emoji=False)
         try:
             if endpoint is not None and endpoint not in ("completions", "chat"):
                 raise ConfigError(f"--endpoint {endpoint!r}: must be completions or chat")
@@ -334,6 +360,9 @@ def register(app: typer.Typer) -> None:
                                prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                                warmup_requests=warmup_requests, timeout_s=timeout_s, seed=seed, stream=stream,
                                ignore_eos=ignore_eos, extra_body=body, prompt_format=prompt_format)
+            check_url(url)
+            if metrics_url is not None:
+                check_url(metrics_url, "--metrics-url")
             gp = parse_goodput(goodput or [])
             if not w.stream and set(gp) & {"ttft", "tpot"}:
                 raise ConfigError(f"--goodput {sorted(set(gp) & {'ttft', 'tpot'})[0]}: not measured without "
@@ -353,15 +382,20 @@ def register(app: typer.Typer) -> None:
                                      tokenizer=tokenizer, metrics_url=metrics_url, gpu_indices=gpu_idx,
                                      progress=progress, keep_text=json_path is not None)
         except (TunerError, ValueError) as exc:
-            err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            err.print(f"[bold red]error:[/] {escape(redact_text(str(exc)))}", highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code if isinstance(exc, TunerError) else 2) from None
+        except Exception as exc:  # noqa: BLE001 - one line, never a traceback (-v logs it)
+            log.debug("bench failed", exc_info=True)
+            err.print(f"[bold red]error:[/] {type(exc).__name__}: {escape(redact_text(str(exc)))}", highlight=False,
+                      soft_wrap=True)
+            raise typer.Exit(1) from None
         console.print(summary_table(m))
         for line in error_lines(m, w):
             console.print(line, highlight=False, soft_wrap=True)
         for note in m.notes:
             console.print(f"note: {note}", highlight=False)
         if json_path is not None:
-            res = vllm_result(m, url=url, model=name, workload=w, tokenizer=tokenizer, goodput=gp)
+            res = vllm_result(m, url=redact_url(url), model=name, workload=w, tokenizer=tokenizer, goodput=gp)
             json_path.parent.mkdir(parents=True, exist_ok=True)
             json_path.write_text(json.dumps(res, indent=1, default=str) + "\n")
             console.print(f"wrote {json_path}")

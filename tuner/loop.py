@@ -28,6 +28,7 @@ from tuner.measure.failures import error_rate_slo, request_failure
 from tuner.measure.measurement import Measurement
 from tuner.mlflow_review import log_cycle_plots, log_latency_plot, trial_metrics, trial_run_name
 from tuner.objectives import FAILURE_CONSTRAINT, Evaluation, evaluate, failed_evaluation, goodput_thresholds_ms
+from tuner.redact import redact_text
 from tuner.study import LeaseLost, TunerStudy, default_storage
 from tuner.targets.base import Target, TrialContext
 from tuner.targets.registry import make_target
@@ -426,7 +427,7 @@ def _track_trial(session: Session, parent: str | None, number: int, baseline: bo
             "feasible": ev.feasible, "failure_cause": cause or "", "agent": spec.name, "study": session.study.name,
             **{f"target.{k}": v for k, v in session.description.items()}}
     if error:
-        tags["error"] = error[:1000]
+        tags["error"] = redact_text(error)[:1000]
     if gpus:
         tags["gpus"] = ",".join(map(str, gpus))
     if cycle is not None:

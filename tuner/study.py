@@ -28,6 +28,7 @@ from tuner.dblock import study_lock
 from tuner.errors import ConfigError, TunerError
 from tuner.lease import Heartbeat
 from tuner.objectives import Evaluation, pessimistic
+from tuner.redact import redact_text, redact_url
 from tuner.search.samplers import make_sampler
 from tuner.space import SearchSpace
 from tuner.spec import AgentSpec
@@ -179,11 +180,8 @@ class TunerStudy:
             hint = ""
             if storage_url.startswith("postgresql") and "import" in str(exc):
                 hint = " (install the driver: pip install 'tuner[postgres]', and use postgresql+psycopg://...)"
-            from tuner.redact import redact_text
-            from tuner.tracking import safe_url
-
-            msg = redact_text(str(exc).replace(storage_url, safe_url(storage_url)))
-            raise ConfigError(f"cannot open the Optuna storage {safe_url(storage_url)!r}: {msg}{hint}",
+            msg = redact_text(str(exc).replace(storage_url, redact_url(storage_url)))
+            raise ConfigError(f"cannot open the Optuna storage {redact_url(storage_url)!r}: {msg}{hint}",
                               field="storage") from None
         # A new session continues the study: re-seed the sampler past the trials already run, or a seeded
         # sampler would propose the same start-up configurations again in every cycle.
@@ -193,7 +191,7 @@ class TunerStudy:
                 spec.sampler.model_copy(update={"seed": spec.sampler.seed + n_done}), space)
         if list(self.study.directions) != [optuna.study.StudyDirection[d.upper()] for d in directions]:
             raise ConfigError(
-                f"study {self.name!r} in {storage_url} has other objective directions; "
+                f"study {self.name!r} in {redact_url(storage_url)} has other objective directions; "
                 "use another storage or study name", field="objectives")
 
     # ------------------------------------------------------------ lifecycle

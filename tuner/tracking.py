@@ -53,7 +53,7 @@ def records_csv(records: Iterable[RequestRecord]) -> str:
     w.writerow(RECORD_FIELDS)
     for r in records:
         w.writerow([r.index, r.scheduled_s, r.sent_s, r.first_token_s, r.done_s, r.prompt_tokens,
-                    r.output_tokens, r.status, r.error or "", r.error_detail, int(r.warmup), r.ttft_ms,
+                    r.output_tokens, r.status, r.error or "", redact_text(r.error_detail), int(r.warmup), r.ttft_ms,
                     r.e2el_ms, r.tpot_ms])
     return buf.getvalue()
 

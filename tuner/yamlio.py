@@ -36,6 +36,7 @@ def _walk(node: yaml.Node, loc: Loc, lines: dict[Loc, int]) -> None:
 MAX_YAML_BYTES = 1_000_000
 MAX_YAML_NODES = 20_000  # nodes after every alias is expanded (a spec has a few hundred)
 MAX_YAML_DEPTH = 64
+MAX_YAML_INDENT = 256
 
 
 def _check_graph(root: yaml.Node, file: str) -> None:
@@ -73,6 +74,45 @@ def _check_graph(root: yaml.Node, file: str) -> None:
         stack.extend((child, depth + 1, False) for child in children)
 
 
+_LEADING_DASHES = re.compile(r"^[ \t]*((?:-[ \t]+)*)")
+
+
+def _text_nesting(text: str) -> tuple[int, int, int]:
+    """Before PyYAML sees the text (its scanner slows to minutes on a few thousand nested brackets): the
+    deepest flow nesting ([ and { outside quotes and comments), the most block sequence dashes opening one
+    line, and the widest indentation."""
+    flow = deepest_flow = dashes = indent = 0
+    quote = ""
+    for line in text.splitlines():
+        if not quote:
+            m = _LEADING_DASHES.match(line)
+            if m:
+                dashes = max(dashes, m.group(1).count("-"))
+            indent = max(indent, len(line) - len(line.lstrip(" ")))
+        prev = " "
+        i = 0
+        while i < len(line):
+            ch = line[i]
+            if quote:
+                if ch == "\\" and quote == '"':
+                    i += 2
+                    continue
+                if ch == quote:
+                    quote = ""
+            elif ch in "'\"" and prev in " \t[{,:":
+                quote = ch
+            elif ch == "#" and prev in " \t":
+                break
+            elif ch in "[{":
+                flow += 1
+                deepest_flow = max(deepest_flow, flow)
+            elif ch in "]}":
+                flow = max(0, flow - 1)
+            prev = ch
+            i += 1
+    return deepest_flow, dashes, indent
+
+
 def load_yaml(path: str | Path) -> tuple[Any, dict[Loc, int]]:
     """Parse a YAML file; return the data and a map from key path to 1-based line. Bounded: file size,
     alias expansion, nesting; no recursive structures, no NaN."""
@@ -85,8 +125,13 @@ def load_yaml(path: str | Path) -> tuple[Any, dict[Loc, int]]:
         raise ConfigError("file not found", file=str(path)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read: {exc}", file=str(path)) from None
-    loader = _LineLoader(text)
+    flow, dashes, indent = _text_nesting(text)
+    if flow > MAX_YAML_DEPTH or dashes > MAX_YAML_DEPTH or indent > MAX_YAML_INDENT:
+        raise ConfigError(f"invalid YAML: nested over {MAX_YAML_DEPTH} levels deep (or indented over "
+                          f"{MAX_YAML_INDENT} columns)", file=str(path))
+    loader: _LineLoader | None = None
     try:
+        loader = _LineLoader(text)  # the reader refuses unprintable characters here
         node = loader.get_single_node()
         if node is not None:
             _check_graph(node, str(path))
@@ -96,11 +141,12 @@ def load_yaml(path: str | Path) -> tuple[Any, dict[Loc, int]]:
         line = mark.line + 1 if mark is not None else None
         raise ConfigError(f"invalid YAML: {exc.problem}", file=str(path), line=line) from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"invalid YAML: {exc}", file=str(path)) from None
+        raise ConfigError(f"invalid YAML: {str(exc).splitlines()[0]}", file=str(path)) from None
     except RecursionError:
         raise ConfigError(f"invalid YAML: nested over {MAX_YAML_DEPTH} levels deep", file=str(path)) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     lines: dict[Loc, int] = {}
     if node is not None:
         _walk(node, (), lines)

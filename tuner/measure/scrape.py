@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from tuner.redact import redact_text, redact_url
+
 log = logging.getLogger(__name__)
 
 _GAUGES = {
@@ -96,7 +98,7 @@ def scrape(url: str, timeout_s: float = 5.0) -> Snapshot | None:
         with urllib.request.urlopen(url, timeout=timeout_s) as r:
             return parse(r.read().decode("utf-8", "replace"))
     except (OSError, ValueError) as exc:
-        log.warning("could not scrape %s: %s", url, exc)
+        log.warning("could not scrape %s: %s", redact_url(url), redact_text(str(exc)))
         return None
 
 
