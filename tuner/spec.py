@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+SEED_MAX = 2**31 - 1  # numpy takes seeds below 2**32; a study adds its trial count to the sampler's
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -114,7 +116,7 @@ class WorkloadSpec(_Strict):
     prompt_format: Literal["text", "token_ids"] = Field(default="text", description="synthesised prompts as "
                                                         "text or as token ids (completions only)")
     timeout_s: float = Field(default=120.0, gt=0)
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=SEED_MAX, description="each trial draws with seed + its number")
 
     @model_validator(mode="after")
     def _check(self) -> WorkloadSpec:
@@ -187,7 +189,7 @@ class Budget(_Strict):
 
 class SamplerSpec(_Strict):
     name: str = Field(default="tpe", description="a name of tuner.search.samplers.SAMPLERS (checked by the loader)")
-    seed: int | None = 0
+    seed: int | None = Field(default=0, ge=0, le=SEED_MAX, description="a later cycle reseeds with seed + trials run")
     n_startup_trials: int | None = Field(default=None, ge=0,
                                          description="proposals before the model takes over (baseline excluded "
                                                      "with initial_design: sobol)")

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from tuner.agent import load_agent
 from tuner.cli import app
 from tuner.errors import ConfigError
 from tuner.expr import Expr, ExprError
-from tuner.spec import load_agent
 from tuner.yamlio import MAX_YAML_NODES, load_yaml
 
-SIM_AGENT = Path(__file__).resolve().parents[2] / "agents" / "sim-8xa100.yaml"
+SIM_AGENT = Path(__file__).resolve().parents[3] / "agents" / "sim-8xa100.yaml"
 
 
 @pytest.mark.parametrize(("src", "env", "match"), [

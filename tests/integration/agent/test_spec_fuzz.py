@@ -124,8 +124,8 @@ def _validate(path: Path) -> tuple[int, str]:
 
 
 def _starts_run(path: Path, state: Path) -> None:
+    from tuner.agent import load_agent
     from tuner.loop import open_session, run_cycle
-    from tuner.spec import load_agent
 
     t0 = time.monotonic()
     from tuner.tracking import Tracker

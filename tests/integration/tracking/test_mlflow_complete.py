@@ -17,9 +17,9 @@ import optuna
 import pytest
 from typer.testing import CliRunner
 
+from tuner.agent import load_agent
 from tuner.cli import app
 from tuner.loop import open_session, run_cycle
-from tuner.spec import load_agent
 from tuner.study import default_storage, open_storage
 from tuner.tracking import BACKFILLED_TAG, Tracker, default_tracking_uri
 from tuner.tracking_sync import reconcile

@@ -110,7 +110,7 @@ def test_an_unreachable_tracking_uri_is_logged_without_its_password(tmp_path: Pa
 
 
 def test_check_sees_a_sigkilled_daemon_at_once(tmp_path: Path) -> None:
-    from tuner.daemon import check_alive, heartbeat_path
+    from tuner.daemon.health import check_alive, heartbeat_path
     from tuner.proc import process_start_ticks
 
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -135,14 +135,14 @@ def test_check_sees_a_sigkilled_daemon_at_once(tmp_path: Path) -> None:
 
 
 def test_state_is_private_whatever_the_umask(tmp_path: Path) -> None:
-    agent = Path(__file__).resolve().parents[2] / "agents" / "sim-8xa100.yaml"
+    agent = Path(__file__).resolve().parents[3] / "agents" / "sim-8xa100.yaml"
     sd = tmp_path / "deep" / "state"
     old = os.umask(0)
     try:
         code, out = _cli("run", str(agent), "--trials", "1", "--state-dir", str(sd))
     finally:
         os.umask(old)
-    assert code == 0, out
+    assert code in (0, 3), out  # 3: the trial ran but broke an SLO (run's exit codes)
     for d in (tmp_path / "deep", sd):
         assert stat.S_IMODE(d.stat().st_mode) == 0o700, (d, oct(d.stat().st_mode))
     for f in ("optuna.db", "mlflow.db"):
