@@ -25,6 +25,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.objectives import FAILURE_CONSTRAINT
 from tuner.proc import pid_alive, process_start_ticks
 from tuner.tracking import BACKFILLED_TAG, OWNER_TAG, Tracker
 
@@ -97,6 +98,8 @@ def trial_payload(t: FrozenTrial, objectives: list[str]) -> tuple[dict[str, Any]
     """Params, metrics and the MLflow status of a finished Optuna trial, as the loop logs them."""
     ua = t.user_attrs
     metrics = _finite(ua.get("metrics") or {})
+    if not metrics:  # measured nothing: no placeholder objective values or violations (tags say why)
+        return dict(ua.get("config") or t.params), {}, _status(t)
     if t.values is not None:
         for i, (name, v) in enumerate(zip(objectives, t.values, strict=False)):
             metrics[f"objective_{i}_{name}"] = v
@@ -104,15 +107,17 @@ def trial_payload(t: FrozenTrial, objectives: list[str]) -> tuple[dict[str, Any]
     if isinstance(constraints, Mapping):
         metrics.update(_finite({f"violation_{str(k).replace(':', '_').replace('.', '_')}": v
                                 for k, v in constraints.items()}))
-    metrics = _finite(metrics)
-    cause = ua.get("cause")
+    metrics = {k: v for k, v in _finite(metrics).items() if FAILURE_CONSTRAINT not in k}
+    return dict(ua.get("config") or t.params), metrics, _status(t)
+
+
+def _status(t: FrozenTrial) -> str:
+    cause = t.user_attrs.get("cause")
     if t.state == TrialState.COMPLETE and not cause:
-        status = "FINISHED"
-    elif cause == "interrupted" or t.state == TrialState.FAIL and "interrupt" in str(ua.get("error", "")):
-        status = "KILLED"
-    else:
-        status = "FAILED"
-    return dict(ua.get("config") or t.params), metrics, status
+        return "FINISHED"
+    if cause == "interrupted" or t.state == TrialState.FAIL and "interrupt" in str(t.user_attrs.get("error", "")):
+        return "KILLED"
+    return "FAILED"
 
 
 def reconcile(tracker: Tracker, study: Any, *, agent: str, objectives: list[str], state_dir: Path | None = None,
