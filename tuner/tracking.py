@@ -115,7 +115,7 @@ class Tracker:
     MLflow lacks (`recovered()` says when to run it)."""
 
     def __init__(self, uri: str, experiment: str, *, artifact_dir: Path | None = None,
-                 retries: int = 3, enabled: bool = True, pause_s: float = 5.0, call_timeout_s: float = 10.0) -> None:
+                 retries: int = 3, enabled: bool = True, pause_s: float = 5.0, call_timeout_s: float = 30.0) -> None:
         self.uri = uri
         self.experiment_name = experiment
         self.enabled = enabled

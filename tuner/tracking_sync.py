@@ -17,9 +17,11 @@ import contextlib
 import fcntl
 import logging
 import math
+import os
 import socket
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +61,26 @@ def owner_alive(owner: str | None) -> bool | None:
         return None
     start = parts[2]
     return pid_alive(pid) and str(process_start_ticks(pid)) == start
+
+
+OTHER_HOST_GRACE_S = 600.0  # a trial another host's process finished is its own to write for this long
+
+
+def _writer_may_live(t: FrozenTrial) -> bool:
+    """Whether another live process (the one that asked the trial: a worker next to this one, another
+    host's) may still be writing the trial's run: then it is not this process's to backfill."""
+    from tuner.study import OWNER_ATTR
+
+    owner = t.system_attrs.get(OWNER_ATTR)
+    if not isinstance(owner, Mapping) or not isinstance(owner.get("pid"), int):
+        return False
+    if owner.get("host") != socket.gethostname():
+        done = t.datetime_complete
+        return done is None or (datetime.now() - done).total_seconds() < OTHER_HOST_GRACE_S
+    pid = owner["pid"]
+    if pid == os.getpid():
+        return False  # this process: tracking_trials says which it is writing
+    return pid_alive(pid) and process_start_ticks(pid) == owner.get("start_ticks")
 
 
 @contextlib.contextmanager
@@ -213,7 +235,7 @@ def _reconcile(tracker: Tracker, study: Any, agent: str, objectives: list[str], 
     for number in sorted(trials):
         t = trials[number]
         if number in trial_runs or number in tracker.tracking_trials or \
-                t.state not in (TrialState.COMPLETE, TrialState.FAIL):
+                t.state not in (TrialState.COMPLETE, TrialState.FAIL) or _writer_may_live(t):
             continue
         params, metrics, status = trial_payload(t, objectives)
         c = t.user_attrs.get("cycle")
