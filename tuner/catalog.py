@@ -17,9 +17,9 @@ from typing import Literal
 
 Better = Literal["higher", "lower", "none"]
 
-LOADGEN = "load generator summary"
-SERVER = "server /metrics (Prometheus) scrape"
-DEPLOYMENT = "the deployment"
+LOADGEN = "loadgen"
+SERVER = "server /metrics"
+DEPLOYMENT = "deployment"
 
 LATENCY_STATS = ("mean", "median", "std", "p50", "p90", "p95", "p99")
 ERROR_KINDS = ("connect", "timeout", "http_4xx", "http_5xx", "overload_503", "stream_broken", "rejected")
@@ -36,6 +36,7 @@ class Metric:
     goodput_key: str | None = None  # a max SLO on it is also each request's goodput threshold
     server_key: str | None = None  # the server telemetry the production watch compares it with
     needs_latency_slo: bool = False  # counts requests that meet the latency SLOs
+    streamed_only: bool = False  # measured only on streamed responses
 
 
 _ROWS = [
@@ -56,11 +57,11 @@ _ROWS = [
     Metric("prompt_tokens_exact", "0/1", "none", LOADGEN, "1 when every prompt had its exact token count"),
     *[Metric(f"errors_{k}", "requests", "lower", LOADGEN, f"failed requests of kind {k}") for k in ERROR_KINDS],
     Metric("ttft_ms", "ms", "lower", LOADGEN, "time to first token", latency=True, goodput_key="ttft",
-           server_key="server_ttft_ms"),
+           server_key="server_ttft_ms", streamed_only=True),
     Metric("tpot_ms", "ms", "lower", LOADGEN, "time per output token after the first", latency=True,
-           goodput_key="tpot"),
+           goodput_key="tpot", streamed_only=True),
     Metric("itl_ms", "ms", "lower", LOADGEN, "inter-token latency", latency=True, goodput_key="tpot",
-           server_key="server_itl_ms"),
+           server_key="server_itl_ms", streamed_only=True),
     Metric("e2el_ms", "ms", "lower", LOADGEN, "end-to-end request latency", latency=True, goodput_key="e2el",
            server_key="server_e2el_ms"),
     Metric("cold_start_s", "s", "lower", DEPLOYMENT, "start of the deployment until it served"),
@@ -83,9 +84,9 @@ CATALOG: dict[str, Metric] = {m.name: m for m in _ROWS}
 
 # families: target-specific telemetry, any name with the prefix
 FAMILIES: dict[str, Metric] = {
-    "gpu_": Metric("gpu_*", "(in the name)", "none", "NVML samples of the trial's GPUs",
+    "gpu_": Metric("gpu_*", "(in the name)", "none", "NVML",
                    "GPU utilisation, memory, power, clocks, throttling, energy"),
-    "sim_": Metric("sim_*", "(in the name)", "none", "the simulator", "the simulated engine's internals"),
+    "sim_": Metric("sim_*", "(in the name)", "none", "simulator", "the simulated engine's internals"),
 }
 
 

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
-import logging
 import sys
 import threading
 from pathlib import Path
@@ -16,9 +14,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from tuner import __version__
+from tuner import __version__, bench, cli_ops
+from tuner.engine import cli as engine_cli
 from tuner.errors import TunerError
-from tuner.textfmt import console_width, fmt, log_handler
+from tuner.logs import configure_logging
+from tuner.report import cli as report_cli
+from tuner.textfmt import console_width, fmt
 
 app = typer.Typer(
     name="tuner",
@@ -32,25 +33,13 @@ app = typer.Typer(
 console = Console(stderr=False, width=console_width(sys.stdout), emoji=False)
 err_console = Console(stderr=True, width=console_width(sys.stderr), emoji=False)
 
-AgentArg = Annotated[Path, typer.Argument(help="Agent spec YAML (see agents/).", show_default=False)]
+AgentArg = Annotated[Path | None, typer.Argument(
+    help="Agent spec YAML (see agents/). Default: the one agent the state dir holds.", show_default=False)]
 StateDirOpt = Annotated[
     Path | None,
     typer.Option("--state-dir", help="State directory (Optuna and MLflow stores, logs). "
                  "Default: $TUNER_STATE_DIR or .tuner/", show_default=False),
 ]
-
-
-def _setup_logging(verbose: bool = False) -> None:
-    # Default: warnings from everything, progress from the loop, daemon and promotion; -v: everything.
-    # Rich on a terminal; plain lines (or JSON: TUNER_LOG_FORMAT=json) in a file, a pipe or a journal.
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="%(message)s",
-                        datefmt="[%X]", handlers=[log_handler(sys.stderr, rich_console=err_console)])
-    if not verbose:
-        for chatty in ("tuner.loop", "tuner.daemon", "tuner.lineage", "tuner.promote", "tuner.bench", "tuner.sizing"):
-            logging.getLogger(chatty).setLevel(logging.INFO)
-    for noisy in ("alembic", "mlflow", "httpx", "aiohttp.access", "optuna", "filelock"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    logging.getLogger("urllib3").setLevel(logging.ERROR)  # MLflow's HTTP retries; the tracker says it once
 
 
 def fail(exc: TunerError) -> typer.Exit:
@@ -71,13 +60,13 @@ def _main(
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.", is_eager=True,
                                           callback=_print_version)] = False,
 ) -> None:
-    _setup_logging(verbose)
+    configure_logging(verbose, rich_console=err_console)
 
 
 # ---------------------------------------------------------------- run
 @app.command()
 def run(
-    agent_path: AgentArg,
+    agent_path: AgentArg = None,
     trials: Annotated[int | None, typer.Option("--trials", "-n", min=1,
                                                help="Trials in this cycle (default: the agent's budget).")] = None,
     state_dir: StateDirOpt = None,
@@ -91,15 +80,15 @@ def run(
     4 when an auto rate could not be sized."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from tuner.agent import load_agent
-    from tuner.loop import TrialOutcome, open_session, run_cycle, state_dir_for
+    from tuner.context import open_context
+    from tuner.loop import TrialOutcome, run_cycle
     from tuner.tracking import safe_url
 
     try:
-        agent = load_agent(agent_path)
-        sd = state_dir_for(state_dir)
-        session = open_session(agent, sd)
-        spec = agent.spec
+        ctx = open_context(agent_path, state_dir)
+        session = ctx.session(plan=True)  # the study the lineage names (as the daemon's cycles)
+        sd = ctx.state_dir
+        spec = ctx.agent.spec
         n = trials or (spec.budget.trials or 0)
         stop = threading.Event()
         _install_stop_handlers(stop)
@@ -244,12 +233,16 @@ def validate(
                                                help="Print the argv and environment of the baseline trial.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per file: ok, or the error.")] = False,
 ) -> None:
-    """Validate agent specs and their search spaces: exit 0, or exit 2 with the located error."""
-    from tuner.agent import load_agent
+    """Validate agent specs and everything `run` checks before its first trial (the target's check of the space
+    and of its command template, the schedule): exit 0, or exit 2 with the located error. Opens no store."""
+    from tuner.agent import load_agent, preflight
+    from tuner.daemon.scheduler import check_schedule
 
     for p in agent_paths:
         try:
             agent = load_agent(p)
+            preflight(agent)
+            check_schedule(agent)
             if show_command and not as_json:
                 from tuner.agent import show_command as _show
 
@@ -269,49 +262,70 @@ def validate(
                       f"{len(agent.space.params)} parameter(s), {len(agent.space.constraints)} constraint(s)")
 
 
+# ---------------------------------------------------------------- metrics
+@app.command()
+def metrics() -> None:
+    """The metric catalog: every metric an objective or an SLO may name."""
+    from tuner import catalog
+
+    stats = "|".join(catalog.LATENCY_STATS)
+    table = Table(title=f"metrics (a latency takes a statistic: NAME.<{stats}>)")
+    table.add_column("metric", no_wrap=True)
+    for col in ("unit", "better", "source", "what"):
+        table.add_column(col)
+    for m in [*catalog.CATALOG.values(), *catalog.FAMILIES.values()]:
+        table.add_row(f"{m.name}.<stat>" if m.latency else m.name, m.unit, m.better, m.source,
+                      m.doc + (" (needs a latency SLO)" if m.needs_latency_slo else ""))
+    console.print(table)
+
+
 # ---------------------------------------------------------------- status
 @app.command()
 def status(
-    agent_path: AgentArg,
+    agent_path: AgentArg = None,
     state_dir: StateDirOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Trial counts, the baseline, the best feasible trial(s), the champion and any pending candidate."""
-    from tuner.agent import load_agent
-    from tuner.loop import state_dir_for
-    from tuner.study import TunerStudy, default_storage, trial_summary
+    from tuner.context import open_context
+    from tuner.promote import champion_summary, pending_summary
+    from tuner.study import trial_summary
 
     try:
-        agent = load_agent(agent_path)
-        sd = state_dir_for(state_dir)
-        study = TunerStudy(agent.spec, agent.space, storage_url=agent.spec.storage or default_storage(sd))
-        study.reap_stale()  # a trial whose worker went away (on any host) is shown failed, not running
+        ctx = open_context(agent_path, state_dir, create=False)  # reads only: creates no store
+        agent, sd = ctx.agent, ctx.state_dir
+        study = ctx.read_study()
+        counts = study.counts() if study is not None else dict.fromkeys(
+            ("COMPLETE", "FEASIBLE", "INFEASIBLE", "FAIL", "RUNNING", "WAITING", "PRUNED"), 0)
+        if study is not None:
+            study.reap_stale()  # a trial whose worker went away (on any host) is shown failed, not running
         data: dict[str, Any] = {
             "agent": agent.name,
-            "study": study.name,
-            "trials": study.counts(),
-            "baseline": trial_summary(study.baseline()),
-            "best": [trial_summary(t) for t in study.best()],
+            "study": ctx.study_name,
+            "trials": counts,
+            "baseline": trial_summary(study.baseline()) if study else None,
+            "best": [trial_summary(t) for t in study.best()] if study else [],
             "champion": None,
             "pending": None,
-            "last_cycle": study.study.user_attrs.get("last_cycle"),
-            "workload_rate": study.study.user_attrs.get("workload_rate"),
+            "last_cycle": study.study.user_attrs.get("last_cycle") if study else None,
+            "workload_rate": study.study.user_attrs.get("workload_rate") if study else None,
         }
-        if importlib.util.find_spec("tuner.promote") is not None:
-            promote = importlib.import_module("tuner.promote")
+        if ctx.has_state() or study is not None:
             from tuner.champion_db import champion_store_for
 
             store = champion_store_for(agent, sd, study)  # in the shared database for a fleet
-            if hasattr(promote, "champion_summary"):
-                data["champion"] = promote.champion_summary(sd, agent.name, store)
-            if hasattr(promote, "pending_summary"):
-                data["pending"] = promote.pending_summary(sd, agent.name, store)
+            data["champion"] = champion_summary(sd, agent.name, store)
+            data["pending"] = pending_summary(sd, agent.name, store)
     except TunerError as exc:
         raise fail(exc) from None
     if as_json:
         console.print_json(json.dumps(data, default=str))
         return
     from tuner.status_view import print_status
+
+    if study is None:
+        console.print(f"[bold]{agent.name}[/]: no study {ctx.study_name!r} in {ctx.storage_url} yet "
+                      "(`tuner run` starts one)", highlight=False)
 
     print_status(console, data)
 
@@ -325,7 +339,7 @@ def ui(
     workers: Annotated[int, typer.Option(min=1, help="MLflow server worker processes.")] = 2,
 ) -> None:
     """Start the MLflow UI on the tuner's tracking store; print its URL once it answers."""
-    from tuner.loop import state_dir_for
+    from tuner.context import state_dir_for
     from tuner.tracking import resolve_tracking_uri, safe_url
     from tuner.ui import serve
 
@@ -341,9 +355,11 @@ def ui(
 
 
 # ---------------------------------------------------------------- commands from other modules
-for _module in ("tuner.bench", "tuner.engine.cli", "tuner.cli_ops", "tuner.report.cli", "tuner.cli_fleet"):
-    if importlib.util.find_spec(_module) is not None:
-        importlib.import_module(_module).register(app)
+bench.register(app)
+engine_cli.register(app)
+cli_ops.register(app)
+report_cli.register(app)
+importlib.import_module("tuner.cli_fleet").register(app)  # it builds on this module: imported last
 
 
 def main() -> None:  # pragma: no cover

@@ -6,15 +6,13 @@
 from __future__ import annotations
 
 import json
-import logging
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import typer
 
 from tuner.errors import TunerError
+from tuner.logs import configure_logging
 
 
 def _fail(exc: TunerError) -> typer.Exit:
@@ -23,19 +21,10 @@ def _fail(exc: TunerError) -> typer.Exit:
 
 
 def _logging() -> None:
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                            stream=sys.stderr)
+    configure_logging()  # a no-op under `tuner` (its callback set logging up)
 
 
-def _session(agent_path: Path, state_dir: Path | None) -> Any:
-    from tuner.agent import load_agent
-    from tuner.lineage import current_study_name
-    from tuner.loop import open_session, state_dir_for
-
-    agent = load_agent(agent_path)
-    sd = state_dir_for(state_dir)
-    return open_session(agent, sd, study_name=current_study_name(sd, agent.name))
+AGENT_HELP = "agent spec file (default: the one agent the state dir holds)"
 
 
 def _fmt_time(t: float | None) -> str:
@@ -51,8 +40,8 @@ def daemon(agents: list[Path] = typer.Argument(..., help="agent spec files"),
     Every cycle reads its agent file afresh; SIGHUP (`kill -HUP`, `systemctl reload`) also applies a changed
     schedule or watch without a restart.
     """
+    from tuner.context import state_dir_for
     from tuner.daemon.scheduler import run_daemon
-    from tuner.loop import state_dir_for
 
     _logging()
     try:
@@ -67,10 +56,10 @@ def check(url: str | None = typer.Option(None, "--url", help="the daemon's endpo
           max_age_s: float | None = typer.Option(None, "--max-age-s", help="oldest acceptable heartbeat"),
           as_json: bool = typer.Option(False, "--json", help='{"ok": ..., "reason": ...} on stdout')) -> None:
     """Exit 0 when the daemon is alive and its last cycle did not fail, 1 otherwise."""
+    from tuner.context import state_dir_for
     from tuner.daemon.health import check_alive
-    from tuner.loop import state_dir_for
 
-    ok, why = check_alive(url=url, state_dir=state_dir_for(state_dir) if url is None else None,
+    ok, why = check_alive(url=url, state_dir=state_dir_for(state_dir, create=False) if url is None else None,
                           max_age_s=max_age_s)
     if as_json:
         typer.echo(json.dumps({"ok": ok, "reason": why}))
@@ -79,7 +68,7 @@ def check(url: str | None = typer.Option(None, "--url", help="the daemon's endpo
     raise typer.Exit(0 if ok else 1)
 
 
-def promote(agent: Path = typer.Argument(..., help="agent spec file"),
+def promote(agent: Path | None = typer.Argument(None, help=AGENT_HELP, show_default=False),
             trial: int | None = typer.Option(None, "--trial", help="trial number (default: pending, else best)"),
             yes: bool = typer.Option(False, "--yes", "-y", help="do not ask for confirmation"),
             skip_verify: bool = typer.Option(False, "--skip-verify", help="promote without A/B verification"),
@@ -88,11 +77,12 @@ def promote(agent: Path = typer.Argument(..., help="agent spec file"),
             state_dir: Path | None = typer.Option(None, "--state-dir"),
             as_json: bool = typer.Option(False, "--json", help="the new champion as JSON (needs --yes)")) -> None:
     """Verify a candidate against the champion, then make it the champion (file, apply, MLflow, audit)."""
+    from tuner.context import open_context
     from tuner.promote import promote_trial
 
     _logging()
     try:
-        session = _session(agent, state_dir)
+        session = open_context(agent, state_dir).session()  # the study the lineage names
         if skip_verify:
             typer.secho("WARNING: promoting WITHOUT verification (--skip-verify); this is recorded in the audit "
                         "log", fg=typer.colors.RED, err=True, bold=True)
@@ -123,22 +113,20 @@ def promote(agent: Path = typer.Argument(..., help="agent spec file"),
                + f": {session.state_dir / r.agent / 'champion.yaml'}")
 
 
-def rollback(agent: Path = typer.Argument(..., help="agent spec file"),
+def rollback(agent: Path | None = typer.Argument(None, help=AGENT_HELP, show_default=False),
              yes: bool = typer.Option(False, "--yes", "-y"),
              reason: str = typer.Option("operator rollback", "--reason"),
              state_dir: Path | None = typer.Option(None, "--state-dir"),
              as_json: bool = typer.Option(False, "--json", help="the restored champion as JSON (needs --yes)")) -> None:
     """Restore the previous champion (file, apply command, MLflow aliases, audit)."""
-    from tuner.agent import load_agent
     from tuner.champion_db import champion_store_for
-    from tuner.loop import state_dir_for
+    from tuner.context import open_context
     from tuner.promote import rollback as do_rollback
-    from tuner.tracking import Tracker, resolve_tracking_uri
 
     _logging()
     try:
-        a = load_agent(agent)
-        sd = state_dir_for(state_dir)
+        ctx = open_context(agent, state_dir)
+        a, sd = ctx.agent, ctx.state_dir
         store = champion_store_for(a, sd)
         cur = store.champion()
         if cur is None or cur.previous_seq is None:
@@ -148,10 +136,7 @@ def rollback(agent: Path = typer.Argument(..., help="agent spec file"),
         if not yes and not typer.confirm(f"Replace champion #{cur.seq} (trial {cur.trial}) of {a.name} by "
                                          f"#{cur.previous_seq}?", default=False):
             raise TunerError("rollback cancelled")
-        spec = a.spec
-        tracker = Tracker(resolve_tracking_uri(spec.tracking.uri, sd), spec.tracking.experiment or spec.name,
-                          artifact_dir=sd / "mlartifacts", enabled=spec.tracking.enabled)
-        res = do_rollback(store, tracker, apply_command=spec.promotion.apply_command, cwd=a.path.parent,
+        res = do_rollback(store, ctx.tracker(), apply_command=a.spec.promotion.apply_command, cwd=a.path.parent,
                           reason=reason)
     except TunerError as exc:
         raise _fail(exc) from None
@@ -162,24 +147,20 @@ def rollback(agent: Path = typer.Argument(..., help="agent spec file"),
     typer.echo(f"rolled back {a.name}: champion #{res.record.seq} (trial {res.record.trial}) restored")
 
 
-def history(agent: Path = typer.Argument(..., help="agent spec file"),
+def history(agent: Path | None = typer.Argument(None, help=AGENT_HELP, show_default=False),
             as_json: bool = typer.Option(False, "--json", help="one JSON object: cycles, verifications, promotions"),
             state_dir: Path | None = typer.Option(None, "--state-dir")) -> None:
     """List the agent's cycles, verifications and promotions."""
-    from tuner.agent import load_agent
-    from tuner.loop import state_dir_for
+    from tuner.context import open_context
     from tuner.promote import history as get_history
-    from tuner.tracking import Tracker, resolve_tracking_uri
 
     try:
-        a = load_agent(agent)
-        sd = state_dir_for(state_dir)
-        spec = a.spec
-        tracker = Tracker(resolve_tracking_uri(spec.tracking.uri, sd), spec.tracking.experiment or spec.name,
-                          artifact_dir=sd / "mlartifacts", enabled=spec.tracking.enabled)
+        ctx = open_context(agent, state_dir, create=False)  # reads only: creates no store
+        a, sd = ctx.agent, ctx.state_dir
         from tuner.champion_db import champion_store_for
 
-        h = get_history(sd, a.name, tracker, champion_store_for(a, sd))
+        h = (get_history(sd, a.name, ctx.read_tracker(), champion_store_for(a, sd)) if ctx.has_state()
+             else {"cycles": [], "verifications": [], "promotions": []})
     except TunerError as exc:
         raise _fail(exc) from None
     if as_json:
@@ -211,6 +192,7 @@ def register(app: typer.Typer) -> None:
 
 
 def main() -> None:
+    configure_logging()
     app = typer.Typer(add_completion=False, no_args_is_help=True)
     register(app)
     app()

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from tuner.agent import Agent
+from tuner.agent import Agent, bind_target
 from tuner.errors import InfeasibleConfig, Interrupted, TrialError
 from tuner.files import private_dir
 from tuner.measure.failures import error_rate_slo, request_failure
@@ -31,8 +31,9 @@ from tuner.objectives import FAILURE_CONSTRAINT, Evaluation, evaluate, failed_ev
 from tuner.redact import redact_text
 from tuner.study import LeaseLost, TunerStudy, default_storage
 from tuner.targets.base import Target, TrialContext
+from tuner.targets.process import reap_orphans
 from tuner.targets.registry import make_target
-from tuner.tracking import Tracker, records_csv, redact, resolve_tracking_uri
+from tuner.tracking import Tracker, records_csv, redact
 
 log = logging.getLogger(__name__)
 
@@ -84,14 +85,6 @@ class Session:
         return d
 
 
-def state_dir_for(state_dir: Path | None) -> Path:
-    import os
-
-    from tuner.files import private_dir
-
-    return private_dir(Path(state_dir or os.environ.get("TUNER_STATE_DIR") or ".tuner"))
-
-
 def open_session(agent: Agent, state_dir: Path, *, target: Target | None = None,
                  study_name: str | None = None, tracker: Tracker | None = None) -> Session:
     """Build the target (or take the one passed in), bind host facts, open study and tracker."""
@@ -99,15 +92,12 @@ def open_session(agent: Agent, state_dir: Path, *, target: Target | None = None,
     private_dir(state_dir)
     if target is None:
         target = make_target(spec.target.kind, agent.target_options, agent.path.parent)
-    space = agent.space.bind_facts(target.facts())
-    target.check_space(space)
+    space = bind_target(agent, target)  # the checks `validate` runs too
     agent = agent.model_copy(update={"space": space})
     storage = spec.storage or default_storage(state_dir)
     study = TunerStudy(spec, space, storage_url=storage, study_name=study_name)
     if tracker is None:
-        tracker = Tracker(resolve_tracking_uri(spec.tracking.uri, state_dir),
-                          spec.tracking.experiment or spec.name,
-                          artifact_dir=state_dir / "mlartifacts", enabled=spec.tracking.enabled)
+        tracker = Tracker.for_agent(spec, state_dir)
     from tuner import sizing
 
     agent = sizing.apply(agent, sizing.recorded(study))  # an `auto` rate the study was sized at
@@ -131,12 +121,7 @@ def sync_mlflow(session: Session) -> None:
 
 def reap(session: Session) -> None:
     """Before new trials: kill orphan servers of a killed tuner, fail its RUNNING trials, queue baseline."""
-    try:
-        from tuner.targets.process import reap_orphans
-    except ImportError:  # pragma: no cover - process lifecycle not installed
-        pass
-    else:
-        reap_orphans(session.state_dir)
+    reap_orphans(session.state_dir)
     session.study.reap_stale()
     session.study.ensure_baseline()
 
@@ -253,6 +238,10 @@ def run_cycle(
     study.set_user_attr(f"cycle:{cycle}", {"interrupted": interrupted, "trials": len(outcomes)})
     if interrupted or session.tracker.failures or session.tracker.recovered():
         sync_mlflow(session)
+    log.info("cycle %d of %s (study %s): %d trial(s) in %.1fs, %d feasible, %d failed%s%s", cycle, spec.name,
+             session.study.name, len(outcomes), wall_s, summary["trials_feasible"], summary["trials_failed"],
+             f", best trial {best[0].number}: {spec.objectives[0].metric}={best[0].values[0]:.4g}" if best else "",
+             " (interrupted)" if interrupted else "")
     study.set_user_attr("last_cycle", {"cycle": cycle, "run_id": run_id, "trials": len(outcomes),
                                        "interrupted": interrupted, "wall_s": round(wall_s, 3),
                                        "ended_at": time.time()})
@@ -375,6 +364,10 @@ def run_trial(session: Session, parent_run_id: str | None, stop: threading.Event
     if session.tracker.recovered():  # MLflow answers again: write what it missed meanwhile
         sync_mlflow(session)
     overhead += time.monotonic() - ts
+    if cause is None:
+        log.info("trial %d finished in %.1fs: %s%s", number, run_s,
+                 ", ".join(f"{o.metric}={v:.4g}" for o, v in zip(spec.objectives, ev.values, strict=True)),
+                 "" if ev.feasible else " (violates an SLO)")
     return TrialOutcome(number, params, ev.values, ev.feasible, cause=cause, error=error, metrics=metrics,
                         overhead_s=overhead, duration_s=run_s, gpus=gpus)
 

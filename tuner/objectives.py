@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tuner import catalog
 from tuner.measure.measurement import Measurement
 from tuner.spec import SLO, AgentSpec, Objective
 
@@ -38,15 +39,13 @@ def violation(slo: SLO, value: float) -> float:
 def goodput_thresholds_ms(slos: Sequence[SLO]) -> dict[str, float]:
     """Per-request goodput thresholds from the latency SLOs (as `vllm bench serve --goodput`).
 
-    ttft_ms.* -> ttft; tpot_ms.* and itl_ms.* -> tpot; e2el_ms.* -> e2el. The tightest bound wins.
+    The catalog's goodput key of each metric: ttft_ms.* -> ttft; tpot_ms.* and itl_ms.* -> tpot; e2el_ms.* ->
+    e2el. The tightest bound wins.
     """
     out: dict[str, float] = {}
     for slo in slos:
-        if slo.max is None or "." not in slo.metric:
-            continue
-        base = slo.metric.split(".")[0]
-        key = {"ttft_ms": "ttft", "tpot_ms": "tpot", "itl_ms": "tpot", "e2el_ms": "e2el"}.get(base)
-        if key is not None:
+        key = catalog.goodput_key(slo.metric)
+        if key is not None and slo.max is not None:
             out[key] = min(out.get(key, math.inf), slo.max)
     return out
 

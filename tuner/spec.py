@@ -141,35 +141,15 @@ class WorkloadSpec(_Strict):
 
 
 # ---------------------------------------------------------------- objectives and SLOs
-_METRIC_RE = re.compile(r"^[a-z][a-z0-9_]*(\.(mean|median|std|p50|p90|p95|p99))?$")
-
-
-def _check_metric(name: str) -> str:
-    if not _METRIC_RE.match(name):
-        raise ValueError(
-            "metric must be a summary key (e.g. request_throughput, error_rate) or "
-            "<latency>_ms.<stat> (e.g. ttft_ms.p99, itl_ms.p99, e2el_ms.mean)"
-        )
-    if "." in name:
-        base = name.split(".")[0]
-        if base not in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"):
-            raise ValueError("latency metric must be one of ttft_ms, tpot_ms, itl_ms, e2el_ms")
-    return name
-
-
 class Objective(_Strict):
-    metric: str
+    metric: str = Field(description="a name of the metric catalog (tuner.catalog; checked by the loader)")
     direction: Literal["maximize", "minimize"]
-
-    _m = field_validator("metric")(classmethod(lambda cls, v: _check_metric(v)))
 
 
 class SLO(_Strict):
-    metric: str
+    metric: str = Field(description="a name of the metric catalog (tuner.catalog; checked by the loader)")
     max: float | None = None
     min: float | None = None
-
-    _m = field_validator("metric")(classmethod(lambda cls, v: _check_metric(v)))
 
     @model_validator(mode="after")
     def _check(self) -> SLO:
@@ -364,19 +344,8 @@ class AgentSpec(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> AgentSpec:
-        goodput = [o.metric for o in self.objectives if o.metric in ("request_goodput", "goodput_fraction")]
-        latency = [s for s in self.slos if s.max is not None and s.metric.split(".")[0] in
-                   ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")]
-        if not self.workload.stream:
-            streamed_only = [m for m in [*(s.metric for s in self.slos), *(o.metric for o in self.objectives)]
-                             if m.split(".")[0] in ("ttft_ms", "tpot_ms", "itl_ms")]
-            if streamed_only:
-                raise ValueError(f"{streamed_only[0]} is measured only on streamed responses, and workload.stream "
-                                 "is false: stream the workload or use e2el_ms")
-        if goodput and not latency:
-            raise ValueError(f"objective {goodput[0]} counts requests that meet the latency SLOs: add at least "
-                             "one slo on ttft_ms, tpot_ms, itl_ms or e2el_ms with a max")
-        if self.workload.auto_rate and not latency and not any(s.max is not None for s in self.slos):
+        # the rules on metric names (the catalog's) are the loader's: tuner.agent.check_metrics
+        if self.workload.auto_rate and not any(s.max is not None for s in self.slos):
             raise ValueError("workload.arrival.rate_per_s: auto sizes the rate on the SLOs: add at least one slo "
                              "with a max")
         if self.budget.trials is None and self.budget.wall_time_s is None:

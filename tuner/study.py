@@ -85,6 +85,20 @@ def default_storage(state_dir: Path) -> str:
     return f"sqlite:///{(state_dir / 'optuna.db').resolve()}"
 
 
+def study_exists(url: str, name: str) -> bool:
+    """Whether the storage holds the study, creating nothing (a SQLite file that is not there is no study)."""
+    if url.startswith("sqlite:"):
+        path = url.split(":///", 1)[-1]
+        if not path or path == ":memory:" or not Path(path).is_file():
+            return False
+    try:
+        names = optuna.study.get_all_study_names(storage=open_storage(url))
+    except Exception as exc:  # noqa: BLE001 - an unreachable or foreign database holds no study of ours
+        log.debug("cannot list the studies of the storage: %s", exc)
+        return False
+    return name in names
+
+
 def open_storage(url: str, *, heartbeat_s: int | None = None, lease_s: int | None = None
                  ) -> optuna.storages.RDBStorage:
     """The study's storage. Opening it creates its tables when the database is new: on SQLite one process

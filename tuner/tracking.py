@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from tuner import __version__
 from tuner.measure.records import RequestRecord
 from tuner.redact import redact_mapping, redact_text, redact_url
+from tuner.spec import AgentSpec
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -113,6 +114,13 @@ class Tracker:
     at once (no wait) while a background probe asks the store every `pause_s` whether it answers again.
     Skipped writes are not lost: Optuna holds every trial, and tuner.tracking_sync.reconcile writes what
     MLflow lacks (`recovered()` says when to run it)."""
+
+    @classmethod
+    def for_agent(cls, spec: AgentSpec, state_dir: Path) -> Tracker:
+        """The agent's tracker: its spec's URI (else MLFLOW_TRACKING_URI, else the state dir's store), its
+        experiment (default: the agent's name), artifacts under <state>/mlartifacts."""
+        return cls(resolve_tracking_uri(spec.tracking.uri, state_dir), spec.tracking.experiment or spec.name,
+                   artifact_dir=state_dir / "mlartifacts", enabled=spec.tracking.enabled)
 
     def __init__(self, uri: str, experiment: str, *, artifact_dir: Path | None = None,
                  retries: int = 3, enabled: bool = True, pause_s: float = 5.0, call_timeout_s: float = 30.0) -> None:

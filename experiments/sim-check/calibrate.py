@@ -1,4 +1,4 @@
-"""Simulated step times next to the H200 measurements in /work/shared/reference/h200.md.
+"""Simulated step times next to the H200 reference measurements (tuner/sim/calibration.py holds their figures).
 
 Usage: .venv/bin/python experiments/sim-check/calibrate.py
 The measured figures come from plain PyTorch (no vLLM host overhead), so the simulated columns leave out

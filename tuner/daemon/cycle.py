@@ -9,15 +9,13 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from tuner.agent import load_agent
 from tuner.champion import append_jsonl
+from tuner.context import open_context
 from tuner.daemon import runtime
 from tuner.daemon.health import write_heartbeat
 from tuner.daemon.metrics import DaemonMetrics
-from tuner.lineage import fingerprint, plan_study, warm_start
-from tuner.loop import open_session, run_cycle
+from tuner.loop import run_cycle
 from tuner.promote import champion_summary, check_and_act
-from tuner.targets.registry import make_target
 
 log = logging.getLogger(__name__)
 
@@ -28,19 +26,16 @@ def run_agent_cycle(agent_path: Path | str, state_dir: Path | str, *, stop: thre
     """Plan, Do, Check, Act for one agent. Returns a summary; raises on a broken agent or store."""
     stop = stop or threading.Event()
     state_dir = Path(state_dir)
-    agent = load_agent(agent_path)
-    spec = agent.spec
+    ctx = open_context(agent_path, state_dir)
+    spec = ctx.agent.spec
     if lock is not None:
         while not lock.acquire(timeout=0.5):
             if stop.is_set():
                 return {"agent": spec.name, "skipped": "stopping"}
     began = time.time()  # the GPU group is ours from here
     try:
-        target = make_target(spec.target.kind, agent.target_options, agent.path.parent)
-        fp = fingerprint(target.describe(), spec.workload.model_dump(mode="json"))
-        study_name, old = plan_study(spec.name, fp, state_dir)
-        session = open_session(agent, state_dir, target=target, study_name=study_name)
-        warmed = warm_start(session, old) if old else []
+        session = ctx.session(plan=True)  # Plan: the lineage says which study (a new one, warm-started?)
+        study_name, warmed = ctx.study_name, ctx.warm_started
         result = run_cycle(session, trials=trials, stop_event=stop)
         out: dict[str, Any] = {"agent": spec.name, "began": began, "study": study_name, "cycle": result.cycle,
                                "run_id": result.run_id, "trials": [o.number for o in result.outcomes],

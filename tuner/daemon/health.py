@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.champion import atomic_write
-from tuner.daemon.runtime import HEARTBEAT_INTERVAL_S, Runtime, daemon_dir
+from tuner.daemon.runtime import HEARTBEAT_INTERVAL_S, Runtime
 from tuner.promote import champion_summary
 from tuner.redact import redact_text
 
@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 
 
 def heartbeat_path(state_dir: Path) -> Path:
-    return daemon_dir(state_dir) / "heartbeat.json"
+    """Where the daemon writes its heartbeat (made by the writer: `tuner check` reads and creates nothing)."""
+    return Path(state_dir) / "daemon" / "heartbeat.json"
 
 
 def write_heartbeat(rt: Runtime, **extra: Any) -> None:

@@ -25,17 +25,15 @@ from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from tuner.agent import Agent, load_agent
+from tuner.agent import Agent, load_agent, locate
+from tuner.context import open_context
 from tuner.daemon import runtime
 from tuner.daemon.health import heartbeat_loop, serve_endpoint, write_heartbeat
 from tuner.daemon.metrics import DaemonMetrics
 from tuner.daemon.runtime import AgentState, Runtime, daemon_dir, gpu_groups, job_id
 from tuner.daemon.watch import start_watch
 from tuner.errors import ConfigError
-from tuner.lineage import current_study_name
-from tuner.loop import open_session
 from tuner.spec import AgentSpec
-from tuner.targets.registry import make_target
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +50,16 @@ def trigger_for(spec: AgentSpec) -> tuple[BaseTrigger, int]:
     return IntervalTrigger(seconds=every_s), int(max(every_s * 2, 3600))
 
 
+def check_schedule(agent: Agent) -> tuple[BaseTrigger, int]:
+    """The agent's trigger, or a located ConfigError for a cron APScheduler rejects (e.g. minute 99)."""
+    try:
+        return trigger_for(agent.spec)
+    except ValueError as exc:
+        cron = agent.spec.schedule.cron if agent.spec.schedule is not None else None
+        raise locate(ConfigError(f"{cron!r} is not a valid cron expression: {exc}", field="schedule.cron"),
+                     agent) from None
+
+
 def run_daemon(agent_paths: Sequence[Path | str], state_dir: Path | str, *, port: int | None = None,
                grace_s: float = 30.0, install_signals: bool = True) -> int:
     """Run until SIGTERM/SIGINT. Returns the exit status (0: clean stop within the grace)."""
@@ -62,14 +70,7 @@ def run_daemon(agent_paths: Sequence[Path | str], state_dir: Path | str, *, port
     names = [a.name for a in agents]
     if len(set(names)) != len(names):
         raise ConfigError(f"two agent files share a name: {names}")
-    triggers: dict[str, tuple[BaseTrigger, int]] = {}
-    for a in agents:
-        try:
-            triggers[a.name] = trigger_for(a.spec)
-        except ValueError as exc:  # a 5-field cron that APScheduler rejects (e.g. minute 99)
-            cron = a.spec.schedule.cron if a.spec.schedule is not None else None
-            raise ConfigError(f"{cron!r} is not a valid cron expression: {exc}", file=str(a.path),
-                              field="schedule.cron") from None
+    triggers = {a.name: check_schedule(a) for a in agents}
     single = single_instance(state)
     try:
         return _run_locked(agents, state, single, triggers, port=port, grace_s=grace_s,
@@ -94,8 +95,7 @@ def _run_locked(agents: list[Agent], state: Path, single: IO[str], triggers: dic
     # resume after a SIGKILL: orphan servers and stale RUNNING trials of every agent, before anything new
     for a in agents:
         try:
-            target = make_target(a.spec.target.kind, a.target_options, a.path.parent)
-            open_session(a, state, target=target, study_name=current_study_name(state, a.name))  # reaps
+            open_context(a.path, state).session()  # reaps; records the agent's file in the state dir
         except Exception as exc:  # noqa: BLE001 - a broken agent must not keep the others from running
             rt.agents[a.name].last_ok = False
             rt.agents[a.name].last_error = f"start-up: {type(exc).__name__}: {exc}"

@@ -9,6 +9,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from tuner import catalog
 from tuner.champion import append_jsonl
 from tuner.daemon.runtime import AgentState, Runtime, job_id
 from tuner.measure.datasets import plans_for
@@ -16,12 +17,10 @@ from tuner.measure.scrape import Snapshot, scrape, telemetry
 from tuner.measure.tokenize import load_tokenizer
 from tuner.redact import redact_text, redact_url
 from tuner.spec import AgentSpec, WorkloadSpec
-from tuner.tracking import Tracker, resolve_tracking_uri
+from tuner.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
-# the watched SLO metric -> the server telemetry key it is compared with
-WATCHED_SLOS = {"ttft_ms.p99": "server_ttft_ms_p99", "itl_ms.p99": "server_itl_ms_p99"}
 
 
 def start_watch(rt: Runtime, st: AgentState, spec: AgentSpec) -> None:
@@ -78,13 +77,14 @@ def watch_loop(rt: Runtime, st: AgentState, spec: AgentSpec, done: threading.Eve
 
 def detect_anomalies(spec: AgentSpec, before: Snapshot, after: Snapshot,
                      base_dir: Path | None = None) -> list[tuple[str, str]]:
-    """SLO breaches of p99 TTFT/ITL and prompt-length drift between two scrapes of production /metrics.
+    """SLO breaches of the latencies the server reports (TTFT, ITL, E2EL) and prompt-length drift between two
+    scrapes of production /metrics.
 
     `base_dir` (the agent file's folder) resolves the workload's dataset or trace path."""
     tel = telemetry(before, after)
     out: list[tuple[str, str]] = []
     for slo in spec.slos:
-        key = WATCHED_SLOS.get(slo.metric)
+        key = catalog.server_key(slo.metric)  # the server's own histogram of the same latency
         if slo.max is not None and key is not None and key in tel and tel[key] > slo.max:
             out.append(("slo", f"{slo.metric} {tel[key]:.1f} > {slo.max}"))
     n = tel.get("server_request_success", 0.0)
@@ -109,8 +109,7 @@ def tuned_prompt_mean(workload: WorkloadSpec, base_dir: Path | None = None) -> f
 
 def record_anomaly(rt: Runtime, spec: AgentSpec, anomalies: list[tuple[str, str]]) -> None:
     sd = Path(rt.state_dir)
-    tr = Tracker(resolve_tracking_uri(spec.tracking.uri, sd), spec.tracking.experiment or spec.name,
-                 artifact_dir=sd / "mlartifacts", enabled=spec.tracking.enabled)
+    tr = Tracker.for_agent(spec, sd)
     run_id = tr.start_run("anomaly", tags={"kind": "anomaly", "agent": spec.name,
                                            "anomalies": "; ".join(f"{k}: {d}" for k, d in anomalies)})
     tr.end_run(run_id)

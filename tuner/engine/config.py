@@ -62,7 +62,7 @@ PRESETS: dict[str, ModelConfig] = {
     # about 110 M parameters.
     "small": ModelConfig(vocab_size=32000, hidden_size=768, num_layers=12, num_heads=12, num_kv_heads=4,
                          intermediate_size=2048, max_model_len=2048),
-    # 1.10 B parameters, the shapes of /work/shared/reference/h200.md.
+    # 1.10 B parameters, the shapes of the H200 reference measurements (a TinyLlama-1.1B-like stack).
     "1b": ModelConfig(vocab_size=32000, hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8,
                       intermediate_size=8192, max_model_len=2048),
     # Llama-3-8B shapes (8.03 B parameters).

@@ -10,10 +10,11 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
+from tuner import catalog
 from tuner.measure.records import ERROR_KINDS, RequestRecord
 
 PERCENTILES = (50, 90, 95, 99)
-LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+LATENCY_METRICS = tuple(m.name.removesuffix("_ms") for m in catalog.CATALOG.values() if m.latency)
 # goodput thresholds accepted, as in `vllm bench serve --goodput ttft:<ms> tpot:<ms> e2el:<ms>`
 GOODPUT_KEYS = ("ttft", "tpot", "e2el")
 
@@ -138,21 +139,9 @@ def prompt_length_check(records: Iterable[RequestRecord], *, tolerance: float = 
 def metric_key(name: str) -> str:
     """Map a spec metric name to a summary key: `ttft_ms.p99` -> `p99_ttft_ms`, `e2el_ms.mean` -> ...
 
-    Plain keys (`request_throughput`, `error_rate`, `cold_start_s`, ...) pass through.
+    Plain keys (`request_throughput`, `error_rate`, `cold_start_s`, ...) pass through; a statistic of a name
+    that the metric catalog (tuner.catalog) does not know as a latency is a ValueError.
     """
-    if "." in name:
-        base, stat = name.split(".", 1)
-        if not base.endswith("_ms"):
-            raise ValueError(f"metric {name!r}: only *_ms metrics take a statistic")
-        m = base[: -len("_ms")]
-        if m not in LATENCY_METRICS:
-            raise ValueError(f"metric {name!r}: latency must be one of {', '.join(LATENCY_METRICS)}")
-        if stat in ("mean", "median", "std"):
-            return f"{stat}_{m}_ms"
-        if stat.startswith("p") and stat[1:].isdigit() and int(stat[1:]) in PERCENTILES:
-            return f"{stat}_{m}_ms"
-        raise ValueError(
-            f"metric {name!r}: statistic must be mean, median, std or one of "
-            + ", ".join(f"p{p}" for p in PERCENTILES)
-        )
-    return name
+    if "." in name and (msg := catalog.unknown_message(name)) is not None:
+        raise ValueError(f"metric {name!r}: {msg}")
+    return catalog.summary_key(name)

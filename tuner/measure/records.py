@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tuner import catalog
+
 # Error kinds, counted apart in the summary.
-ERROR_KINDS = ("connect", "timeout", "http_4xx", "http_5xx", "overload_503", "stream_broken", "rejected")
+ERROR_KINDS = catalog.ERROR_KINDS  # each is also a metric: errors_<kind>
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,18 +13,15 @@ from tuner.errors import TunerError
 
 def build(agent_path: Path, state_dir: Path | None, out: Path, md_out: Path | None) -> tuple[Path, Path]:
     """Gather, render and write both files; returns their paths."""
-    from tuner.agent import load_agent
-    from tuner.loop import state_dir_for
+    from tuner.context import open_context
     from tuner.report.data import gather
     from tuner.report.render import html, markdown
-    from tuner.study import TunerStudy, default_storage
 
-    agent = load_agent(agent_path)
-    sd = state_dir_for(state_dir)
-    storage = agent.spec.storage or default_storage(sd)
-    if storage.startswith("sqlite:") and not Path(storage.split("sqlite:///", 1)[-1]).is_file():
+    ctx = open_context(agent_path, state_dir, create=False)  # the study the lineage names; creates nothing
+    agent, sd = ctx.agent, ctx.state_dir
+    study = ctx.read_study()
+    if study is None:
         raise TunerError(f"no study of {agent.name} in {sd}: run `tuner run {agent_path}` first")
-    study = TunerStudy(agent.spec, agent.space, storage_url=storage, study_name=_study_name(sd, agent.name))
     if not study.trials():
         raise TunerError(f"study {study.name} of {agent.name} has no trial yet: run `tuner run {agent_path}` first")
     data = gather(agent, sd, study)
@@ -34,12 +31,6 @@ def build(agent_path: Path, state_dir: Path | None, out: Path, md_out: Path | No
     md_path.parent.mkdir(parents=True, exist_ok=True)
     md_path.write_text(markdown(data), encoding="utf-8")
     return out, md_path
-
-
-def _study_name(state_dir: Path, agent_name: str) -> str:
-    from tuner.lineage import current_study_name
-
-    return current_study_name(state_dir, agent_name)
 
 
 def report(

@@ -1,8 +1,9 @@
 """Every calibration constant of the simulator, in one place.
 
-The efficiencies and overheads below were fitted to the figures measured on the lent H200
-(/work/shared/reference/h200.md, 2026-11-29, plain PyTorch, bf16). experiments/sim-check/calibrate.py
-prints the simulated step times next to those measurements.
+The efficiencies and overheads below were fitted to the figures measured on the lent H200 (the H200
+reference measurements of the design notes, "h200.md" below: 2026-11-29, plain PyTorch, bf16; the figures
+used are quoted next to each constant). experiments/sim-check/calibrate.py prints the simulated step times
+next to those measurements.
 """
 
 from __future__ import annotations

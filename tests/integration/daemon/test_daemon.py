@@ -16,6 +16,7 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
+from tests.support import agents
 from tests.support.logged_proc import finish, output, start_logged
 from tuner import cli_ops
 from tuner.daemon.cycle import run_agent_cycle
@@ -23,31 +24,10 @@ from tuner.daemon.runtime import gpu_groups
 from tuner.study import default_storage
 
 REPO = Path(__file__).resolve().parents[3]
-AGENT = """\
-name: {name}
-target: {{kind: sim, hardware: a100-80gb-sxm, model: llama-3-8b, num_gpus: 8, noise_cv: 0.02}}
-search_space:
-  params:
-    max_num_seqs: {{type: int, low: 8, high: 512, log: true, default: 16}}
-    max_num_batched_tokens: {{type: int, low: 256, high: 16384, log: true, default: 2048}}
-  constraints: ["max_num_batched_tokens >= max_num_seqs"]
-workload:
-  arrival: {{kind: closed, concurrency: {concurrency}}}
-  prompt_tokens: {{dist: fixed, value: 256}}
-  output_tokens: {{dist: fixed, value: 64}}
-  num_requests: 100
-objectives: [{{metric: output_throughput, direction: maximize}}]
-slos: [{{metric: ttft_ms.p99, max: 60000}}]
-sampler: {{name: random, seed: 0}}
-schedule: {{every: 5s, trials_per_cycle: 2}}
-promotion: {{verify_runs: 2, policy: {policy}}}
-"""
-
-
 def write_agent(d: Path, name: str = "dsim", *, concurrency: int = 64, policy: str = "manual") -> Path:
-    p = d / f"{name}.yaml"
-    p.write_text(AGENT.format(name=name, concurrency=concurrency, policy=policy))
-    return p
+    return agents.write_agent(d / f"{name}.yaml", name=name, schedule={"every": "5s", "trials_per_cycle": 2},
+                              promotion={"verify_runs": 2, "policy": policy},
+                              at={"target.noise_cv": 0.02, "workload.arrival.concurrency": concurrency})
 
 
 def cycles(sd: Path, name: str) -> list[dict]:
@@ -216,6 +196,8 @@ def test_check_fails_when_the_last_cycle_failed_or_the_heartbeat_is_stale(tmp_pa
     from tuner.daemon.health import check_alive, heartbeat_path
 
     hb = heartbeat_path(tmp_path)
+    assert not hb.parent.exists()  # finding the heartbeat creates nothing (the daemon makes its folder)
+    hb.parent.mkdir(parents=True)
     beat = {"pid": 1, "time": time.time(), "interval_s": 2.0, "agents": {"a": {"last_ok": True}}}
     hb.write_text(json.dumps(beat))
     assert check_alive(state_dir=tmp_path)[0]

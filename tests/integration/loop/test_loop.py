@@ -14,39 +14,22 @@ import optuna
 import pytest
 from typer.testing import CliRunner
 
+from tests.support import agents
 from tuner.agent import load_agent
 from tuner.cli import app
 from tuner.loop import open_session, run_cycle
 from tuner.study import default_storage, open_storage
 
-AGENT = """\
-name: loop-test
-target: {{kind: sim, hardware: a100-80gb-sxm, model: {model}, num_gpus: 8}}
-search_space:
-  params:
-    max_num_seqs: {{type: int, low: 8, high: 512, log: true, default: 256}}
-    max_num_batched_tokens: {{type: int, low: 256, high: 16384, log: true, default: 2048}}
-    tensor_parallel_size: {{type: categorical, choices: [1, 2, 4, 8], default: {tp}}}
-  constraints:
-    - max_num_batched_tokens >= max_num_seqs
-workload:
-  arrival: {{kind: poisson, rate_per_s: 20}}
-  prompt_tokens: {{dist: uniform, low: 64, high: 512}}
-  output_tokens: {{dist: fixed, value: 64}}
-  num_requests: {n}
-objectives:
-  - {{metric: output_throughput, direction: maximize}}
-slos:
-  - {{metric: ttft_ms.p99, max: 5000}}
-sampler: {{name: tpe, seed: 1}}
-budget: {{trials: 6}}
-"""
-
 
 def write_agent(tmp_path: Path, *, model: str = "llama-3-8b", tp: int = 1, n: int = 60) -> Path:
-    p = tmp_path / "agent.yaml"
-    p.write_text(AGENT.format(model=model, tp=tp, n=n))
-    return p
+    return agents.write_agent(
+        tmp_path / "agent.yaml", name="loop-test", budget={"trials": 6}, sampler={"name": "tpe", "seed": 1},
+        slos=[{"metric": "ttft_ms.p99", "max": 5000}],
+        at={"target.model": model, "search_space.params.max_num_seqs.default": 256,
+            "search_space.params.tensor_parallel_size": {"type": "categorical", "choices": [1, 2, 4, 8],
+                                                         "default": tp},
+            "workload.arrival": {"kind": "poisson", "rate_per_s": 20},
+            "workload.prompt_tokens": {"dist": "uniform", "low": 64, "high": 512}, "workload.num_requests": n})
 
 
 def test_cycle_records_trials_and_mlflow(tmp_path: Path) -> None:

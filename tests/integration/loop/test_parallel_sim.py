@@ -4,34 +4,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.support import agents
 from tuner.agent import load_agent
 from tuner.gpupool import GpuPool, overlaps
 from tuner.loop import open_session, run_cycle
 
-AGENT = """\
-name: parallel-sim
-target: {kind: sim, hardware: a100-80gb-sxm, model: llama-3-8b, num_gpus: 8}
-search_space:
-  params:
-    tensor_parallel_size: {type: categorical, choices: [1, 2, 4, 8], default: 1}
-    data_parallel_size: {type: categorical, choices: [1, 2, 4], default: 1}
-    max_num_seqs: {type: int, low: 16, high: 256, log: true, default: 128}
-workload:
-  arrival: {kind: poisson, rate_per_s: 30}
-  prompt_tokens: {dist: uniform, low: 64, high: 512}
-  output_tokens: {dist: fixed, value: 64}
-  num_requests: 150
-objectives: [{metric: output_throughput, direction: maximize}]
-sampler: {name: random, seed: 3}
-budget: {trials: 16}
-gpus: [0, 1, 2, 3, 4, 5, 6, 7]
-parallel_trials: 4
-"""
+
+def write_agent(path: Path) -> Path:
+    return agents.write_agent(
+        path, name="parallel-sim", slos=None, sampler={"name": "random", "seed": 3}, budget={"trials": 16},
+        gpus=list(range(8)), parallel_trials=4,
+        search_space={"params": {
+            "tensor_parallel_size": {"type": "categorical", "choices": [1, 2, 4, 8], "default": 1},
+            "data_parallel_size": {"type": "categorical", "choices": [1, 2, 4], "default": 1},
+            "max_num_seqs": {"type": "int", "low": 16, "high": 256, "log": True, "default": 128}}},
+        at={"workload.arrival": {"kind": "poisson", "rate_per_s": 30},
+            "workload.prompt_tokens": {"dist": "uniform", "low": 64, "high": 512}, "workload.num_requests": 150})
 
 
 def test_parallel_trials_never_share_a_gpu(tmp_path: Path) -> None:
-    p = tmp_path / "agent.yaml"
-    p.write_text(AGENT)
+    p = write_agent(tmp_path / "agent.yaml")
     agent = load_agent(p)
     session = open_session(agent, tmp_path / "state")
     pool = GpuPool(agent.spec.gpus)

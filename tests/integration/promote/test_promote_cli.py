@@ -15,6 +15,7 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
+from tests.support import agents
 from tuner import cli_ops
 from tuner.agent import load_agent
 from tuner.champion import ChampionStore
@@ -22,20 +23,12 @@ from tuner.loop import open_session, run_cycle
 from tuner.tracking import Tracker, default_tracking_uri
 
 REPO = Path(__file__).resolve().parents[3]
-AGENT = """\
-name: promo
-target: {{kind: sim, hardware: a100-80gb-sxm, model: llama-3-8b, num_gpus: 8, noise_cv: 0.01}}
-search_space: {{params: {{max_num_seqs: {{type: int, low: 8, high: 1024, log: true, default: 12}}}}}}
-workload:
-  arrival: {{kind: closed, concurrency: 64}}
-  prompt_tokens: {{dist: fixed, value: 256}}
-  output_tokens: {{dist: fixed, value: 64}}
-  num_requests: 120
-objectives: [{{metric: output_throughput, direction: maximize}}]
-slos: [{{metric: ttft_ms.p99, max: 60000}}]
-sampler: {{name: random, seed: 0}}
-promotion: {{verify_runs: 2, min_improvement: 0.05, apply_command: {apply}}}
-"""
+def _promo_agent(path: Path, apply: list[str] | None) -> Path:
+    return agents.write_agent(
+        path, name="promo", search_space={"params": {"max_num_seqs": {"type": "int", "low": 8, "high": 1024,
+                                                                      "log": True, "default": 12}}},
+        promotion={"verify_runs": 2, "min_improvement": 0.05, "apply_command": apply},
+        at={"target.noise_cv": 0.01, "workload.num_requests": 120})
 
 
 def app() -> typer.Typer:
@@ -46,8 +39,7 @@ def app() -> typer.Typer:
 
 def setup(tmp_path: Path, apply: list[str] | None = None) -> tuple[Path, Path, dict[int, int]]:
     """An agent, a state dir, and trials with max_num_seqs 16, 32, 64 (trial number by max_num_seqs)."""
-    agent_path = tmp_path / "promo.yaml"
-    agent_path.write_text(AGENT.format(apply=json.dumps(apply) if apply else "null"))
+    agent_path = _promo_agent(tmp_path / "promo.yaml", apply)
     sd = tmp_path / "state"
     sd.mkdir()
     session = open_session(load_agent(agent_path), sd)

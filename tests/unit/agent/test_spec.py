@@ -51,7 +51,10 @@ CASES = [
     (BASE.replace("kind: poisson, rate_per_s: 10", "kind: closed"), 9, "workload.arrival", "needs concurrency"),
     (BASE.replace("  num_requests: 50\n", ""), 8, "workload", "set num_requests or duration_s"),
     (BASE.replace("direction: maximize", "direction: up"), 12, "objectives.0.direction", "maximize"),
-    (BASE.replace("ttft_ms.p99", "ttft_ms.p42"), 14, "slos.0.metric", "metric must be"),
+    (BASE.replace("ttft_ms.p99", "ttft_ms.p42"), 14, "slos[0].metric", "ttft_ms needs a statistic"),
+    (BASE.replace("metric: output_throughput", "metric: output_thruput"), 12, "objectives[0].metric",
+     "unknown metric 'output_thruput' (did you mean 'output_throughput'?)"),
+    (BASE.replace("ttft_ms.p99", "ttft_p99"), 14, "slos[0].metric", "unknown metric 'ttft_p99' (did you mean"),
     (BASE.replace("max: 2000", "max: 2000, min: 1"), 14, "slos.0", "exactly one of max or min"),
     (BASE.replace("objectives:\n  - {metric: output_throughput, direction: maximize}\n", "objectives: []\n"),
      11, "objectives", "at least 1"),
@@ -65,7 +68,8 @@ CASES = [
     (BASE + "schedule: {every: 0s}\n", 15, "schedule.every", "longer than 0"),
     (BASE + "gpus: []\n", 15, "gpus", "at least 1"),
     (BASE.replace("metric: output_throughput", "metric: request_goodput").replace(
-        "slos:\n  - {metric: ttft_ms.p99, max: 2000}\n", "slos: []\n"), 1, None, "add at least one slo"),
+        "slos:\n  - {metric: ttft_ms.p99, max: 2000}\n", "slos: []\n"), 12, "objectives[0].metric",
+     "add at least one slo"),
     ("- just\n- a list\n", 1, None, "must be a YAML mapping"),
     ("name: [unclosed\n", 2, None, "invalid YAML"),
 ]

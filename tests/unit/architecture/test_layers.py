@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.process  # starts processes: not in `make test-fast`
+
 REPO = Path(__file__).resolve().parents[3]
 LINT = Path(sys.executable).with_name("lint-imports")
 

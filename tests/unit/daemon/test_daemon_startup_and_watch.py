@@ -7,29 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import agents
 from tuner.daemon.scheduler import run_daemon, single_instance
 from tuner.errors import ConfigError
 
-AGENT = """\
-name: {name}
-target: {{kind: sim, hardware: a100-80gb-sxm, model: llama-3-8b, num_gpus: 8}}
-search_space:
-  params:
-    max_num_seqs: {{type: int, low: 8, high: 512, log: true, default: 16}}
-workload:
-  arrival: {{kind: closed, concurrency: 8}}
-  prompt_tokens: {{dist: fixed, value: 256}}
-  output_tokens: {{dist: fixed, value: 64}}
-  num_requests: 20
-objectives: [{{metric: output_throughput, direction: maximize}}]
-schedule: {schedule}
-"""
 
-
-def write_agent(d: Path, file: str, name: str, schedule: str = "{every: 1h}") -> Path:
-    p = d / f"{file}.yaml"
-    p.write_text(AGENT.format(name=name, schedule=schedule))
-    return p
+def write_agent(d: Path, file: str, name: str, schedule: dict[str, str] | None = None) -> Path:
+    return agents.write_agent(d / f"{file}.yaml", name=name, schedule=schedule or {"every": "1h"},
+                              at={"workload.arrival.concurrency": 8, "workload.num_requests": 20})
 
 
 def lock_is_free(sd: Path) -> bool:
@@ -42,7 +27,7 @@ def lock_is_free(sd: Path) -> bool:
 
 
 def test_bad_cron_is_a_config_error_naming_the_field(tmp_path: Path) -> None:
-    agent = write_agent(tmp_path, "a", "cron-agent", schedule="{cron: '99 * * * *'}")
+    agent = write_agent(tmp_path, "a", "cron-agent", schedule={"cron": "99 * * * *"})
     sd = tmp_path / "state"
     with pytest.raises(ConfigError) as ei:
         run_daemon([agent], sd, install_signals=False)

@@ -175,6 +175,7 @@ def test_promote_rejects_a_candidate_that_fails_verification(tmp_path: Path) -> 
 
 
 # ---------------------------------------------------------------- files, apply, rollback (no MLflow)
+@pytest.mark.process
 def test_champion_file_apply_failure_and_rollback(tmp_path: Path) -> None:
     store = ChampionStore(tmp_path, "a")
     applied = tmp_path / "applied.txt"

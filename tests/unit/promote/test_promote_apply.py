@@ -11,6 +11,8 @@ import pytest
 from tuner.errors import PromotionError
 from tuner.promote import run_apply
 
+pytestmark = pytest.mark.process  # starts processes: not in `make test-fast`
+
 
 def _alive(pid: int) -> bool:
     try:

@@ -6,11 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from optuna.trial import TrialState
 
 from tests.support.promote_double import NoisyOptions, NoisyTarget, make_agent
 from tuner.loop import open_session
 from tuner.objectives import Evaluation
+
+pytestmark = pytest.mark.process  # starts processes: not in `make test-fast`
 
 
 def test_a_second_session_leaves_a_live_tuners_running_trial_alone(tmp_path: Path) -> None:
