@@ -24,15 +24,15 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Join the agent's study (a shared database) and run its trials with the other workers until the
         budget is spent. Start one per host; Ctrl-C ends this worker's running trial as interrupted."""
-        from tuner.agent import load_agent
-        from tuner.loop import TrialOutcome, open_session, state_dir_for
+        from tuner.context import open_context
+        from tuner.loop import TrialOutcome
         from tuner.tracking import safe_url
         from tuner.worker import run_worker
 
         try:
-            agent = load_agent(agent_path)
-            sd = state_dir_for(state_dir)
-            session = open_session(agent, sd)
+            ctx = open_context(agent_path, state_dir)
+            agent = ctx.agent
+            session = ctx.session()  # the study the agent's lineage names, as every command
             stop = threading.Event()
             _install_stop_handlers(stop)
             if not as_json:
