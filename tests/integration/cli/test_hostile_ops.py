@@ -117,6 +117,7 @@ def test_check_sees_a_sigkilled_daemon_at_once(tmp_path: Path) -> None:
     try:
         beat = {"pid": proc.pid, "pid_start_ticks": process_start_ticks(proc.pid), "host": socket.gethostname(),
                 "time": time.time(), "interval_s": 5.0, "agents": {}}
+        heartbeat_path(tmp_path).parent.mkdir(parents=True)  # the daemon makes it (`tuner check` creates nothing)
         heartbeat_path(tmp_path).write_text(json.dumps(beat))
         ok, why = check_alive(state_dir=tmp_path)
         assert ok, why
