@@ -50,6 +50,7 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     return {"agent": agent, "sd": sd, "json": json.loads(res.stdout)}
 
 
+@pytest.mark.slow  # a whole `tuner run`: not in `make test-fast`
 def test_run_json_is_one_object_with_the_cycle(ran: dict[str, object]) -> None:
     data = ran["json"]
     assert isinstance(data, dict)

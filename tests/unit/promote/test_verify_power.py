@@ -75,9 +75,11 @@ def _promoted_share(tmp_path: Path, candidate: dict, runs: int = 8) -> float:
     return passed / VERIFICATIONS
 
 
+@pytest.mark.slow  # 40 verifications: not in `make test-fast`
 def test_a_truly_15_percent_better_candidate_is_promoted(tmp_path: Path, better_config: dict) -> None:
     assert _promoted_share(tmp_path, better_config) >= 0.95
 
 
+@pytest.mark.slow  # 40 verifications: not in `make test-fast`
 def test_a_truly_equal_candidate_is_not_promoted(tmp_path: Path) -> None:
     assert _promoted_share(tmp_path, dict(CHAMPION)) <= 0.05

@@ -80,6 +80,7 @@ def _lease_agent(tmp_path: Path):  # type: ignore[no-untyped-def]
     return agent.model_copy(update={"spec": spec})
 
 
+@pytest.mark.slow  # waits out a lease: not in `make test-fast`
 def test_a_trial_whose_beats_stopped_is_failed_once_its_lease_expires(tmp_path: Path) -> None:
     agent = _lease_agent(tmp_path)
     sd = tmp_path / "state"
@@ -99,6 +100,7 @@ def test_a_trial_whose_beats_stopped_is_failed_once_its_lease_expires(tmp_path: 
         owner.study.tell(trial, Evaluation(values=[1.0], constraints={}), attrs={})
 
 
+@pytest.mark.slow  # waits out a lease: not in `make test-fast`
 def test_a_beaten_trial_outlives_its_lease(tmp_path: Path) -> None:
     agent = _lease_agent(tmp_path)
     sd = tmp_path / "state"
