@@ -215,8 +215,14 @@ def test_workers_ride_out_a_postgresql_restart(pg: postgres.PgServer, mlflow_uri
     pg.restart(down_s=3)
     wait_all(procs, tmp_path, 400)
     trials = load(url, "restart", pg)
-    assert sorted(t.number for t in trials) == list(range(24))
-    assert all(t.state == TrialState.COMPLETE for t in trials), [(t.number, t.state, t.user_attrs) for t in trials]
+    assert sorted(t.number for t in trials) == list(range(len(trials)))  # unique numbers, none skipped
+    done = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert len(done) == 24, [(t.number, t.state, t.user_attrs) for t in trials]  # the whole budget, nothing lost
+    # a trial asked for just as the server went down can lose its worker's answer (the worker's retry asks
+    # again): it never completes, its lease fails it and its slot is redone, so it is never COMPLETE
+    others = [t for t in trials if t.state != TrialState.COMPLETE]
+    assert len(others) <= 2 and all(t.state == TrialState.FAIL for t in others), \
+        [(t.number, t.state, t.user_attrs) for t in others]
     logs = "".join(output(tmp_path / f"{label}.log", 10**6) for label in procs)
     assert "database unreachable" in logs  # the restart was seen, and ridden out
 
