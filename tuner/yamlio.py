@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from tuner.errors import ConfigError
+from tuner.redact import redact_text
 
 Loc = tuple[str | int, ...]
 
@@ -176,7 +177,7 @@ def pydantic_to_config_error(exc: Any, file: str, lines: dict[Loc, int], prefix:
         msg = "required field is missing"
     vtxt = ""
     if err["type"] not in ("missing",) and not isinstance(value, dict | list):
-        if isinstance(value, str) and "://" in value:  # a URL's password never reaches a message
-            value = re.sub(r"(//[^:/@]+:)[^@/]*@", r"\1***@", value)
+        if isinstance(value, str):  # a URL's password never reaches a message
+            value = redact_text(value)
         vtxt = f" (got {value!r})"
     return ConfigError(f"{msg}{vtxt}", file=file, line=line_of(lines, loc), field=field)
