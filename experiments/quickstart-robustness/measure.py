@@ -1,6 +1,7 @@
 """`make run` from a fresh clone under three CPU conditions; prints one table row per run.
 
     python experiments/quickstart-robustness/measure.py REPO [--rounds 3] [--out DIR] [--stop-after-s S]
+        [--conditions 1core,2core,2core+hog] [--first-run N]
 
 Each run: `git clone REPO`, `make setup` (the set-up `make run` does first on a fresh clone), `make run`, then
 `tuner status --json` for the figures. Conditions, interleaved round by round so that a cut-short session still
@@ -104,13 +105,20 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path(__file__).parent)
     ap.add_argument("--stop-after-s", type=float, default=None, help="start no run this long after the first")
+    ap.add_argument("--conditions", default=",".join(CONDITIONS),
+                    help=f"comma-separated, in the order run within each round (default {','.join(CONDITIONS)})")
+    ap.add_argument("--first-run", type=int, default=1, help="number of the first run (to extend a table)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     results = args.out / "results.jsonl"
     rows: list[dict[str, Any]] = []
-    n = 0
+    conditions = [c for c in args.conditions.split(",") if c]
+    unknown = [c for c in conditions if c not in CONDITIONS]
+    if unknown:
+        ap.error(f"--conditions: unknown {unknown}; choose from {', '.join(CONDITIONS)}")
+    n = args.first_run - 1
     t0 = time.monotonic()
-    for cond in [c for _ in range(args.rounds) for c in CONDITIONS]:
+    for cond in [c for _ in range(args.rounds) for c in conditions]:
         if args.stop_after_s is not None and time.monotonic() - t0 > args.stop_after_s:
             print(f"{args.stop_after_s:g} s passed: no more runs", flush=True)
             break
