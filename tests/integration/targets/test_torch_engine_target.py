@@ -100,7 +100,7 @@ def test_quickstart_agent_loads() -> None:
     agent = load_agent(ROOT / "agents" / "quickstart.yaml")
     assert agent.spec.target.kind == "torch_engine"
     assert agent.spec.objectives[0].metric == "ttft_ms.mean"
-    assert agent.spec.workload.auto_rate and agent.spec.workload.arrival.load == 0.8  # sized on the host
+    assert agent.spec.workload.auto_rate and agent.spec.workload.arrival.load == 0.5  # sized on the host
     assert {s.metric for s in agent.spec.slos} == {"ttft_ms.p99", "itl_ms.p99"}
     defaults = agent.space.bind_facts({"device": "cpu"}).defaults()
     assert defaults["batching"] == "static" and "cuda_graphs" not in defaults

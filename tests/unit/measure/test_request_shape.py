@@ -8,7 +8,12 @@ import pytest
 
 from tuner.agent import load_agent
 from tuner.errors import ConfigError
-from tuner.measure.failures import CAUSE_ALL_REQUESTS_FAILED, error_rate_slo, request_failure
+from tuner.measure.failures import (
+    CAUSE_ALL_REQUESTS_FAILED,
+    CAUSE_REQUEST_ERRORS,
+    error_rate_slo,
+    request_failure,
+)
 from tuner.measure.measurement import Measurement
 from tuner.measure.metrics import first_errors, prompt_length_check, summarise
 from tuner.measure.records import RequestRecord
@@ -62,10 +67,10 @@ def test_a_trial_whose_requests_all_failed_has_a_cause_and_the_servers_words() -
     assert first_errors(recs) == {"http_4xx": (5, '{"error": "unexpected field ignore_eos"}')}
     cause, detail = request_failure(m, None) or ("", "")
     assert cause == CAUSE_ALL_REQUESTS_FAILED and "every request failed" in detail and "ignore_eos" in detail
-    # some failed, one cause, over the error_rate SLO: the same cause; under it (or no SLO): none
+    # some failed, one cause, over the error_rate SLO: request_errors (not "all failed"); under it (or no SLO): none
     recs = [rec(0), rec(1), rec(2, error="timeout", detail="slow"), rec(3, error="timeout", detail="slow")]
     m = Measurement(summary=summarise(recs), records=tuple(recs))
-    assert request_failure(m, 0.1) == (CAUSE_ALL_REQUESTS_FAILED,
+    assert request_failure(m, 0.1) == (CAUSE_REQUEST_ERRORS,
                                        "error rate 0.50 over the SLO (0.1); timeout x2: slow")
     assert request_failure(m, 0.6) is None and request_failure(m, None) is None
     assert error_rate_slo([SLO(metric="error_rate", max=0.2), SLO(metric="error_rate", max=0.05)]) == 0.05
