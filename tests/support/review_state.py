@@ -5,35 +5,28 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.support.agents import write_agent
 from tuner.agent import load_agent
 from tuner.loop import open_session, run_cycle
 
 SUPPORT = Path(__file__).resolve().parent
 FAULTY = SUPPORT / "faulty_server.py"
 
-SIM_AGENT = """\
-name: review-sim
-target: {kind: sim, hardware: a100-80gb-sxm, model: llama-3-8b, num_gpus: 8}
-search_space:
-  params:
-    max_num_seqs: {type: int, low: 8, high: 512, log: true, default: 64}
-    max_num_batched_tokens: {type: int, low: 256, high: 16384, log: true, default: 2048}
-    tensor_parallel_size: {type: categorical, choices: [1, 2, 4, 8], default: 1}
-  constraints:
-    - max_num_batched_tokens >= max_num_seqs
-workload:
-  arrival: {kind: poisson, rate_per_s: 30}
-  prompt_tokens: {dist: uniform, low: 64, high: 1024}
-  output_tokens: {dist: fixed, value: 64}
-  num_requests: 120
-objectives:
-  - {metric: output_throughput, direction: maximize}
-slos:
-  - {metric: ttft_ms.p99, max: 400}
-sampler: {name: tpe, seed: 3}
-budget: {trials: 10}
-promotion: {verify_runs: 2, min_improvement: 0.0, confidence: 0.9}
-"""
+SIM_AGENT = {
+    "name": "review-sim",
+    "search_space": {"params": {
+        "max_num_seqs": {"type": "int", "low": 8, "high": 512, "log": True, "default": 64},
+        "max_num_batched_tokens": {"type": "int", "low": 256, "high": 16384, "log": True, "default": 2048},
+        "tensor_parallel_size": {"type": "categorical", "choices": [1, 2, 4, 8], "default": 1},
+    }, "constraints": ["max_num_batched_tokens >= max_num_seqs"]},
+    "workload": {"arrival": {"kind": "poisson", "rate_per_s": 30},
+                 "prompt_tokens": {"dist": "uniform", "low": 64, "high": 1024},
+                 "output_tokens": {"dist": "fixed", "value": 64}, "num_requests": 120},
+    "slos": [{"metric": "ttft_ms.p99", "max": 400}],
+    "sampler": {"name": "tpe", "seed": 3},
+    "budget": {"trials": 10},
+    "promotion": {"verify_runs": 2, "min_improvement": 0.0, "confidence": 0.9},
+}
 
 COMMAND_AGENT = f"""\
 name: review-cmd
@@ -64,7 +57,7 @@ def sim_state(tmp: Path, *, trials: int = 10) -> tuple[Path, Path]:
     from tuner.promote import promote_trial
 
     agent_path = tmp / "review-sim.yaml"
-    agent_path.write_text(SIM_AGENT)
+    write_agent(agent_path, **SIM_AGENT)
     sd = tmp / "state"
     session = open_session(load_agent(agent_path), sd)
     session.study.study.enqueue_trial({"max_num_seqs": 512, "max_num_batched_tokens": 256, "tensor_parallel_size": 2})

@@ -10,6 +10,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from tests.support.agents import write_agent
 from tests.support.logged_proc import finish, output, start_logged
 from tuner.daemon.watch import detect_anomalies
 from tuner.measure.scrape import parse
@@ -113,21 +114,13 @@ def _text_mixed(prod: _Prod) -> str:
 def test_an_slo_breach_in_production_starts_a_cycle_now(tmp_path: Path) -> None:
     prod = _Prod(bad_after=8)
     agent = tmp_path / "watched.yaml"
-    agent.write_text(f"""\
-name: watched
-target: {{kind: sim, hardware: a100-80gb-sxm, model: llama-3-8b, num_gpus: 8}}
-search_space: {{params: {{max_num_seqs: {{type: int, low: 8, high: 512, log: true, default: 16}}}}}}
-workload:
-  arrival: {{kind: closed, concurrency: 16}}
-  prompt_tokens: {{dist: fixed, value: 256}}
-  output_tokens: {{dist: fixed, value: 32}}
-  num_requests: 40
-objectives: [{{metric: output_throughput, direction: maximize}}]
-slos: [{{metric: ttft_ms.p99, max: 1000}}]
-tracking: {{enabled: false}}
-schedule: {{every: 1h, trials_per_cycle: 1}}
-watch: {{url: "{prod.url}", interval_s: 0.3, window_s: 1.5}}
-""")
+    write_agent(agent, name="watched", tracking={"enabled": False}, slos=[{"metric": "ttft_ms.p99", "max": 1000}],
+                search_space={"params": {"max_num_seqs": {"type": "int", "low": 8, "high": 512, "log": True,
+                                                          "default": 16}}},
+                schedule={"every": "1h", "trials_per_cycle": 1},
+                watch={"url": prod.url, "interval_s": 0.3, "window_s": 1.5}, sampler=None,
+                at={"workload.arrival.concurrency": 16, "workload.output_tokens.value": 32,
+                    "workload.num_requests": 40})
     sd = tmp_path / "state"
     log = tmp_path / "daemon.log"
     proc = start_logged([sys.executable, "-m", "tuner.cli_ops", "daemon", str(agent), "--state-dir", str(sd),

@@ -12,38 +12,31 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from tests.support.agents import write_agent
 from tuner.cli import app
 from tuner.textfmt import JsonFormatter, fmt, log_handler
 
-AGENT = """\
-name: cli-out
-target: {kind: sim, hardware: a100-80gb-sxm, model: llama-3-8b, num_gpus: 8}
-search_space:
-  params:
-    max_num_seqs: {type: int, low: 8, high: 512, log: true, default: 256}
-    max_num_batched_tokens: {type: int, low: 256, high: 16384, log: true, default: 2048}
-    a_parameter_with_a_rather_long_name_for_the_table: {type: categorical, choices: [1, 2, 4, 8], default: 1}
-  constraints:
-    - max_num_batched_tokens >= max_num_seqs
-workload:
-  arrival: {kind: poisson, rate_per_s: 20}
-  prompt_tokens: {dist: uniform, low: 64, high: 512}
-  output_tokens: {dist: fixed, value: 64}
-  num_requests: 40
-objectives:
-  - {metric: output_throughput, direction: maximize}
-slos:
-  - {metric: ttft_ms.p99, max: 5000}
-sampler: {name: tpe, seed: 1}
-budget: {trials: 3}
-"""
+CLI_AGENT = {
+    "name": "cli-out",
+    "search_space": {"params": {
+        "max_num_seqs": {"type": "int", "low": 8, "high": 512, "log": True, "default": 256},
+        "max_num_batched_tokens": {"type": "int", "low": 256, "high": 16384, "log": True, "default": 2048},
+        "tensor_parallel_size": {"type": "categorical", "choices": [1, 2, 4, 8], "default": 1},
+    }, "constraints": ["max_num_batched_tokens >= max_num_seqs"]},
+    "workload": {"arrival": {"kind": "poisson", "rate_per_s": 20},
+                 "prompt_tokens": {"dist": "uniform", "low": 64, "high": 512},
+                 "output_tokens": {"dist": "fixed", "value": 64}, "num_requests": 40},
+    "slos": [{"metric": "ttft_ms.p99", "max": 5000}],
+    "sampler": {"name": "tpe", "seed": 1},
+    "budget": {"trials": 3},
+}
 
 
 @pytest.fixture(scope="module")
 def ran(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     tmp = tmp_path_factory.mktemp("cli-out")
     agent = tmp / "agent.yaml"
-    agent.write_text(AGENT.replace("a_parameter_with_a_rather_long_name_for_the_table", "tensor_parallel_size"))
+    write_agent(agent, **CLI_AGENT)
     sd = tmp / "state"
     res = CliRunner().invoke(app, ["run", str(agent), "--trials", "3", "--state-dir", str(sd), "--json"])
     assert res.exit_code == 0, res.output
@@ -75,7 +68,7 @@ def test_validate_json_ok_and_error(ran: dict[str, object], tmp_path: Path) -> N
     assert json.loads(res.stdout) == {"file": str(ran["agent"]), "ok": True, "agent": "cli-out", "target": "sim",
                                       "parameters": 3, "constraints": 1}
     bad = tmp_path / "bad.yaml"
-    bad.write_text(AGENT.replace("budget: {trials: 3}", "budget: {trials: 0}"))
+    write_agent(bad, **{**CLI_AGENT, "budget": {"trials": 0}})
     res = CliRunner().invoke(app, ["validate", str(bad), "--json"])
     assert res.exit_code == 2
     err = json.loads(res.stdout)

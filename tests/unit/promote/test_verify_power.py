@@ -10,33 +10,23 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.agents import write_agent
 from tuner.agent import load_agent
 from tuner.champion import ChampionStore
 from tuner.loop import measure_config, open_session
 from tuner.promote import promote_config, verify
 from tuner.targets.base import TrialContext
 
-AGENT = """\
-name: power
-target: {{kind: sim, hardware: a100-80gb-sxm, model: llama-3-8b, num_gpus: 8, noise_cv: {cv}}}
-search_space: {{params: {{max_num_seqs: {{type: int, low: 8, high: 1024, log: true, default: 256}}}}}}
-workload:
-  arrival: {{kind: closed, concurrency: 64}}
-  prompt_tokens: {{dist: fixed, value: 256}}
-  output_tokens: {{dist: fixed, value: 64}}
-  num_requests: 200
-objectives: [{{metric: output_throughput, direction: maximize}}]
-slos: [{{metric: ttft_ms.p99, max: 60000}}]
-tracking: {{enabled: false}}
-promotion: {{verify_runs: {runs}, min_improvement: 0.02, confidence: 0.95}}
-"""
 CHAMPION = {"max_num_seqs": 24}
 VERIFICATIONS = 40
 
 
 def _session(tmp_path: Path, cv: float, runs: int = 8):
-    p = tmp_path / f"power-{cv}.yaml"
-    p.write_text(AGENT.format(cv=cv, runs=runs))
+    p = write_agent(tmp_path / f"power-{cv}.yaml", name="power", sampler=None, tracking={"enabled": False},
+                    search_space={"params": {"max_num_seqs": {"type": "int", "low": 8, "high": 1024, "log": True,
+                                                              "default": 256}}},
+                    promotion={"verify_runs": runs, "min_improvement": 0.02, "confidence": 0.95},
+                    at={"target.noise_cv": cv, "workload.num_requests": 200})
     sd = tmp_path / f"state-{cv}"
     sd.mkdir()
     return open_session(load_agent(p), sd)
