@@ -122,6 +122,10 @@ def bind_target(agent: Agent, target: Target) -> SearchSpace:
     space = agent.space.bind_facts(target.facts())
     try:
         target.check_space(space)  # also tells the target the space's defaults (flags left out at them)
+        if agent.spec.sampler.screen is not None:
+            from tuner.screen import check
+
+            check(agent, agent.spec.target.kind)
     except ConfigError as exc:
         raise locate(exc, agent) from None
     return space

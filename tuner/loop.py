@@ -148,6 +148,10 @@ def run_cycle(
     sized_before = rate_sizing.recorded(session.study) is not None
     sizing = rate_sizing.ensure(session, on_step=on_sizing_step, stop=stop)
     spec = session.agent.spec
+    if spec.sampler.screen is not None and session.study.screener is None:  # predicts at the sized workload
+        from tuner.screen import Screener
+
+        session.study.screener = Screener.for_agent(session.agent, session.target)
     n_trials = trials if trials is not None else (spec.schedule.trials_per_cycle if spec.schedule and
                                                   spec.schedule.trials_per_cycle else spec.budget.trials)
     wall = wall_time_s if wall_time_s is not None else spec.budget.wall_time_s

@@ -167,6 +167,19 @@ class Budget(_Strict):
     wall_time_s: float | None = Field(default=None, gt=0)
 
 
+class ScreenSpec(_Strict):
+    """Proposals judged by the calibrated reference-engine simulator before deployment (tuner.screen)."""
+
+    model: str = Field(min_length=1, description="step-cost model file (experiments/sim-calibration fits one on "
+                                                 "this host), relative to the agent file")
+    slo_slack: float = Field(default=0.5, ge=0, le=100, description=(
+        "screen a proposal predicted to break an SLO by more than this fraction of its limit"))
+    worse_than_best: float | None = Field(default=3.0, gt=1, le=1e6, description=(
+        "screen a proposal whose first objective is predicted this many times worse than the best measured; "
+        "null: only the SLO rule"))
+    max_per_trial: int = Field(default=20, ge=1, le=1000, description="proposals screened out per trial at most")
+
+
 class SamplerSpec(_Strict):
     name: str = Field(default="tpe", description="a name of tuner.search.samplers.SAMPLERS (checked by the loader)")
     seed: int | None = Field(default=0, ge=0, le=SEED_MAX, description="a later cycle reseeds with seed + trials run")
@@ -187,6 +200,9 @@ class SamplerSpec(_Strict):
     resample_violations: int = Field(default=0, ge=0, le=10_000, description=(
         "a proposal that breaks a declared constraint is recorded as rejected (not deployed, no budget trial) "
         "and the sampler asked again, up to this many times per trial; 0: it is spent as an infeasible trial"))
+    screen: ScreenSpec | None = Field(default=None, description=(
+        "torch_engine: the calibrated simulator predicts each proposal; one predicted far outside the SLOs or far "
+        "worse than the best is told to Optuna as screened (a prediction, never deployed, no budget trial)"))
 
 
 class NoiseSpec(_Strict):

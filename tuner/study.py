@@ -176,6 +176,7 @@ class TunerStudy:
         self.storage_url = storage_url
         self.name = study_name or spec.name
         self._ask_lock = threading.Lock()
+        self.screener: Any = None  # tuner.screen.Screener, set once the workload is sized (run_cycle)
         directions = [o.direction for o in spec.objectives]
         from tuner.sqlite import sqlite_path
 
@@ -284,7 +285,7 @@ class TunerStudy:
                 continue
             if t.state == TrialState.FAIL and t.user_attrs.get("cause") in LOST_CAUSES:
                 continue
-            if t.user_attrs.get("rejected"):  # a proposal refused by a constraint: nothing ran
+            if t.user_attrs.get("rejected") or t.user_attrs.get("screened"):  # proposals never deployed
                 continue
             n += 1
         return n
@@ -296,16 +297,43 @@ class TunerStudy:
         With `sampler.resample_violations` > 0, a proposal that breaks a declared constraint is told as a
         rejected trial (COMPLETE, infeasible, user attribute `rejected`: the sampler learns from it; nothing is
         deployed and the loop's budget is not charged) and the sampler is asked again, up to that many times.
+        With a screener (`sampler.screen`, tuner.screen), a proposal within the constraints that the
+        simulator predicts far outside the SLOs or far worse than the best is told as screened (the prediction,
+        infeasible, user attribute `screened`; never deployed, no budget trial), up to `max_per_trial` times.
         An enqueued trial (the baseline, `tuner` A/B points) is returned as it is.
         """
         limit = self.spec.sampler.resample_violations
-        for _ in range(limit):
+        screen = self.spec.sampler.screen
+        rejected = screened = 0
+        while True:
             trial, chosen = self._ask_once()
-            bad = self.space.violations(chosen)
-            if not bad or self._enqueued(trial):
+            if self._enqueued(trial):
                 return trial, chosen
-            self._reject(trial, chosen, bad)
-        return self._ask_once()
+            bad = self.space.violations(chosen)
+            if bad:
+                if rejected >= limit:
+                    return trial, chosen  # spent as an infeasible trial
+                rejected += 1
+                self._reject(trial, chosen, bad)
+                continue
+            if self.screener is None or screen is None or screened >= screen.max_per_trial:
+                return trial, chosen
+            verdict = self.screener.judge(self.space.full_config(chosen), self._incumbent())
+            if verdict is None:
+                return trial, chosen
+            screened += 1
+            self._screen(trial, chosen, verdict)
+
+    def _incumbent(self) -> float | None:
+        best = self.best() if len(self.spec.objectives) == 1 else []
+        return best[0].values[0] if best else None
+
+    def _screen(self, trial: Trial, chosen: Mapping[str, Any], verdict: Any) -> None:
+        attrs = {"screened": True, "cause": "screened", "config": self.space.full_config(chosen),
+                 "error": f"screened by the simulator: {verdict.reason}",
+                 "predicted": {k: round(v, 6) for k, v in verdict.predicted.items()}}
+        log.info("proposal %d screened out: %s", trial.number, verdict.reason)
+        self.tell(trial, verdict.evaluation, attrs=attrs)
 
     def _enqueued(self, trial: Trial) -> bool:
         return "fixed_params" in self.study._storage.get_trial(trial._trial_id).system_attrs
@@ -399,7 +427,8 @@ class TunerStudy:
         out = {state.name: c.get(state.name, 0) for state in TrialState}
         out["FEASIBLE"] = sum(1 for t in done if t.user_attrs.get("feasible"))
         out["REJECTED"] = sum(1 for t in done if t.user_attrs.get("rejected"))  # never deployed, no budget
-        out["INFEASIBLE"] = len(done) - out["FEASIBLE"] - out["REJECTED"]
+        out["SCREENED"] = sum(1 for t in done if t.user_attrs.get("screened"))  # predicted only, no budget
+        out["INFEASIBLE"] = len(done) - out["FEASIBLE"] - out["REJECTED"] - out["SCREENED"]
         return out
 
     def baseline(self) -> FrozenTrial | None:

@@ -124,6 +124,9 @@ class EngineConfig:
     warmup: bool = _knob(False, "allocate, capture and run dummy batches before reporting ready")
     cpu_threads: int | None = field(default=None, metadata={
         "help": "torch intra-op threads (torch's default when unset)", "min": 1})
+    step_log: str | None = field(default=None, metadata={
+        "help": "append one JSON line per engine iteration to this file: its duration and what it computed "
+                "(prefill chunks and tokens, decode rows and attention length); fits the simulator's step cost"})
     step_delay_ms: float = field(default=0.0, metadata={
         "help": "sleep this long before every engine iteration: a deliberately slower engine (tests of "
                 "host-sized workloads)", "min": 0})

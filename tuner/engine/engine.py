@@ -9,11 +9,16 @@ slot and a batch place are free; static batching: only when no batch is running,
 most `prefill_chunk_tokens` prompt tokens, chunk boundaries fixed per sequence); then one decode step
 over every decoding sequence. With `async_output` the new tokens are copied to pinned host memory
 without blocking and handed out while the device runs the next iteration.
+
+With `step_log` set, every loop pass that runs an iteration appends one JSON line to that file: the pass's
+wall time (intake, admission with any KV pool growth, the iteration, the hand-out of its tokens) and the
+iteration's shape (tuner.sim.refengine fits its step cost to these lines).
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import queue
@@ -112,6 +117,8 @@ class Engine:
         self.static_batch_open = False
         self.iterations = 0
         self._pending: tuple[list[tuple[Request, bool]], torch.Tensor, Any] | None = None
+        self.shape: dict[str, int] = {}  # what the current pass computed (the step log's fields)
+        self._step_log: Any = None
         self.mc: ModelConfig = self._model_config()
         if cfg.attention == "flash" and cfg.weights:  # a checkpoint's head dimension is known only now
             why = self.varlen.unavailable(self.device, cfg.dtype, self.mc.head_dim)
@@ -185,12 +192,17 @@ class Engine:
             # every device operation of the loop on the runner's stream: prefill, decode, sampling, and the
             # KV pool's growth at admission (allocate, zero, copy), which must be ordered with the work that
             # reads and writes the pool (that stream does not wait for the default one)
+            if self.cfg.step_log:
+                self._step_log = open(self.cfg.step_log, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
             with self.runner.stream_ctx():
                 self._loop()
         except BaseException as exc:  # noqa: BLE001 - reported through /health and every request
             log.exception("engine failed")
             self.fatal = exc
             self._fail_all(f"engine failed: {exc}")
+        finally:
+            if self._step_log is not None:
+                self._step_log.close()
 
     def stop(self) -> None:
         self._stop.set()
@@ -271,7 +283,9 @@ class Engine:
             if len(self.waiting) < cfg.max_batch_size and wait_s > 0:
                 return wait_s
         while self.waiting and len(self.running) < cfg.max_batch_size:
+            allocated = self.pool.allocated
             slot = self.pool.acquire()
+            self.shape["grown_slots"] = self.shape.get("grown_slots", 0) + self.pool.allocated - allocated
             if slot is None:
                 break  # pool full: the request waits
             req = self.waiting.pop(0)
@@ -284,6 +298,8 @@ class Engine:
     def _loop(self) -> None:
         failures = 0
         while not self._stop.is_set():
+            t0 = time.perf_counter()
+            self.shape = {}
             self._intake(None)
             wait_s = self._admit()
             if not self.running:
@@ -301,6 +317,13 @@ class Engine:
                 log.exception("iteration failed; failing the %d request(s) it carried", len(self.running))
                 self._fail_batch(f"request failed: {type(exc).__name__}: {exc}")
             self._publish()
+            if self._step_log is not None:
+                self._write_step(time.perf_counter() - t0)
+
+    def _write_step(self, dt_s: float) -> None:
+        """One line of the step log: the pass's wall time and the iteration's shape."""
+        line = {"dt_s": round(dt_s, 7), "running": len(self.running), "waiting": len(self.waiting), **self.shape}
+        self._step_log.write(json.dumps(line, separators=(",", ":")) + "\n")
 
     def _fail_batch(self, message: str) -> None:
         """Fail every running request (their slots come back) and drop an output copy in flight."""
@@ -331,6 +354,7 @@ class Engine:
         # ---- prefill: chunks of at most prefill_chunk_tokens, boundaries fixed per sequence
         budget = self.cfg.prefill_chunk_tokens
         done_slots: list[int] = []
+        shape = self.shape
         for req in list(self.running):
             if req.prefilled == len(req.prompt) or budget <= 0:
                 continue
@@ -339,6 +363,9 @@ class Engine:
                 break
             assert req.slot is not None
             logits = self.runner.prefill(req.prompt[req.prefilled: req.prefilled + n], req.prefilled, req.slot)
+            shape["chunks"] = shape.get("chunks", 0) + 1
+            shape["prefill_tokens"] = shape.get("prefill_tokens", 0) + n
+            shape["prefill_pairs"] = shape.get("prefill_pairs", 0) + n * (req.prefilled + n)  # attention q x k
             req.prefilled += n
             budget -= n
             if req.prefilled == len(req.prompt):
@@ -347,6 +374,7 @@ class Engine:
                 req.launched = 1
                 done_slots.append(req.slot)
                 emits.append((req, True))
+                shape["first_tokens"] = shape.get("first_tokens", 0) + 1
         if done_slots:
             parts.append(self.runner.dec_tok[torch.tensor(done_slots, device=self.device)])
         # ---- decode: one token for every decoding sequence, kept in slots [0, n)
@@ -354,6 +382,8 @@ class Engine:
             self._compact(decoding)
             n = len(decoding)
             max_len = max(len(r.prompt) + r.launched for r in decoding)
+            shape["decode_rows"] = n
+            shape["decode_len"] = max_len
             logits = self.runner.decode(n, max_len)
             rows = sorted(decoding, key=lambda r: r.slot if r.slot is not None else -1)
             sampled = [(r.slot, r.temperature, r.generator) for r in rows

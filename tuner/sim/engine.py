@@ -11,6 +11,10 @@ until the longest request is done; nothing joins a running batch.
 
 Token emission times are not stored per request per step: a decoding request emits one token at every
 step of its replica from `seg` on, so its times are a slice of the replica's step end times.
+
+The event loop (`run_events`: arrivals, step ends, client timeouts, static batches' timeouts) is shared with
+the simulator of the reference engine (tuner.sim.refengine), whose replicas schedule as tuner/engine does and
+price a step with a cost model fitted to the engine's own measured steps.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -105,6 +110,27 @@ class _Noise:
         return self._buf[self._i - 1]
 
 
+class Replica(Protocol):
+    """What the event loop needs of a replica (one scheduler with its own queue)."""
+
+    rid: int
+    busy: bool
+    wake_at: float | None  # static batching: when the oldest waiting request's timeout expires
+    outstanding: int
+    waiting: deque[_Req]
+    aborts: list[_Req]
+    step_end: list[float]
+
+    def start_step(self, t: float) -> float | None:
+        """Schedule and price the next step starting at `t`: its end time, or None when nothing runs."""
+
+    def finish_step(self, t_end: float) -> list[_Req]:
+        """Account the step that just ended; return the requests it completed."""
+
+    def leftover(self) -> tuple[int, int, int]:
+        """Bookkeeping left at the end (KV tokens, decoders, running): zero unless a request was lost."""
+
+
 class _Replica:
     """One DP replica (TP GPUs) with continuous batching."""
 
@@ -129,6 +155,9 @@ class _Replica:
         self.busy = False
         self.wake_at: float | None = None
         self.outstanding = 0
+
+    def leftover(self) -> tuple[int, int, int]:
+        return self.kv_used, self.n_dec, len(self.running)
 
     # ------------------------------------------------------------ helpers
     def _fits(self, extra: int, nrun: int) -> bool:
@@ -382,6 +411,16 @@ def simulate(cfg: EngineConfig, plans: Sequence[RequestPlan], *, concurrency: in
     cost = StepCost(cfg)
     cls = _StaticReplica if cfg.batching == "static" else _Replica
     reps = [cls(i, cfg, cost, noise, stats) for i in range(cfg.data_parallel_size)]
+    return run_events(reps, plans, stats=stats, max_model_len=cfg.max_model_len, concurrency=concurrency,
+                      timeout_s=timeout_s, stop_sending_s=stop_sending_s, warmup_s=warmup_s,
+                      noise_factor=noise.factor)
+
+
+def run_events(reps: Sequence[Replica], plans: Sequence[RequestPlan], *, stats: SimStats, max_model_len: int,
+               concurrency: int | None, timeout_s: float, stop_sending_s: float | None = None,
+               warmup_s: float = 0.0, noise_factor: float = 1.0, ingress_s: float = 0.0) -> SimResult:
+    """The event loop over `reps` (each prices its own steps). `ingress_s`: a request reaches its replica's
+    queue this long after it is sent (the server's HTTP handling); its timeout counts from the send."""
     heap: list[tuple[float, int, int, object]] = []  # (time, kind, seq, payload)
     seq = 0
     reqs: list[_Req] = []
@@ -390,7 +429,7 @@ def simulate(cfg: EngineConfig, plans: Sequence[RequestPlan], *, concurrency: in
     n_plans = len(plans)
     next_plan = 0
     kick: set[int] = set()
-    mml = cfg.max_model_len
+    mml = max_model_len
 
     def push(t: float, kind: int, payload: object) -> None:
         nonlocal seq
@@ -414,8 +453,12 @@ def simulate(cfg: EngineConfig, plans: Sequence[RequestPlan], *, concurrency: in
         rep = min(reps, key=lambda x: (x.outstanding, x.rid))
         rep.outstanding += 1
         r.replica = rep.rid
-        rep.waiting.append(r)
         push(t + timeout_s, 1, r)
+        if ingress_s > 0:
+            push(t + ingress_s, 3, r)
+            return
+        r.arrived_s = t
+        rep.waiting.append(r)
         kick.add(rep.rid)
 
     def send_next(t: float) -> None:
@@ -432,9 +475,9 @@ def simulate(cfg: EngineConfig, plans: Sequence[RequestPlan], *, concurrency: in
             t_end = rep.start_step(t)
             if t_end is not None:
                 rep.busy = True
-                push(t_end, 0, rep)
+                push(t_end, 0, rep.rid)
             elif rep.wake_at is not None:
-                push(rep.wake_at, 2, rep)
+                push(rep.wake_at, 2, rep.rid)
         kick.clear()
 
     t = 0.0
@@ -454,8 +497,8 @@ def simulate(cfg: EngineConfig, plans: Sequence[RequestPlan], *, concurrency: in
         if heap and heap[0][0] <= arrival:
             t, kind, _, payload = heapq.heappop(heap)
             if kind == 0:  # step end
-                assert isinstance(payload, _Replica)
-                rep = payload
+                assert isinstance(payload, int)
+                rep = reps[payload]
                 rep.busy = False
                 for r in rep.finish_step(t):
                     if r.error is not None:
@@ -484,11 +527,18 @@ def simulate(cfg: EngineConfig, plans: Sequence[RequestPlan], *, concurrency: in
                 if closed:
                     send_next(t)
                 kick.add(rep.rid)
+            elif kind == 3:  # a request reaches its replica (after ingress_s)
+                assert isinstance(payload, _Req)
+                if payload.state != DONE:
+                    payload.arrived_s = t
+                    reps[payload.replica].waiting.append(payload)
+                    kick.add(payload.replica)
             else:  # static batching: the oldest request's timeout expired
-                assert isinstance(payload, _Replica)
-                if payload.wake_at is not None and payload.wake_at <= t:
-                    payload.wake_at = None
-                    kick.add(payload.rid)
+                assert isinstance(payload, int)
+                rep = reps[payload]
+                if rep.wake_at is not None and rep.wake_at <= t:
+                    rep.wake_at = None
+                    kick.add(rep.rid)
         elif arrival < math.inf:
             t = arrival
             plan = plans[next_plan]
@@ -502,11 +552,11 @@ def simulate(cfg: EngineConfig, plans: Sequence[RequestPlan], *, concurrency: in
     for r in reqs:
         records.append(_record(r, warmup_s))
     records.sort(key=lambda x: x.index)
-    return SimResult(records=records, stats=stats, noise_factor=noise.factor,
+    left = [rep.leftover() for rep in reps]
+    return SimResult(records=records, stats=stats, noise_factor=noise_factor,
                      end_s=max((x.done_s for x in records), default=0.0),
                      replica_steps=[len(rep.step_end) for rep in reps],
-                     leftover=(sum(r.kv_used for r in reps), sum(r.n_dec for r in reps),
-                               sum(len(r.running) for r in reps)))
+                     leftover=(sum(x[0] for x in left), sum(x[1] for x in left), sum(x[2] for x in left)))
 
 
 def _record(r: _Req, warmup_s: float) -> RequestRecord:

@@ -7,6 +7,8 @@
       weights: null           # a local Hugging Face Llama checkpoint dir (relative to the agent file)
       startup_timeout_s: 120
       step_delay_ms: 0        # > 0: a deliberately slower engine (sleeps before every iteration)
+      step_log: false         # true: the engine logs every iteration to logs/<trial>.steps.jsonl (its shape
+                              # and wall time: what the reference-engine simulator's step cost is fitted to)
 
 A trial's parameters (the knobs of tuner.engine.config.EngineConfig) become `--kebab-case` flags of
 `python -m tuner.engine.server`. The search space can read the fact `device` ("cpu" or "cuda") in its
@@ -43,7 +45,7 @@ PROBE_PROMPTS = (
 PROBE_TOKENS = 16
 
 # EngineConfig fields the target sets itself (from its options), never from the search space
-_TARGET_FIELDS = {"preset", "weights", "device", "step_delay_ms"}
+_TARGET_FIELDS = {"preset", "weights", "device", "step_delay_ms", "step_log"}
 
 
 class TorchEngineOptions(BaseModel):
@@ -59,6 +61,8 @@ class TorchEngineOptions(BaseModel):
     python: str | None = Field(default=None, description="interpreter of the server (the tuner's by default)")
     step_delay_ms: float = Field(default=0.0, ge=0, le=10_000, description="a deliberately slower engine: "
                                  "sleep this long before every iteration (tests of host-sized workloads)")
+    step_log: bool = Field(default=False, description="the engine writes one JSON line per iteration to "
+                           "logs/<trial>.steps.jsonl under the state dir (simulator calibration)")
 
 
 @functools.lru_cache(maxsize=1)
@@ -86,6 +90,11 @@ class TorchEngineDeployment(HttpDeployment):
                 data = json.loads(resp.read())
             out.append([int(t) for t in data["choices"][0]["token_ids"]])
         return out
+
+
+def step_log_path(ctx: TrialContext) -> Path:
+    """Where a trial's engine writes its step log (target option `step_log`)."""
+    return ctx.log_dir / f"{ctx.log_name}.steps.jsonl"
 
 
 class TorchEngineTarget(ProcessTarget):
@@ -166,6 +175,8 @@ class TorchEngineTarget(ProcessTarget):
             argv += ["--weights", str(weights)]
         if self.options.step_delay_ms > 0:
             argv += ["--step-delay-ms", str(self.options.step_delay_ms)]
+        if self.options.step_log:
+            argv += ["--step-log", str(step_log_path(ctx))]
         if self.options.cpu_threads is not None and "cpu_threads" not in values:
             values["cpu_threads"] = self.options.cpu_threads
         try:
