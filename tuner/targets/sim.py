@@ -15,7 +15,7 @@ import tuner
 from tuner.errors import ConfigError, Interrupted
 from tuner.measure.measurement import Measurement
 from tuner.measure.metrics import summarise
-from tuner.sim.config import KNOBS, EngineConfig, resolve_config
+from tuner.sim.config import BATCHING_MODES, CUDAGRAPH_MODES, KNOBS, KV_CACHE_DTYPES, EngineConfig, resolve_config
 from tuner.sim.engine import simulate
 from tuner.sim.profiles import HARDWARE, MODELS
 from tuner.space import SearchSpace
@@ -23,6 +23,93 @@ from tuner.spec import WorkloadSpec
 from tuner.targets.base import Deployment, Target, TrialContext
 
 _MASK = 0xFFFFFFFF
+_INT_MAX = 2**31 - 1  # vLLM's counts and sizes are C ints
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) or isinstance(v, float) and v.is_integer()
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
+
+
+def _count(v: Any) -> bool:
+    return _is_int(v) and 1 <= v <= _INT_MAX
+
+
+def _one_of(*allowed: Any) -> Any:
+    return lambda v: not isinstance(v, bool) and v in allowed
+
+
+def _flag(v: Any) -> bool:
+    return isinstance(v, bool) or isinstance(v, str) and v.lower() in ("true", "false")
+
+
+# each knob's rule on one value (what resolve_config refuses whatever the other knobs are): the sim target's
+# `validate` refuses a space that can hand the simulator a value it would refuse at every trial
+KNOB_RULES: dict[str, tuple[str, Any]] = {
+    "tensor_parallel_size": ("an integer >= 1", _count),
+    "data_parallel_size": ("an integer >= 1", _count),
+    "max_num_seqs": (f"an integer in [1, {_INT_MAX}]", _count),
+    "max_num_batched_tokens": (f"an integer in [1, {_INT_MAX}]", _count),
+    "max_cudagraph_capture_size": (f"an integer in [1, {_INT_MAX}]", _count),
+    "max_model_len": (f"an integer in [1, {_INT_MAX}]", _count),
+    "gpu_memory_utilization": ("a number in (0, 1]", lambda v: _is_number(v) and 0 < v <= 1),
+    "optimization_level": ("0, 1, 2 or 3", lambda v: _is_int(v) and v in (0, 1, 2, 3)),
+    "cudagraph_mode": (f"one of {', '.join(CUDAGRAPH_MODES)}",
+                       lambda v: isinstance(v, str) and v.upper() in CUDAGRAPH_MODES),
+    "kv_cache_dtype": (f"one of {', '.join(KV_CACHE_DTYPES)}", lambda v: isinstance(v, str) and v in KV_CACHE_DTYPES),
+    "block_size": ("8, 16 or 32", lambda v: _is_int(v) and v in (8, 16, 32)),
+    "batching": (f"one of {', '.join(BATCHING_MODES)}", lambda v: isinstance(v, str) and v in BATCHING_MODES),
+    "batch_timeout_ms": ("a number >= 0", lambda v: _is_number(v) and v >= 0),
+    "dtype": ("auto or bfloat16 (the simulator models bfloat16 weights)", _one_of("auto", "bfloat16")),
+    "enforce_eager": ("true or false", _flag),
+    "enable_chunked_prefill": ("true or false", _flag),
+    "enable_prefix_caching": ("true or false", _flag),
+}
+_INTEGER_KNOBS = {k for k, (rule, _) in KNOB_RULES.items() if rule.startswith(("an integer", "0, 1", "8, 16"))}
+
+
+def _knob_value_errors(space: SearchSpace, heads: int) -> list[tuple[str, str]]:
+    """(field, message) for every value the space can hand the simulator that a knob's rule refuses: all
+    choices, a range's ends and default, fixed values; integer knobs need an int (or categorical) param."""
+    out: list[tuple[str, str]] = []
+
+    def check(name: str, field: str, value: Any) -> None:
+        if value is None:
+            return  # null: the simulator's own default
+        rule, ok = KNOB_RULES.get(name, ("", None))
+        if ok is not None and not ok(value):
+            out.append((field, f"{name} must be {rule} (got {value!r})"))
+        elif name == "tensor_parallel_size" and heads % int(value):
+            out.append((field, f"tensor_parallel_size {value!r} does not divide the model's {heads} attention "
+                               "heads (vLLM refuses it)"))
+
+    for p in getattr(space, "params", []):
+        s = p.spec
+        if s.type in ("categorical", "bool"):
+            for v in p.grid():
+                check(p.name, f"params.{p.name}.choices" if s.type == "categorical" else f"params.{p.name}", v)
+                if len(out) > 20:
+                    return out
+            continue
+        if p.name in _INTEGER_KNOBS and s.type == "float":
+            out.append((f"params.{p.name}.type", f"{p.name} takes integers: use type int (or categorical)"))
+            continue
+        for key in ("low", "high", "default"):
+            v = getattr(s, key)
+            if v is not None:
+                check(p.name, f"params.{p.name}.{key}", int(v) if s.type == "int" else v)
+        if p.name in ("optimization_level", "block_size", "tensor_parallel_size") and s.type == "int" and \
+                s.low is not None and s.high is not None:  # a set rule: every value of the range (the first 64)
+            for v in range(int(s.low), min(int(s.high), int(s.low) + 64) + 1, int(s.step or 1)):
+                check(p.name, f"params.{p.name}", v)
+                if len(out) > 20:
+                    return out
+    for name, v in getattr(space, "fixed", {}).items():
+        check(name, f"fixed.{name}", v)
+    return out
 
 
 class SimDeployment(Deployment):
@@ -140,3 +227,8 @@ class SimTarget(Target):
         if unknown:
             raise ConfigError(f"the sim target has no knob(s) {unknown}; valid knobs: {', '.join(sorted(KNOBS))}",
                               file=getattr(space, "source", None))
+        bad = _knob_value_errors(space, MODELS[self.options.model].heads)
+        if bad:
+            field, msg = bad[0]
+            more = f" (and {len(bad) - 1} more value(s) the simulator refuses)" if len(bad) > 1 else ""
+            raise ConfigError(msg + more, file=getattr(space, "source", None), field=field)

@@ -1,7 +1,8 @@
 """Spec fuzzing: a valid simulator agent mutated by hypothesis (hostile values in any field, fields removed
 or added, hostile expressions, YAML anchors) goes through `tuner validate`. Every spec exits 0 or 2, never
 with a traceback, within 2 s of CPU and 500 MB (peak RSS); every spec validate accepts also starts `run`
-on the sim target (the session opens and its first trial is recorded, never left RUNNING)."""
+on the sim target (the session opens and its first trial is recorded, never left RUNNING) and holds no
+value (a choice, a range's end, a fixed value) the simulator refuses whatever the other knobs are."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ BASE: dict[str, Any] = {
             "max_num_seqs": {"type": "int", "low": 8, "high": 512, "log": True, "default": 256},
             "max_num_batched_tokens": {"type": "int", "low": 256, "high": 16384, "log": True, "default": 2048},
             "tensor_parallel_size": {"type": "categorical", "choices": [1, 2, 4, 8], "default": 1},
+            "gpu_memory_utilization": {"type": "float", "low": 0.8, "high": 0.95, "default": 0.9},
             "enable_chunked_prefill": {"type": "bool", "default": True,
                                        "when": "max_num_batched_tokens < 8192"},
         },
@@ -139,6 +141,12 @@ def _starts_run(path: Path, state: Path) -> None:
     assert len(result.outcomes) == 1
     states = {t.state.name for t in session.study.trials()}
     assert "RUNNING" not in states, states
+    # and no value the space can hand the simulator is one it refuses at every trial (tensor_parallel_size
+    # 0.5): such a space starts, but each trial that draws the value fails; validate must refuse it
+    from tests.support.spec_probe import refused_values
+
+    refused = refused_values(load_agent(path))
+    assert not refused, f"validate accepted a space the simulator refuses: {refused}"
 
 
 @pytest.fixture(scope="module", autouse=True)

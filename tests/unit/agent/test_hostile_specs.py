@@ -145,3 +145,70 @@ def test_infinite_bounds_are_refused(bad: float) -> None:
         parse_space({"params": {"a": {"type": "int", "low": bad, "high": 4, "default": 2}}}, file="s.yaml")
     with pytest.raises(ConfigError):
         parse_space({"params": {"a": {"type": "float", "low": 0, "high": bad, "default": 2}}}, file="s.yaml")
+
+
+_SIM_SPACE = """\
+name: bad-knobs
+target: {kind: sim, hardware: a100-80gb-sxm, model: llama-3-8b, num_gpus: 8}
+search_space:
+  params:
+    max_num_seqs: {type: int, low: 8, high: 512, default: 256}
+    PARAM
+workload:
+  arrival: {kind: closed, concurrency: 8}
+  prompt_tokens: {dist: fixed, value: 64}
+  output_tokens: {dist: fixed, value: 16}
+  num_requests: 20
+objectives: [{metric: output_throughput, direction: maximize}]
+"""
+
+
+@pytest.mark.parametrize(("param", "field", "rule"), [
+    ("tensor_parallel_size: {type: categorical, choices: [1, 0.5], default: 1}",
+     "params.tensor_parallel_size.choices", "tensor_parallel_size must be an integer >= 1 (got 0.5)"),
+    ("tensor_parallel_size: {type: categorical, choices: [1, -1028], default: 1}",
+     "params.tensor_parallel_size.choices", "tensor_parallel_size must be an integer >= 1 (got -1028)"),
+    ("tensor_parallel_size: {type: categorical, choices: [1, 3], default: 1}",
+     "params.tensor_parallel_size.choices", "does not divide the model's 32 attention heads"),
+    ("tensor_parallel_size: {type: float, low: 1, high: 4, default: 1}",
+     "params.tensor_parallel_size.type", "takes integers"),
+    ("data_parallel_size: {type: int, low: 0, high: 4, default: 1}",
+     "params.data_parallel_size.low", "data_parallel_size must be an integer >= 1 (got 0)"),
+    ("gpu_memory_utilization: {type: float, low: 0.5, high: 1.5, default: 0.9}",
+     "params.gpu_memory_utilization.high", "gpu_memory_utilization must be a number in (0, 1] (got 1.5)"),
+    ("gpu_memory_utilization: {type: categorical, choices: [0.9, 0], default: 0.9}",
+     "params.gpu_memory_utilization.choices", "must be a number in (0, 1] (got 0)"),
+    ("max_num_batched_tokens: {type: int, low: 512, high: 100000000000, default: 2048}",
+     "params.max_num_batched_tokens.high", "must be an integer in [1, 2147483647]"),
+    ("block_size: {type: int, low: 8, high: 32, default: 16}", "params.block_size", "8, 16 or 32 (got 9)"),
+    ("kv_cache_dtype: {type: categorical, choices: [auto, int3], default: auto}",
+     "params.kv_cache_dtype.choices", "kv_cache_dtype must be one of"),
+])
+def test_sim_knob_values_the_simulator_refuses_are_located_errors(tmp_path: Path, param: str, field: str,
+                                                                 rule: str) -> None:
+    """validate refuses a space that hands the simulator a value it refuses at every trial (tensor_parallel_size
+    0.5 or -1028 validated, then failed each trial that drew it), naming the file, the field and the rule."""
+    p = _write(tmp_path, _SIM_SPACE.replace("PARAM", param), "agent.yaml")
+    code, out = _cli("validate", str(p))
+    assert code == 2, out
+    flat = " ".join(out.split())
+    assert "agent.yaml:" in flat and f"search_space.{field}" in flat and rule in flat, out
+    with pytest.raises(ConfigError) as ei:  # `run` makes the same check before its first trial
+        from tuner.agent import preflight
+
+        preflight(load_agent(p))
+    assert ei.value.field == f"search_space.{field}" and ei.value.line is not None
+
+
+def test_sound_sim_knob_values_are_accepted(tmp_path: Path) -> None:
+    from tests.support.spec_probe import refused_values
+
+    param = ("tensor_parallel_size: {type: categorical, choices: [1, 2, 4, 8], default: 1}\n"
+             "    gpu_memory_utilization: {type: float, low: 0.5, high: 1.0, default: 0.9}\n"
+             "    block_size: {type: categorical, choices: [8, 16, 32], default: 16}\n"
+             "    enforce_eager: {type: bool, default: false}")
+    p = _write(tmp_path, _SIM_SPACE.replace("PARAM", param), "agent.yaml")
+    code, out = _cli("validate", str(p))
+    assert code == 0, out
+    assert refused_values(load_agent(p)) == []
+    assert refused_values(load_agent(SIM_AGENT)) == []
