@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tuner import catalog
 from tuner.errors import ConfigError
+from tuner.redact import redact_mapping, redact_text
 from tuner.search.samplers import SAMPLER_NAMES
 from tuner.space import SearchSpace, load_space, parse_space
 from tuner.spec import AgentSpec
@@ -169,6 +170,8 @@ def show_command(agent: Agent) -> str:
     if preview is None:
         return f"target kind {agent.spec.target.kind!r} runs in-process: no command to launch"
     argv, env = preview
+    env = redact_mapping(env)  # secrets (HF_TOKEN=...) and URLs' passwords and tokens are shown as ***
+    argv = [redact_text(a) for a in argv]
     lines = ["# environment (added to the tuner's own)"]
     lines += [f"{k}={v}" for k, v in sorted(env.items())] or ["(none)"]
     lines += ["# argv", json.dumps(argv), "# as a shell line", format_command(argv, env)]

@@ -18,6 +18,7 @@ from tuner import __version__, bench, cli_ops
 from tuner.engine import cli as engine_cli
 from tuner.errors import TunerError
 from tuner.logs import configure_logging
+from tuner.redact import redact_text
 from tuner.report import cli as report_cli
 from tuner.textfmt import console_width, fmt
 
@@ -43,7 +44,7 @@ StateDirOpt = Annotated[
 
 
 def fail(exc: TunerError) -> typer.Exit:
-    err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(redact_text(str(exc)))}", highlight=False, soft_wrap=True)
     return typer.Exit(exc.exit_code)
 
 
@@ -324,7 +325,7 @@ def status(
     from tuner.status_view import print_status
 
     if study is None:
-        console.print(f"[bold]{agent.name}[/]: no study {ctx.study_name!r} in {ctx.storage_url} yet "
+        console.print(f"[bold]{agent.name}[/]: no study {ctx.study_name!r} in {redact_text(ctx.storage_url)} yet "
                       "(`tuner run` starts one)", highlight=False)
 
     print_status(console, data)

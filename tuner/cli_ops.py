@@ -13,10 +13,11 @@ import typer
 
 from tuner.errors import TunerError
 from tuner.logs import configure_logging
+from tuner.redact import redact_text
 
 
 def _fail(exc: TunerError) -> typer.Exit:
-    typer.echo(f"error: {exc}", err=True)
+    typer.echo(f"error: {redact_text(str(exc))}", err=True)
     return typer.Exit(getattr(exc, "exit_code", 1))
 
 
@@ -78,6 +79,7 @@ def promote(agent: Path | None = typer.Argument(None, help=AGENT_HELP, show_defa
             as_json: bool = typer.Option(False, "--json", help="the new champion as JSON (needs --yes)")) -> None:
     """Verify a candidate against the champion, then make it the champion (file, apply, MLflow, audit)."""
     from tuner.context import open_context
+    from tuner.loop import finish_tracking
     from tuner.promote import promote_trial
 
     _logging()
@@ -96,8 +98,11 @@ def promote(agent: Path | None = typer.Argument(None, help=AGENT_HELP, show_defa
             typer.echo(msg)
             return yes or typer.confirm("Promote?", default=False)
 
-        res = promote_trial(session, trial=trial, skip_verify=skip_verify, reverify=reverify, confirm=confirm,
-                            reason=reason)
+        try:
+            res = promote_trial(session, trial=trial, skip_verify=skip_verify, reverify=reverify, confirm=confirm,
+                                reason=reason)
+        finally:  # a verification MLflow missed is written now if it answers again, else at the next start
+            finish_tracking(session)
     except TunerError as exc:
         raise _fail(exc) from None
     r = res.record

@@ -111,12 +111,34 @@ def open_session(agent: Agent, state_dir: Path, *, target: Target | None = None,
 
 
 def sync_mlflow(session: Session) -> None:
-    """Make MLflow hold what the Optuna study holds (tuner.tracking_sync); bounded by the tracker's timeout."""
+    """Make MLflow hold what the Optuna study and the champion store's verifications hold
+    (tuner.tracking_sync); bounded by the tracker's timeout."""
+    from tuner.champion_db import champion_store
     from tuner.tracking_sync import reconcile
 
     spec = session.agent.spec
+    if not session.tracker.enabled or session.tracker.down:
+        return  # nothing can be written now; the store's return (recovered()) or the next start does it
+    try:
+        verifications = champion_store(session).verifications()
+    except Exception as exc:  # noqa: BLE001 - the trials and cycles are still made complete
+        log.warning("cannot read the verifications to make MLflow complete: %s", redact_text(str(exc)))
+        verifications = []
     reconcile(session.tracker, session.study.study, agent=spec.name, objectives=[o.metric for o in spec.objectives],
-              state_dir=session.state_dir, description=session.description)
+              state_dir=session.state_dir, description=session.description, verifications=verifications)
+
+
+def finish_tracking(session: Session, *, interrupted: bool = False) -> None:
+    """At the end of a run, cycle, verification or worker: a store marked down is asked once more (at most
+    the tracker's end_probe_s), and what MLflow missed is written when it answers; a store still down is
+    left to the next start (Optuna and the champion store keep everything meanwhile)."""
+    tracker = session.tracker
+    if not tracker.enabled:
+        return
+    if tracker.down:
+        tracker.probe_now()
+    if interrupted or tracker.failures or tracker.recovered():
+        sync_mlflow(session)
 
 
 def reap(session: Session) -> None:
@@ -136,11 +158,13 @@ def run_cycle(
     gpu_pool: Any = None,
     parallel: int | None = None,
     on_sizing_step: Callable[[Any, int], None] | None = None,
+    finish: bool = True,
 ) -> CycleResult:
     """Run up to `trials` trials (default: the agent's budget) as one cycle under an MLflow parent run.
 
     A study whose workload has `rate_per_s: auto` is sized first, once (tuner.sizing; `on_sizing_step` gets
-    each run of the capacity search)."""
+    each run of the capacity search). `finish`: end with finish_tracking (the daemon does it after its Check
+    instead, so that one probe covers the cycle and its verification)."""
     from tuner import sizing as rate_sizing
 
     stop = stop_event or threading.Event()
@@ -240,8 +264,8 @@ def run_cycle(
     log_cycle_plots(session.tracker, run_id, session.study.trials(), spec)
     session.tracker.end_run(run_id, "KILLED" if interrupted else "FINISHED")
     study.set_user_attr(f"cycle:{cycle}", {"interrupted": interrupted, "trials": len(outcomes)})
-    if interrupted or session.tracker.failures or session.tracker.recovered():
-        sync_mlflow(session)
+    if finish:
+        finish_tracking(session, interrupted=interrupted)
     log.info("cycle %d of %s (study %s): %d trial(s) in %.1fs, %d feasible, %d failed%s%s", cycle, spec.name,
              session.study.name, len(outcomes), wall_s, summary["trials_feasible"], summary["trials_failed"],
              f", best trial {best[0].number}: {spec.objectives[0].metric}={best[0].values[0]:.4g}" if best else "",
@@ -314,13 +338,13 @@ def run_trial(session: Session, parent_run_id: str | None, stop: threading.Event
         session.study.tell_interrupted(trial)
         log.warning("trial %d interrupted: %s", number, exc)
         return TrialOutcome(number, params, [], False, cause="interrupted", error=str(exc), interrupted=True)
-    except TrialError as exc:
-        cause, error = exc.cause, str(exc)
+    except TrialError as exc:  # the study, the logs and MLflow get the cause with any URL's secrets hidden
+        cause, error = exc.cause, redact_text(str(exc))
         if exc.log_tail:
-            attrs["log_tail"] = exc.log_tail[-2000:]
+            attrs["log_tail"] = redact_text(exc.log_tail[-2000:])
         log.info("trial %d failed (%s): %s", number, cause, error)
     except Exception as exc:  # noqa: BLE001 - a bug in a target must not kill the loop
-        cause, error = "internal_error", f"{type(exc).__name__}: {exc}"
+        cause, error = "internal_error", redact_text(f"{type(exc).__name__}: {exc}")
         log.exception("trial %d raised an unexpected error", number)
     run_s = time.monotonic() - t_run
     ts = time.monotonic()
@@ -330,7 +354,7 @@ def run_trial(session: Session, parent_run_id: str | None, stop: threading.Event
         attrs["metrics"] = metrics
         failed = request_failure(m, error_rate_slo(spec.slos))
         if failed is not None:  # measured, but the server refused or broke the requests: say why
-            cause, error = failed
+            cause, error = failed[0], redact_text(failed[1])
             # infeasible whatever the SLOs: nothing was served (the constraint of trials never measured)
             ev = Evaluation(values=ev.values, constraints={**ev.constraints, FAILURE_CONSTRAINT: 1.0})
             attrs["cause"] = cause

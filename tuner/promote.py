@@ -23,6 +23,7 @@ import signal
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -35,7 +36,7 @@ from tuner.champion_db import champion_store
 from tuner.errors import Interrupted, PromotionError, TrialError
 from tuner.objectives import evaluate
 from tuner.proc import parent_death_preexec  # libc resolved at import, not in the child
-from tuner.tracking import redact
+from tuner.tracking import VERIFICATION_KEY_TAG, redact
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -135,11 +136,13 @@ class Verdict:
     run_id: str | None = None
     champion_seq: int | None = None
     interrupted: bool = False
+    # matches the stored verification to its MLflow run (tracking_sync backfills one MLflow missed)
+    uid: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"passed": self.passed, "reason": self.reason, "study": self.study,
                                "trial": self.candidate_trial, "reference": self.reference,
-                               "run_id": self.run_id, "champion_seq": self.champion_seq,
+                               "run_id": self.run_id, "champion_seq": self.champion_seq, "uid": self.uid,
                                "pairs": sum(1 for r in self.runs if r.arm == "B")}
         if self.test is not None:
             out.update(improvement=self.test.improvement, improvement_low=self.test.improvement_low,
@@ -290,7 +293,7 @@ def _record_verification(session: Session, store: ChampionStore, v: Verdict) -> 
     run_id = tr.start_run(
         f"verify-trial-{v.candidate_trial} {'pass' if v.passed else 'fail'}" if v.candidate_trial is not None
         else "verify", parent_run_id=parent,
-        tags={"kind": "verification", "agent": spec.name, "study": v.study,
+        tags={"kind": "verification", "agent": spec.name, "study": v.study, VERIFICATION_KEY_TAG: v.uid,
               "candidate_trial": "" if v.candidate_trial is None else v.candidate_trial,
               "reference": v.reference, "verdict": "pass" if v.passed else "fail", "reason": v.reason[:4000],
               "interrupted": v.interrupted},

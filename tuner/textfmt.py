@@ -69,8 +69,8 @@ class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
                "level": record.levelname, "logger": record.name, "message": record.getMessage()}
-        if record.exc_info:
-            out["exception"] = self.formatException(record.exc_info)
+        if record.exc_info or record.exc_text:  # exc_text: the traceback as tuner.logs redacted it
+            out["exception"] = record.exc_text or self.formatException(record.exc_info)  # type: ignore[arg-type]
         return json.dumps(out, default=str)
 
 

@@ -101,19 +101,26 @@ def _owner_token() -> str:
 
 
 OWNER_TAG = "tuner.owner"
+VERIFICATION_KEY_TAG = "tuner.verification"  # a verification's key, in its MLflow run and its stored entry
+END_PROBE_S = 10.0  # a store marked down is asked once more at the end of a run, cycle or verification
 LOCAL_OPEN_TIMEOUT_S = 120.0  # making a new SQLite store's tables takes seconds, more on a loaded host
 BACKFILLED_TAG = "tuner.backfilled"
 _MISSING = object()
+# stores found down by any tracker of this process (uri -> when): a tracker made later for the same store (the
+# daemon makes one per cycle) starts down instead of waiting call_timeout_s again; cleared when it answers
+_DOWN_URIS: dict[str, float] = {}
+_DOWN_LOCK = threading.Lock()
 
 
 class Tracker:
     """Thin wrapper over MlflowClient (safe across threads: no fluent active-run stack).
 
     Time-bounded: every write runs in a helper thread and the caller waits at most `call_timeout_s` for
-    it (retries included). A write that fails or times out marks the store down: later writes are skipped
-    at once (no wait) while a background probe asks the store every `pause_s` whether it answers again.
-    Skipped writes are not lost: Optuna holds every trial, and tuner.tracking_sync.reconcile writes what
-    MLflow lacks (`recovered()` says when to run it)."""
+    it (retries included). A write that fails or times out marks the store down (for every tracker of this
+    process on the same URI): later writes are skipped at once (no wait) while a background probe asks the
+    store every `pause_s` whether it answers again, and `probe_now` asks once more at the end of a run,
+    cycle or verification (at most `end_probe_s`). Skipped writes are not lost: Optuna holds every trial,
+    and tuner.tracking_sync.reconcile writes what MLflow lacks (`recovered()` says when to run it)."""
 
     @classmethod
     def for_agent(cls, spec: AgentSpec, state_dir: Path) -> Tracker:
@@ -123,13 +130,15 @@ class Tracker:
                    artifact_dir=state_dir / "mlartifacts", enabled=spec.tracking.enabled)
 
     def __init__(self, uri: str, experiment: str, *, artifact_dir: Path | None = None,
-                 retries: int = 3, enabled: bool = True, pause_s: float = 5.0, call_timeout_s: float = 30.0) -> None:
+                 retries: int = 3, enabled: bool = True, pause_s: float = 5.0, call_timeout_s: float = 30.0,
+                 end_probe_s: float = END_PROBE_S) -> None:
         self.uri = uri
         self.experiment_name = experiment
         self.enabled = enabled
         self.retries = retries
         self.pause_s = pause_s
         self.call_timeout_s = call_timeout_s
+        self.end_probe_s = end_probe_s
         self.artifact_dir = artifact_dir
         self._client: Any = None
         self._client_lock = threading.Lock()
@@ -142,6 +151,11 @@ class Tracker:
         self.owner = _owner_token()
         self.active: set[str] = set()  # runs this process started and has not ended yet
         self.tracking_trials: set[int] = set()  # trials told to Optuna whose run this process is writing
+        with _DOWN_LOCK:
+            known_down = enabled and uri in _DOWN_URIS
+        if known_down:  # another tracker of this process found it down: no call_timeout_s wait again
+            self._down = True
+            self._start_probe()
 
     # ------------------------------------------------------------ plumbing
     @property
@@ -248,26 +262,72 @@ class Tracker:
             if self._down:
                 return
             self._down = True
+            with _DOWN_LOCK:
+                _DOWN_URIS.setdefault(self.uri, time.time())
             log.warning("MLflow %s failed (%s); MLflow writes are skipped until %s answers again, then made up "
                         "from the Optuna study (trials are not lost)", what, redact_text(str(error))[:300],
                         redact_url(self.uri))
+            self._start_probe()
+
+    def _start_probe(self) -> None:
+        if self._probe is None or not self._probe.is_alive():
             self._probe = threading.Thread(target=self._probe_loop, name="mlflow-probe", daemon=True)
             self._probe.start()
 
+    def _answers(self) -> None:
+        """Raises unless the store answers a cheap read."""
+        self.client.search_experiments(max_results=1)
+
+    def _set_up(self) -> None:
+        with self._state_lock:
+            if not self._down:
+                return
+            self._down = False
+            self._recovered = True
+        with _DOWN_LOCK:
+            _DOWN_URIS.pop(self.uri, None)
+        log.warning("MLflow %s answers again; what it missed is written from the Optuna study",
+                    redact_url(self.uri))
+
     def _probe_loop(self) -> None:
-        while True:
+        while self._down:
             time.sleep(self.pause_s)
+            if not self._down:  # probe_now saw it first
+                return
             try:
-                self.client.search_experiments(max_results=1)
+                self._answers()
             except Exception as exc:  # noqa: BLE001 - still down
                 log.debug("MLflow still down: %s", redact_text(str(exc))[:200])
                 continue
-            with self._state_lock:
-                self._down = False
-                self._recovered = True
-            log.warning("MLflow %s answers again; what it missed is written from the Optuna study",
-                        redact_url(self.uri))
+            self._set_up()
             return
+
+    def probe_now(self, budget_s: float | None = None) -> bool:
+        """Whether the store answers: a store marked down is asked once more, waiting at most `budget_s`
+        (default end_probe_s), so that a run, cycle or verification ending while the background probe has
+        not seen it back yet still writes what MLflow missed (recovered() is then True once). Never raises."""
+        if not self.enabled:
+            return False
+        if not self._down:
+            return True
+        box: dict[str, Any] = {}
+
+        def ask() -> None:
+            try:
+                self._answers()
+                box["ok"] = True
+            except Exception as exc:  # noqa: BLE001 - still down
+                box["error"] = exc
+
+        asker = threading.Thread(target=ask, name="mlflow-probe-now", daemon=True)
+        asker.start()
+        asker.join(self.end_probe_s if budget_s is None else budget_s)
+        if box.get("ok"):
+            self._set_up()
+            return True
+        log.info("MLflow %s still does not answer (%s); the next start writes what it missed",
+                 redact_url(self.uri), redact_text(str(box.get("error", "no answer in time")))[:200])
+        return False
 
     def _log_batch(self, run_id: str, *, params: Mapping[str, Any] | None = None,
                    metrics: Mapping[str, float] | None = None, tags: Mapping[str, Any] | None = None) -> None:

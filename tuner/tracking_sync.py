@@ -1,13 +1,18 @@
 """MLflow made eventually complete from the Optuna study, which stays the source of truth.
 
-`reconcile` runs at every start (open_session), at the end of a cycle that missed MLflow writes, and when
+`reconcile` runs at every start (open_session), at the end of a run, cycle, verification or worker that
+missed MLflow writes (tuner.loop.finish_tracking, which first asks a store marked down once more), and when
 the store answers again after a failure. It
 1. ends the runs a killed process left RUNNING (its owner, recorded in tag tuner.owner, is gone from this
-   host): a cycle run KILLED and tagged interrupted; a trial run with what Optuna has of the trial, then
-   FINISHED/FAILED when Optuna finished the trial, KILLED when the trial was cut short;
-2. writes every cycle and trial Optuna has and MLflow lacks (tagged tuner.backfilled=true), trial runs
-   under their cycle's run.
-Idempotent: runs are matched by their tags (study, cycle, trial number); a second pass writes nothing.
+   host), and the runs this process could not end itself (the store was down then): a cycle run FINISHED
+   when the study recorded the cycle's end, else KILLED and tagged interrupted; a trial run with what Optuna
+   has of the trial, then FINISHED/FAILED when Optuna finished the trial, KILLED when the trial was cut
+   short; a verification run with its verdict when the champion store recorded it, else KILLED;
+2. writes every cycle and trial Optuna has and MLflow lacks, and every verification the champion store
+   holds and MLflow lacks (all tagged tuner.backfilled=true), trial runs under their cycle's run,
+   verification runs under their candidate's.
+Idempotent: runs are matched by their tags (study, cycle, trial number, verification key); a second pass
+writes nothing.
 One process at a time per state dir (an flock); another one reconciling means this one skips.
 """
 
@@ -19,7 +24,7 @@ import logging
 import math
 import os
 import socket
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -29,7 +34,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.objectives import FAILURE_CONSTRAINT
 from tuner.proc import pid_alive, process_start_ticks
-from tuner.tracking import BACKFILLED_TAG, OWNER_TAG, Tracker
+from tuner.tracking import BACKFILLED_TAG, OWNER_TAG, VERIFICATION_KEY_TAG, Tracker
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +45,13 @@ class SyncReport:
     completed: list[str] = field(default_factory=list)  # stranded trial runs completed from Optuna
     backfilled_cycles: list[int] = field(default_factory=list)
     backfilled_trials: list[int] = field(default_factory=list)
+    backfilled_verifications: list[str] = field(default_factory=list)  # verification keys
     skipped: str | None = None  # why nothing was done
 
     @property
     def changed(self) -> int:
-        return len(self.ended_killed) + len(self.completed) + len(self.backfilled_cycles) + len(self.backfilled_trials)
+        return (len(self.ended_killed) + len(self.completed) + len(self.backfilled_cycles)
+                + len(self.backfilled_trials) + len(self.backfilled_verifications))
 
 
 def owner_alive(owner: str | None) -> bool | None:
@@ -63,6 +70,7 @@ def owner_alive(owner: str | None) -> bool | None:
     return pid_alive(pid) and str(process_start_ticks(pid)) == start
 
 
+FLEET_RUN_ATTR = "fleet_run"  # tuner.worker's study attribute: the fleet run of a budget (run_id, ended)
 OTHER_HOST_GRACE_S = 600.0  # a trial another host's process finished is its own to write for this long
 
 
@@ -142,9 +150,17 @@ def _status(t: FrozenTrial) -> str:
     return "FAILED"
 
 
+def verification_key(entry: Mapping[str, Any]) -> str:
+    """The key that matches a stored verification to its MLflow run (tag tuner.verification); an entry of an
+    older tuner, without one, is known by its time."""
+    return str(entry.get("uid") or f"time:{entry.get('time')}")
+
+
 def reconcile(tracker: Tracker, study: Any, *, agent: str, objectives: list[str], state_dir: Path | None = None,
-              description: Mapping[str, Any] | None = None) -> SyncReport:
-    """Make MLflow hold what the Optuna study holds (see the module's docstring). Never raises."""
+              description: Mapping[str, Any] | None = None,
+              verifications: Sequence[Mapping[str, Any]] = ()) -> SyncReport:
+    """Make MLflow hold what the Optuna study (and the champion store's `verifications`) hold (see the
+    module's docstring). Never raises."""
     report = SyncReport()
     if not tracker.enabled:
         report.skipped = "tracking disabled"
@@ -157,28 +173,73 @@ def reconcile(tracker: Tracker, study: Any, *, agent: str, objectives: list[str]
             report.skipped = "another process is reconciling"
             return report
         try:
-            _reconcile(tracker, study, agent, objectives, description or {}, report)
+            _reconcile(tracker, study, agent, objectives, description or {}, verifications, report)
         except Exception as exc:  # noqa: BLE001 - tracking must never break the loop
             log.warning("MLflow reconcile stopped: %s", exc)
             report.skipped = f"error: {exc}"
         if report.changed:
             log.warning("MLflow made complete from the Optuna study: %d run(s) of a killed process ended, %d "
-                        "completed, %d cycle run(s) and %d trial run(s) backfilled", len(report.ended_killed),
-                        len(report.completed), len(report.backfilled_cycles), len(report.backfilled_trials))
+                        "completed, %d cycle run(s), %d trial run(s) and %d verification run(s) backfilled",
+                        len(report.ended_killed), len(report.completed), len(report.backfilled_cycles),
+                        len(report.backfilled_trials), len(report.backfilled_verifications))
         tracker.failures = 0
     return report
 
 
+def _abandoned(tracker: Tracker, run: Any) -> bool:
+    """Whether a RUNNING run will never be ended by its writer: its process is dead, or it is this process
+    and the run is no longer one it is writing (its end was skipped while the store was down)."""
+    if run.info.run_id in tracker.active:
+        return False
+    owner = run.data.tags.get(OWNER_TAG)
+    if owner == tracker.owner:
+        trial = run.data.tags.get("trial")
+        return not (run.data.tags.get("kind") == "trial" and trial is not None and trial.isdigit()
+                    and int(trial) in tracker.tracking_trials)
+    return owner_alive(owner) is False
+
+
+def _cycle_summary(trials: list[FrozenTrial]) -> dict[str, float]:
+    done = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL)]
+    return {"trials_run": len(done), "trials_feasible": sum(bool(t.user_attrs.get("feasible")) for t in done),
+            "trials_failed": sum(bool(t.user_attrs.get("cause")) for t in done)}
+
+
+def _verification_payload(v: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """The metrics and per-arm series (steps: the pairs) of a stored verification."""
+    metrics = _finite({k: v.get(k) for k in ("improvement", "improvement_low", "p_value")})
+    runs = [r for r in v.get("runs") or [] if isinstance(r, Mapping)]
+    if v.get("pairs") is not None:
+        metrics.update(_finite({"pairs": v.get("pairs")}))
+    series: dict[str, list[float]] = {}
+    for r in runs:
+        for k in ("value", "error_rate", "quality"):
+            x = r.get(k)
+            if isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(float(x)):
+                series.setdefault(f"{r.get('arm')}_{k}", []).append(float(x))
+    return metrics, series
+
+
 def _reconcile(tracker: Tracker, study: Any, agent: str, objectives: list[str], description: Mapping[str, Any],
-               report: SyncReport) -> None:
+               verifications: Sequence[Mapping[str, Any]], report: SyncReport) -> None:
     name = study.study_name
     runs = tracker._retry("read runs", lambda: tracker.runs(f"tags.study = '{_q(name)}'"))
     if runs is None:
         report.skipped = "MLflow did not answer"
         return
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    by_cycle: dict[int, list[FrozenTrial]] = {}
+    for t in trials.values():
+        c = t.user_attrs.get("cycle")
+        if isinstance(c, int):
+            by_cycle.setdefault(c, []).append(t)
+    stored = [v for v in verifications if v.get("study") == name]
+    stored_by_key = {verification_key(v): v for v in stored}
+    stored_by_run = {str(v["run_id"]): v for v in stored if v.get("run_id")}
     cycle_runs: dict[int, Any] = {}
     trial_runs: dict[int, Any] = {}
+    have_ids = {r.info.run_id for r in runs}
+    have_keys: set[str] = set()
     for r in runs:
         tags = r.data.tags
         try:
@@ -186,22 +247,43 @@ def _reconcile(tracker: Tracker, study: Any, agent: str, objectives: list[str], 
                 cycle_runs.setdefault(int(tags.get("cycle", 0)), r)
             elif tags.get("kind") == "trial":
                 trial_runs.setdefault(int(tags.get("trial", -1)), r)
+            elif tags.get("kind") == "verification" and tags.get(VERIFICATION_KEY_TAG):
+                have_keys.add(tags[VERIFICATION_KEY_TAG])
         except ValueError:
             continue
-    # 1. runs a dead process left RUNNING
+    user_attrs = study.user_attrs
+    # 1. runs a dead process left RUNNING, and runs this process could not end
     for r in runs:
-        if r.info.status != "RUNNING" or r.info.run_id in tracker.active:
+        if r.info.status != "RUNNING" or not _abandoned(tracker, r):
             continue
-        if owner_alive(r.data.tags.get(OWNER_TAG)) is not False:
-            continue  # alive, or not this host's to judge
         kind = r.data.tags.get("kind")
         run_id = r.info.run_id
         t = trials.get(int(r.data.tags.get("trial", -1))) if kind == "trial" else None
+        rec = user_attrs.get(f"cycle:{r.data.tags.get('cycle')}") if kind == "cycle" else None
+        v = stored_by_run.get(run_id) or stored_by_key.get(r.data.tags.get(VERIFICATION_KEY_TAG, "")) \
+            if kind == "verification" else None
         if t is not None and t.state in (TrialState.COMPLETE, TrialState.FAIL):
             params, metrics, status = trial_payload(t, objectives)
             tracker.log(run_id, params=params, metrics=metrics, tags={BACKFILLED_TAG: "true", "state": t.state.name})
             tracker.end_run(run_id, status)
             (report.ended_killed if status == "KILLED" else report.completed).append(run_id)
+        elif isinstance(rec, Mapping) and not rec.get("interrupted"):  # the cycle ended; its end was not written
+            c = int(r.data.tags.get("cycle", 0))
+            tracker.log(run_id, metrics=_cycle_summary(by_cycle.get(c, [])),
+                        tags={BACKFILLED_TAG: "true", "interrupted": False})
+            tracker.end_run(run_id, "FINISHED")
+            report.completed.append(run_id)
+        elif kind == "fleet" and isinstance(fleet := user_attrs.get(FLEET_RUN_ATTR), Mapping) and \
+                fleet.get("run_id") == run_id and fleet.get("ended"):  # the fleet's budget was spent
+            tracker.log(run_id, tags={BACKFILLED_TAG: "true"})
+            tracker.end_run(run_id, "FINISHED")
+            report.completed.append(run_id)
+        elif v is not None:  # the verification finished; its end was not written
+            metrics, series = _verification_payload(v)
+            tracker.log(run_id, metrics=metrics, tags={BACKFILLED_TAG: "true", "interrupted": False})
+            tracker.log_steps(run_id, series)
+            tracker.end_run(run_id, "FINISHED")
+            report.completed.append(run_id)
         else:
             tracker.log(run_id, tags={"interrupted": True, "ended_by": "next start (owner killed)"})
             tracker.end_run(run_id, "KILLED")
@@ -209,28 +291,31 @@ def _reconcile(tracker: Tracker, study: Any, agent: str, objectives: list[str], 
         if tracker.down:
             return
     # 2. cycles Optuna knows of (its trials carry their cycle number) that MLflow lacks
-    by_cycle: dict[int, list[FrozenTrial]] = {}
-    for t in trials.values():
-        c = t.user_attrs.get("cycle")
-        if isinstance(c, int):
-            by_cycle.setdefault(c, []).append(t)
     for c in sorted(by_cycle):
         if c in cycle_runs:
             continue
-        rec = study.user_attrs.get(f"cycle:{c}")
+        rec = user_attrs.get(f"cycle:{c}")
         interrupted = not isinstance(rec, Mapping) or bool(rec.get("interrupted"))
         run_id = tracker.start_run(f"cycle-{c}", tags={
             "kind": "cycle", "cycle": c, "agent": agent, "study": name, BACKFILLED_TAG: "true",
             "interrupted": interrupted, **{f"target.{k}": v for k, v in description.items()}})
         if run_id is None:
             return
-        done = [t for t in by_cycle[c] if t.state in (TrialState.COMPLETE, TrialState.FAIL)]
-        tracker.log(run_id, metrics={"trials_run": len(done),
-                                     "trials_feasible": sum(bool(t.user_attrs.get("feasible")) for t in done),
-                                     "trials_failed": sum(bool(t.user_attrs.get("cause")) for t in done)})
+        tracker.log(run_id, metrics=_cycle_summary(by_cycle[c]))
         tracker.end_run(run_id, "KILLED" if interrupted else "FINISHED")
         cycle_runs[c] = run_id
         report.backfilled_cycles.append(c)
+
+    def parent_of(t: FrozenTrial | None) -> str | None:
+        if t is None:
+            return None
+        c = t.user_attrs.get("cycle")
+        parent = cycle_runs.get(c) if isinstance(c, int) else None
+        if parent is None:  # a fleet worker's trial: the fleet run it was told under
+            fleet = t.user_attrs.get("cycle_run_id")
+            return fleet if isinstance(fleet, str) and fleet in have_ids else None
+        return parent if isinstance(parent, str) else str(parent.info.run_id)
+
     # 3. finished trials MLflow lacks
     for number in sorted(trials):
         t = trials[number]
@@ -239,8 +324,6 @@ def _reconcile(tracker: Tracker, study: Any, agent: str, objectives: list[str], 
             continue
         params, metrics, status = trial_payload(t, objectives)
         c = t.user_attrs.get("cycle")
-        parent = cycle_runs.get(c) if isinstance(c, int) else None
-        parent_id = parent if isinstance(parent, str) or parent is None else parent.info.run_id
         tags = {"kind": "trial", "trial": number, "study": name, "agent": agent, BACKFILLED_TAG: "true",
                 "baseline": bool(t.user_attrs.get("baseline")), "state": t.state.name,
                 "feasible": bool(t.user_attrs.get("feasible")), "failure_cause": t.user_attrs.get("cause") or ""}
@@ -248,9 +331,33 @@ def _reconcile(tracker: Tracker, study: Any, agent: str, objectives: list[str], 
             tags["cycle"] = c
         if t.user_attrs.get("error"):
             tags["error"] = str(t.user_attrs["error"])[:1000]
-        run_id = tracker.start_run(f"trial-{number}", parent_run_id=parent_id, tags=tags, params=params)
+        run_id = tracker.start_run(f"trial-{number}", parent_run_id=parent_of(t), tags=tags, params=params)
         if run_id is None:
             return
         tracker.log(run_id, metrics=metrics)
         tracker.end_run(run_id, status)
         report.backfilled_trials.append(number)
+    # 4. verifications the champion store holds and MLflow lacks (a stored entry's writer is done with MLflow)
+    for v in stored:
+        key = verification_key(v)
+        if key in have_keys or (v.get("run_id") and str(v["run_id"]) in have_ids):
+            continue
+        cand = v.get("trial")
+        passed = bool(v.get("passed"))
+        parent = parent_of(trials.get(cand)) if isinstance(cand, int) else None
+        run_id = tracker.start_run(
+            f"verify-trial-{cand} {'pass' if passed else 'fail'}" if cand is not None else "verify",
+            parent_run_id=parent,
+            tags={"kind": "verification", "agent": agent, "study": name, VERIFICATION_KEY_TAG: key,
+                  BACKFILLED_TAG: "true", "candidate_trial": "" if cand is None else cand,
+                  "reference": v.get("reference", ""), "verdict": "pass" if passed else "fail",
+                  "reason": str(v.get("reason", ""))[:4000], "interrupted": False},
+            params={"method": v.get("method", "")} if v.get("method") else None)
+        if run_id is None:
+            return
+        metrics, series = _verification_payload(v)
+        tracker.log(run_id, metrics=metrics)
+        tracker.log_steps(run_id, series)
+        tracker.end_run(run_id, "FINISHED")
+        have_keys.add(key)
+        report.backfilled_verifications.append(key)

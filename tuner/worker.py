@@ -23,12 +23,11 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from tuner.loop import Session, TrialOutcome, reap, run_trial
+from tuner.loop import Session, TrialOutcome, finish_tracking, reap, run_trial
 from tuner.study import with_db_retry
+from tuner.tracking_sync import FLEET_RUN_ATTR
 
 log = logging.getLogger(__name__)
-
-FLEET_RUN_ATTR = "fleet_run"
 
 
 @dataclass
@@ -156,5 +155,6 @@ def run_worker(session: Session, *, trials: int | None = None, wall_time_s: floa
     result.wall_s = time.monotonic() - t0
     if budget is not None and result.counted >= budget and not _others_running(session):
         _end_fleet_run(session, run_id)
+    finish_tracking(session, interrupted=result.stopped)
     result.outcomes.sort(key=lambda o: o.number)
     return result

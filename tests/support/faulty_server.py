@@ -9,7 +9,7 @@ Modes:
   valueerror    raise a ValueError at start-up (a config the engine rejects)
   hang          print a loading line and never listen
   die           become ready, then exit 3 after --die-after-requests completions (mid-run crash)
-  http500       become ready, answer every completion with HTTP 500
+  http500       become ready, answer every completion with HTTP 500 (its message: --error-message)
   ignore-term   like ok, but ignore SIGTERM (teardown must escalate to SIGKILL)
   spawn-child   like ok, but first start a grandchild (`sleep`) in the same process group; its PID is
                 written to --child-pid-file
@@ -81,7 +81,8 @@ def make_handler(args: argparse.Namespace) -> type[BaseHTTPRequestHandler]:
                 self._send(404, b'{"error": {"message": "not found"}}')
                 return
             if args.mode == "http500":
-                self._send(500, b'{"error": {"message": "internal error", "type": "InternalServerError"}}')
+                err = {"error": {"message": args.error_message, "type": "InternalServerError"}}
+                self._send(500, json.dumps(err).encode())
                 return
             with State.lock:
                 State.completions += 1
@@ -131,6 +132,7 @@ def main() -> None:
     p.add_argument("--itl-ms", type=float, default=1.0)
     p.add_argument("--child-pid-file", default=None)
     p.add_argument("--pid-file", default=None)
+    p.add_argument("--error-message", default="internal error", help="http500: the error's message")
     args = p.parse_args()
 
     if args.pid_file:

@@ -14,8 +14,9 @@ from tuner.context import open_context
 from tuner.daemon import runtime
 from tuner.daemon.health import write_heartbeat
 from tuner.daemon.metrics import DaemonMetrics
-from tuner.loop import run_cycle
+from tuner.loop import finish_tracking, run_cycle
 from tuner.promote import champion_summary, check_and_act
+from tuner.redact import redact_text
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +37,15 @@ def run_agent_cycle(agent_path: Path | str, state_dir: Path | str, *, stop: thre
     try:
         session = ctx.session(plan=True)  # Plan: the lineage says which study (a new one, warm-started?)
         study_name, warmed = ctx.study_name, ctx.warm_started
-        result = run_cycle(session, trials=trials, stop_event=stop)
+        result = run_cycle(session, trials=trials, stop_event=stop, finish=False)
         out: dict[str, Any] = {"agent": spec.name, "began": began, "study": study_name, "cycle": result.cycle,
                                "run_id": result.run_id, "trials": [o.number for o in result.outcomes],
                                "interrupted": result.interrupted, "warm_started": warmed}
-        if not result.interrupted and not stop.is_set():
-            out["check"] = check_and_act(session, stop_event=stop)
+        try:
+            if not result.interrupted and not stop.is_set():
+                out["check"] = check_and_act(session, stop_event=stop)
+        finally:  # one probe of a store that went down covers the cycle and its verification
+            finish_tracking(session, interrupted=result.interrupted)
         if metrics is not None:
             metrics.set_trial_counts(spec.name, session.study.counts())
             metrics.count_failures(spec.name, (o.cause for o in result.outcomes))
@@ -88,9 +92,9 @@ def cycle_job(agent_path: str, state_dir: str) -> None:
     except Exception as exc:  # noqa: BLE001 - a failing cycle is recorded; the daemon goes on
         outcome = "failed"
         st.last_ok = False
-        st.last_error = f"{type(exc).__name__}: {exc}"
+        st.last_error = redact_text(f"{type(exc).__name__}: {exc}")
         entry["error"] = st.last_error
-        entry["traceback"] = traceback.format_exc()[-4000:]
+        entry["traceback"] = redact_text(traceback.format_exc())[-4000:]
         rt.metrics.last_error.labels(st.name).set(time.time())
         log.error("cycle of %s failed: %s", st.name, st.last_error)
     finally:

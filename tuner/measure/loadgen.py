@@ -37,6 +37,7 @@ from tuner.measure.metrics import prompt_length_check, summarise
 from tuner.measure.records import RequestPlan, RequestRecord
 from tuner.measure.stream import StreamReader, spread, token_times
 from tuner.measure.tokenize import HFTokenizer, Tokenizer, load_tokenizer
+from tuner.redact import redact_text
 from tuner.spec import WorkloadSpec
 
 log = logging.getLogger(__name__)
@@ -236,7 +237,7 @@ class _Client:
             index=plan.index, scheduled_s=scheduled_s, sent_s=sent,
             first_token_s=times[0] if times else None, done_s=done_s,
             prompt_tokens=n_in, output_tokens=n_out, token_times_s=times, status=status,
-            error=error, error_detail=detail, warmup=warmup, prompt_tokens_exact=exact,
+            error=error, error_detail=redact_text(detail), warmup=warmup, prompt_tokens_exact=exact,
             streamed=self.cfg.stream, chunks=len(reader.chunk_times), multi_token_chunks=multi,
             stream_end=stream_end, requested_prompt_tokens=plan.prompt_tokens, generated_text=text,
         )

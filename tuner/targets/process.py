@@ -49,6 +49,7 @@ from tuner.errors import (
 )
 from tuner.measure.measurement import Measurement
 from tuner.proc import free_port, group_alive, pid_alive, process_start_ticks
+from tuner.redact import redact_text
 from tuner.spec import WorkloadSpec
 from tuner.targets.base import Deployment, Target, TrialContext
 
@@ -179,7 +180,8 @@ def reap_orphans(state_dir: str | Path) -> list[int]:
         same_leader = leader_ticks is not None and leader_ticks == start
         leader_gone = leader_ticks is None
         if (same_leader or leader_gone) and group_alive(pgid):
-            log.warning("reaping orphaned server group %d (%s)", pgid, " ".join(entry.get("argv", []))[:200])
+            log.warning("reaping orphaned server group %d (%s)", pgid,
+                        redact_text(" ".join(entry.get("argv", [])))[:200])
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)
             killed.append(pgid)
@@ -253,10 +255,11 @@ class ServerProcess:
         if self.proc is not None:
             raise RuntimeError("ServerProcess already started")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log.info("starting server: %s (log %s)", shlex.join(self.argv), self.log_path)
+        shown = redact_text(shlex.join(self.argv))  # a URL's password or token stays out of logs and artifacts
+        log.info("starting server: %s (log %s)", shown, self.log_path)
         with open(self.log_path, "ab") as logf:
             self._log_offset = logf.tell()  # the tail of *this* run only (the file may hold earlier ones)
-            logf.write(f"$ {shlex.join(self.argv)}\n".encode())
+            logf.write(f"$ {shown}\n".encode())
             logf.flush()
             env = self.environment()
             if not _findable(self.argv[0], env.get("PATH"), self.cwd):

@@ -180,3 +180,128 @@ def test_a_half_made_store_is_set_aside_and_made_again(tmp_path: Path) -> None:
     assert list(sd.glob("mlflow.db.broken-*")), "the half-made store was not kept aside"
     assert not list(sd.glob("mlflow.db.making-*"))
     assert (db.stat().st_mode & 0o777) == 0o600
+
+
+def test_a_run_ending_while_the_store_is_back_but_unprobed_writes_everything_before_it_returns(
+        tmp_path: Path) -> None:
+    """The background probe has not seen the store back yet (its pause is 10 minutes here) when the cycle ends:
+    the cycle's end asks the store once more (at most end_probe_s) and backfills, so the run leaves MLflow
+    complete rather than waiting for the next start."""
+    blocker = tmp_path / "mlstore"
+    blocker.write_text("")
+    tracker = Tracker(f"sqlite:///{blocker}/mlflow.db", "complete", pause_s=600, end_probe_s=120)
+    session = open_session(load_agent(_agent(tmp_path)), tmp_path / "state", tracker=tracker)
+
+    def on_trial(outcome: object) -> None:
+        if tracker.down and blocker.exists():
+            blocker.unlink()  # the store can be made again from now on; nobody has asked it yet
+
+    result = run_cycle(session, trials=3, on_trial=on_trial)
+    assert result.run_id is None and len(result.outcomes) == 3  # the cycle ran while MLflow was down
+    assert not tracker.down
+    runs = _runs(tracker)
+    assert sorted(int(r.data.tags["trial"]) for r in runs if r.data.tags["kind"] == "trial") == [0, 1, 2]
+    assert [r.data.tags["cycle"] for r in runs if r.data.tags["kind"] == "cycle"] == ["1"]
+    assert all(r.info.status != "RUNNING" and r.data.tags.get(BACKFILLED_TAG) == "true" for r in runs)
+
+
+def test_a_tracker_made_for_a_store_found_down_starts_down_and_probes_in_bounded_time() -> None:
+    """The daemon makes a tracker per cycle: once a store is found silent, the next cycle's tracker does not
+    wait call_timeout_s again, and its end-of-cycle probe waits at most end_probe_s."""
+    import socket
+
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(16)
+        uri = f"http://127.0.0.1:{srv.getsockname()[1]}"
+        first = Tracker(uri, "x", call_timeout_s=2.0, pause_s=60)
+        assert first.start_run("cycle-1") is None and first.down
+        t0 = time.monotonic()
+        second = Tracker(uri, "x", call_timeout_s=2.0, pause_s=60, end_probe_s=1.0)
+        assert second.down
+        assert second.start_run("cycle-2") is None
+        assert time.monotonic() - t0 < 0.5
+        t1 = time.monotonic()
+        assert second.probe_now() is False
+        assert 0.9 <= time.monotonic() - t1 < 3.0
+
+
+def _verifying_agent(tmp_path: Path) -> Path:
+    p = _agent(tmp_path)
+    p.write_text(p.read_text() + "promotion: {policy: manual, verify_runs: 2, min_improvement: 0.0}\n")
+    return p
+
+
+def test_verifications_mlflow_missed_are_backfilled_once(tmp_path: Path) -> None:
+    """A verification recorded while MLflow was down (the champion store holds it, MLflow has no run) is
+    written when the store answers again, tagged backfilled, under its candidate's cycle; a stored
+    verification of an older tuner (no key) too; a second pass writes nothing."""
+    from tuner.champion_db import champion_store
+    from tuner.loop import finish_tracking, sync_mlflow
+    from tuner.promote import verify
+    from tuner.tracking import VERIFICATION_KEY_TAG
+
+    blocker = tmp_path / "mlstore"
+    blocker.write_text("")
+    tracker = Tracker(f"sqlite:///{blocker}/mlflow.db", "complete", pause_s=600, end_probe_s=120)
+    session = open_session(load_agent(_verifying_agent(tmp_path)), tmp_path / "state", tracker=tracker)
+    run_cycle(session, trials=3, finish=False)
+    assert tracker.down
+    cand = max((t for t in session.study.trials() if t.user_attrs.get("feasible")), key=lambda t: t.values[0])
+    verdict = verify(session, session.agent.space.full_config(cand.params), candidate_trial=cand.number, runs=2)
+    assert verdict.run_id is None  # MLflow was down: only the champion store has it
+    store = champion_store(session)
+    old = {k: v for k, v in store.verifications()[0].items() if k not in ("uid", "time")}
+    store.add_verification({**old, "reason": "an older tuner's entry"})  # no uid: known by its time
+    assert len(store.verifications()) == 2
+    blocker.unlink()
+    finish_tracking(session)
+    assert not tracker.down
+    runs = tracker.runs("tags.kind = 'verification'")
+    assert len(runs) == 2, [r.data.tags for r in runs]
+    keys = {r.data.tags[VERIFICATION_KEY_TAG] for r in runs}
+    assert verdict.uid in keys and any(k.startswith("time:") for k in keys)
+    mine = next(r for r in runs if r.data.tags[VERIFICATION_KEY_TAG] == verdict.uid)
+    assert mine.info.status == "FINISHED" and mine.data.tags[BACKFILLED_TAG] == "true"
+    assert mine.data.tags["candidate_trial"] == str(cand.number)
+    assert mine.data.tags["verdict"] == ("pass" if verdict.passed else "fail")
+    if verdict.test is not None:
+        assert mine.data.metrics["improvement"] == pytest.approx(verdict.test.improvement)
+    cycle1 = next(r for r in _runs(tracker) if r.data.tags["kind"] == "cycle")
+    assert mine.data.tags["mlflow.parentRunId"] == cycle1.info.run_id
+    history = tracker.client.get_metric_history(mine.info.run_id, "B_value")
+    assert len(history) == 2  # one step per pair
+    sync_mlflow(session)  # idempotent
+    assert len(tracker.runs("tags.kind = 'verification'")) == 2
+
+
+def test_a_verification_run_a_killed_process_left_running_is_completed_from_the_store(tmp_path: Path) -> None:
+    import socket
+
+    from tuner.tracking import OWNER_TAG, VERIFICATION_KEY_TAG
+
+    sd = tmp_path / "state"
+    tracker = Tracker(default_tracking_uri(sd), "complete")
+    session = open_session(load_agent(_verifying_agent(tmp_path)), sd, tracker=tracker)
+    run_cycle(session, trials=2)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    from tuner.proc import process_start_ticks
+
+    owner = f"{socket.gethostname()}:{dead.pid}:{process_start_ticks(os.getpid())}"
+    run_id = tracker.start_run("verify-trial-1 pass", tags={
+        "kind": "verification", "study": session.study.name, OWNER_TAG: owner, VERIFICATION_KEY_TAG: "abc"})
+    tracker.active.discard(run_id)  # as if another process had made it
+    from tuner.champion_db import champion_store
+
+    champion_store(session).add_verification({
+        "passed": True, "reason": "better", "study": session.study.name, "trial": 1, "reference": "baseline",
+        "run_id": run_id, "uid": "abc", "pairs": 2, "improvement": 0.1, "improvement_low": 0.05, "p_value": 0.01,
+        "runs": [{"arm": a, "pair": i, "value": 10.0 + i} for i in (1, 2) for a in ("A", "B")]})
+    from tuner.loop import sync_mlflow
+
+    sync_mlflow(session)
+    run = tracker.client.get_run(run_id)
+    assert run.info.status == "FINISHED", run.info.status
+    assert run.data.metrics["improvement"] == pytest.approx(0.1)
+    assert len(tracker.runs("tags.kind = 'verification'")) == 1  # completed, not written twice
