@@ -1,13 +1,15 @@
 """The fault campaign: kill `tuner run` and the daemon at random points, take the MLflow server down during
-a run, fuzz specs through `tuner validate` and requests through the reference engine, and print the table
-(target: all zeros in the last five columns).
+a run, restart PostgreSQL under a fleet of workers, fuzz specs through `tuner validate` and requests
+through the reference engine, and print the table (target: all zeros in the counted columns).
 
     .venv/bin/python experiments/fault-campaign/campaign.py [--kills 10] [--daemon-kills 5] [--specs 300]
-        [--requests 400] [--outage-trials 40] [--seed 0] [--out experiments/fault-campaign/results.md]
+        [--requests 400] [--outage-trials 40] [--pg-trials 30] [--pg-restarts 2] [--seed 0]
+        [--out experiments/fault-campaign/results.md]
 
-Everything is real: subprocesses of the tuner's own CLI, a real `mlflow server`, the reference engine on
-the CPU, SQLite stores in a temporary directory. The PostgreSQL restart needs the distributed storage (a
-postgresql:// storage URL in TUNER_CAMPAIGN_PG); without it that row says "not run".
+Everything is real: subprocesses of the tuner's own CLI, a real `mlflow server`, a throwaway PostgreSQL
+cluster (initdb and pg_ctl, as tests/support/postgres.py makes it for the fleet tests), the reference
+engine on the CPU, SQLite stores in a temporary directory. The table goes on top of --out; the tables
+already there stay below it, as history.
 """
 
 from __future__ import annotations
@@ -95,16 +97,40 @@ def mlflow_runs(uri: str, experiment: str = "campaign") -> list[Any]:
 
     tr = Tracker(uri, experiment, call_timeout_s=60)
     runs = tr._retry("campaign read", lambda: tr.runs())
-    return [r for r in (runs or []) if r.data.tags.get("kind") in ("cycle", "trial")]
+    if runs is None:
+        raise RuntimeError(f"cannot read the MLflow runs of {experiment} from {uri}")
+    return [r for r in runs if r.data.tags.get("kind") in ("cycle", "trial", "fleet", "verification")]
 
 
-def stranded(uri: str, sd: Path) -> int:
+def stranded(uri: str, sd: Path | None = None, *, experiment: str = "campaign",
+             states: dict[int, str] | None = None) -> int:
     """MLflow runs left RUNNING, plus finished Optuna trials MLflow has no run for."""
-    runs = mlflow_runs(uri)
+    runs = mlflow_runs(uri, experiment)
     running = sum(r.info.status == "RUNNING" for r in runs)
     have = {int(r.data.tags["trial"]) for r in runs if r.data.tags.get("kind") == "trial"}
-    finished = {n for n, s in study_states(sd).items() if s in ("COMPLETE", "FAIL")}
+    states = states if states is not None else study_states(sd) if sd is not None else {}
+    finished = {n for n, s in states.items() if s in ("COMPLETE", "FAIL")}
     return running + len(finished - have)
+
+
+def duplicated(uri: str, experiment: str) -> int:
+    """Trials with more than one MLflow trial run."""
+    seen: dict[int, int] = {}
+    for r in mlflow_runs(uri, experiment):
+        if r.data.tags.get("kind") == "trial":
+            n = int(r.data.tags["trial"])
+            seen[n] = seen.get(n, 0) + 1
+    return sum(1 for c in seen.values() if c > 1)
+
+
+def mlflow_answers(uri: str) -> bool:
+    """Whether the tracking server answers its API (not only /health): a search of one experiment."""
+    import urllib.request
+
+    req = urllib.request.Request(f"{uri}/api/2.0/mlflow/experiments/search", data=b'{"max_results": 1}',
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=30) as r:  # noqa: S310 - our own local server
+        return bool(r.status == 200)
 
 
 def wait_for(cond: Any, timeout_s: float) -> bool:
@@ -205,11 +231,111 @@ def mlflow_outage(work: Path, trials: int, outage_s: float) -> dict[str, Any]:
         proc.wait(1800)
         wall_s = time.monotonic() - t0
         at_end = stranded(uri, sd)
+        # the next start, made once the server answers its API again (bounded wait): it must make MLflow whole
+        answers = wait_for(lambda: mlflow_answers(uri), 180)
+        t1 = time.monotonic()
         r = tuner("run", str(agent), "--trials", "1", "--state-dir", str(sd))
+        restart_s = time.monotonic() - t1
         after_restart = stranded(uri, sd)
     done = sum(s == "COMPLETE" for s in study_states(sd).values())
     return {"trials": done, "missing_at_end": at_end, "stranded": after_restart, "outage_s": round(up_after_s, 1),
-            "wall_s": round(wall_s, 1), "run_rc": proc.returncode, "restart_rc": r.returncode}
+            "wall_s": round(wall_s, 1), "run_rc": proc.returncode, "restart_rc": r.returncode,
+            "restart_s": round(restart_s, 1), "answered": answers}
+
+
+# ---------------------------------------------------------------------------- PostgreSQL restart
+PG_AGENT = """\
+name: campaign-pg
+target: {kind: sim, hardware: a100-80gb-sxm, model: llama-3-8b, num_gpus: 8}
+search_space:
+  params:
+    max_num_seqs: {type: int, low: 8, high: 512, log: true, default: 256}
+    max_num_batched_tokens: {type: int, low: 256, high: 16384, log: true, default: 2048}
+  constraints: ["max_num_batched_tokens >= max_num_seqs"]
+workload:
+  arrival: {kind: poisson, rate_per_s: 20}
+  prompt_tokens: {dist: uniform, low: 64, high: 512}
+  output_tokens: {dist: fixed, value: 64}
+  num_requests: 200
+objectives: [{metric: output_throughput, direction: maximize}]
+slos: [{metric: ttft_ms.p99, max: 5000}]
+sampler: {name: random, seed: 1}
+budget: {trials: TRIALS}
+storage: STORAGE
+tracking: {uri: "MLFLOW"}
+lease: {heartbeat_s: 1, timeout_s: 20}
+"""
+
+
+def pg_restart(work: Path, trials: int, workers: int, restarts: int, down_s: float) -> dict[str, Any]:
+    """`workers` `tuner worker` processes share one study of `trials` trials on a throwaway PostgreSQL (the
+    fleet tests' tests/support/postgres.py), tracked on an `mlflow server` whose backend store is the same
+    PostgreSQL; PostgreSQL is restarted `restarts` times mid-run (pg_ctl stop -m fast, `down_s` down,
+    start). Counted: workers that exited non-zero, trials finished before a restart and not after, budget
+    trials never completed, MLflow runs stranded after the workers end and after a start made once both
+    servers answer."""
+    import optuna
+
+    from tests.support import postgres
+    from tests.support.mlflow_server import start_mlflow_server
+    from tuner.study import open_storage
+
+    if not postgres.available():
+        return {"skipped": "PostgreSQL is not installed (apt-get install postgresql)"}
+    out: dict[str, Any] = {"restarts": 0}
+    with postgres.start_postgres() as pg:
+        os.environ["PGPASSWORD"] = pg.password  # this process reads the study as a worker does
+        url = pg.create_database("study")
+        backend = pg.create_database("mlflow")
+        with start_mlflow_server(backend, work / "pg-mlflow" / "artifacts", env=pg.env()) as mlflow_uri:
+            (work / "pg-agent").mkdir()
+            agent = work / "pg-agent" / "agent.yaml"
+            agent.write_text(PG_AGENT.replace("TRIALS", str(trials)).replace("STORAGE", url)
+                             .replace("MLFLOW", mlflow_uri))
+
+            def states() -> dict[int, str]:
+                try:
+                    study = optuna.load_study(study_name="campaign-pg", storage=open_storage(url))
+                except KeyError:
+                    return {}
+                return {t.number: t.state.name for t in study.get_trials(deepcopy=False)}
+
+            env = {"PGPASSWORD": pg.password}
+            t0 = time.monotonic()
+            procs = [spawn([PY, "-m", "tuner.cli", "worker", str(agent), "--state-dir", str(work / f"pg-state-{i}")],
+                           work / f"pg-worker-{i}.log", env=env) for i in range(workers)]
+            finished_before: set[int] = set()
+            for k in range(restarts):
+                goal = (k + 1) * trials // (restarts + 1)
+                wait_for(lambda g=goal: sum(s == "COMPLETE" for s in states().values()) >= g, 900)
+                if all(p.poll() is not None for p in procs):
+                    break
+                finished_before |= {n for n, s in states().items() if s in ("COMPLETE", "FAIL")}
+                pg.restart(down_s=down_s)
+                out["restarts"] += 1
+            rcs = []
+            for p in procs:
+                try:
+                    rcs.append(p.wait(900))
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    rcs.append(p.wait(10))
+            out["wall_s"] = round(time.monotonic() - t0, 1)
+            after = states()
+            out["failed_workers"] = sum(rc != 0 for rc in rcs)
+            completed = sum(s == "COMPLETE" for s in after.values())
+            out["completed"] = completed
+            out["trials_failed"] = sum(s == "FAIL" for s in after.values())
+            out["lost"] = sum(1 for n in finished_before if after.get(n) not in ("COMPLETE", "FAIL")) + max(
+                0, trials - completed)
+            out["missing_at_end"] = stranded(mlflow_uri, experiment="campaign-pg", states=after)
+            # a start once both servers answer: a worker of the same budget reconciles, finds it spent and leaves
+            wait_for(lambda: mlflow_answers(mlflow_uri), 180)
+            r = tuner("worker", str(agent), "--state-dir", str(work / "pg-state-restart"), env=env)
+            out["restart_rc"] = r.returncode
+            out["stranded"] = stranded(mlflow_uri, experiment="campaign-pg", states=states())
+            out["duplicates"] = duplicated(mlflow_uri, "campaign-pg")
+    return out
 
 
 # ---------------------------------------------------------------------------- spec fuzzing
@@ -276,7 +402,7 @@ def fuzz_specs(work: Path, n: int, rng: random.Random) -> dict[str, Any]:
         # the worker is killed and a new one goes on with the next spec
         listing = work / "todo.txt"
         listing.write_text("\n".join(f"{i}\t{paths_[i]}\t{work / f'state-{i}'}" for i in todo))
-        proc = subprocess.Popen([PY, str(worker), str(listing)], cwd=REPO, stdout=subprocess.PIPE,
+        proc = subprocess.Popen([PY, str(worker), str(listing), str(REPO)], cwd=REPO, stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL, text=True, start_new_session=True)
         assert proc.stdout is not None
         import selectors
@@ -325,11 +451,13 @@ def fuzz_specs(work: Path, n: int, rng: random.Random) -> dict[str, Any]:
 _VALIDATE_WORKER = r'''
 import json, resource, sys, time
 from pathlib import Path
+sys.path.insert(0, sys.argv[2])  # the repository: tests.support.spec_probe
 from typer.testing import CliRunner
 from tuner.cli import app
 from tuner.agent import load_agent
 from tuner.loop import open_session, run_cycle
 from tuner.tracking import Tracker
+from tests.support.spec_probe import refused_values
 CliRunner().invoke(app, ["--version"])
 rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 for line in Path(sys.argv[1]).read_text().splitlines():
@@ -345,6 +473,10 @@ for line in Path(sys.argv[1]).read_text().splitlines():
             s = open_session(load_agent(spec), Path(state), tracker=Tracker("sqlite:///x.db", "x", enabled=False))
             out = run_cycle(s, trials=1)
             res["run_ok"] = len(out.outcomes) == 1 and all(t.state.name != "RUNNING" for t in s.study.trials())
+            refused = refused_values(load_agent(spec))  # a value the simulator refuses at every trial
+            if refused:
+                res["run_ok"] = False
+                res["run_error"] = "; ".join(refused)[:300]
         except Exception as exc:
             res["run_ok"] = False
             res["run_error"] = f"{type(exc).__name__}: {exc}"[:300]
@@ -429,57 +561,90 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--outage-trials", type=int, default=40)
     ap.add_argument("--outage-s", type=float, default=20.0)
+    ap.add_argument("--pg-trials", type=int, default=30)
+    ap.add_argument("--pg-workers", type=int, default=2)
+    ap.add_argument("--pg-restarts", type=int, default=2)
+    ap.add_argument("--pg-down-s", type=float, default=3.0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--only", default="kills,daemon,outage,specs,requests")
+    ap.add_argument("--only", default="kills,daemon,outage,pg,specs,requests")
     ap.add_argument("--out", type=Path, default=Path(__file__).with_name("results.md"))
     a = ap.parse_args()
+    load0 = " ".join(f"{x:.1f}" for x in os.getloadavg())
     rng = random.Random(a.seed)
     only = set(a.only.split(","))
     rows: list[tuple[str, str, Any, Any, Any, Any, Any, str]] = []
+    Row = tuple[str, str, Any, Any, Any, Any, Any, str]
+
+    def kills(work: Path) -> Row:
+        t0 = time.monotonic()
+        k = kill_runs(work, a.kills, rng, daemon=False)
+        return ("SIGKILL of tuner run", f"{k['kills']}", k["kills"] - k["survived"], k["lost"], k["stranded"], "-",
+                "-", f"{time.monotonic() - t0:.0f} s")
+
+    def daemon(work: Path) -> Row:
+        t0 = time.monotonic()
+        k = kill_runs(work, a.daemon_kills, rng, daemon=True)
+        return ("SIGKILL of the daemon", f"{k['kills']}", k["kills"] - k["survived"] + k["check_wrong"], k["lost"],
+                k["stranded"], "-", "-", f"{time.monotonic() - t0:.0f} s; tuner check wrong {k['check_wrong']} times")
+
+    def outage(work: Path) -> Row:
+        o = mlflow_outage(work, a.outage_trials, a.outage_s)
+        return ("MLflow server down mid-run", f"{o['trials']} trials",
+                int(o["run_rc"] != 0) + int(o["restart_rc"] != 0), 0, o["stranded"], "-", "-",
+                f"down {o['outage_s']} s; {o['missing_at_end']} missing or RUNNING when the run ended; "
+                f"run {o['wall_s']} s; the next start (made once the server answered"
+                f"{'' if o['answered'] else ': it did not within 180 s'}) took {o['restart_s']} s")
+
+    def pg(work: Path) -> Row:
+        g = pg_restart(work, a.pg_trials, a.pg_workers, a.pg_restarts, a.pg_down_s)
+        if "skipped" in g:
+            return ("PostgreSQL restart", "not run", "-", "-", "-", "-", "-", g["skipped"])
+        return ("PostgreSQL restart under workers", f"{g['restarts']} restarts",
+                g["failed_workers"] + int(g["restart_rc"] != 0), g["lost"], g["stranded"], "-", "-",
+                f"{a.pg_workers} workers, {g['completed']}/{a.pg_trials} trials COMPLETE "
+                f"({g['trials_failed']} FAIL, redone); down {a.pg_down_s:g} s each; "
+                f"{g['missing_at_end']} missing or RUNNING in MLflow when the workers ended; "
+                f"{g['duplicates']} trial(s) with two MLflow runs; {g['wall_s']} s")
+
+    def specs(work: Path) -> Row:
+        t0 = time.monotonic()
+        s = fuzz_specs(work, a.specs, rng)
+        return ("spec fuzzing (validate, then run)", f"{s['specs']} specs", "-", "-", "-",
+                f"{s['crashed']}/{s['hung']}", "-",
+                f"{s['accepted']} accepted, {s['run_failed']} of them failed to run; max validate "
+                f"{s['max_s']} s CPU; {time.monotonic() - t0:.0f} s")
+
+    def requests(work: Path) -> Row:
+        r = fuzz_requests(work, a.requests, rng)
+        return ("request fuzzing (reference engine)", f"{r['requests']} requests", "-", "-", "-", "-", r["hurt"],
+                f"statuses {r['statuses']}; SIGTERM took {r['stop_s']} s")
+
+    parts = {"kills": kills, "daemon": daemon, "outage": outage, "pg": pg, "specs": specs, "requests": requests}
     with tempfile.TemporaryDirectory(prefix="fault-campaign-") as tmp:
-        work = Path(tmp)
-        if "kills" in only:
-            t0 = time.monotonic()
-            k = kill_runs(work, a.kills, rng, daemon=False)
-            rows.append(("SIGKILL of tuner run", f"{k['kills']}", k["kills"] - k["survived"], k["lost"],
-                         k["stranded"], "-", "-", f"{time.monotonic() - t0:.0f} s"))
-            print(rows[-1], flush=True)
-        if "daemon" in only:
-            t0 = time.monotonic()
-            k = kill_runs(work, a.daemon_kills, rng, daemon=True)
-            rows.append(("SIGKILL of the daemon", f"{k['kills']}", k["kills"] - k["survived"] + k["check_wrong"],
-                         k["lost"], k["stranded"], "-", "-",
-                         f"{time.monotonic() - t0:.0f} s; tuner check wrong {k['check_wrong']} times"))
-            print(rows[-1], flush=True)
-        if "outage" in only:
-            o = mlflow_outage(work, a.outage_trials, a.outage_s)
-            rows.append(("MLflow server down mid-run", f"{o['trials']} trials", int(o["run_rc"] != 0), 0,
-                         o["stranded"], "-", "-",
-                         f"down {o['outage_s']} s; {o['missing_at_end']} missing when the run ended; "
-                         f"run {o['wall_s']} s"))
-            print(rows[-1], flush=True)
-        pg = os.environ.get("TUNER_CAMPAIGN_PG")
-        rows.append(("PostgreSQL restart", "not run", "-", "-", "-", "-", "-",
-                     "needs TUNER_CAMPAIGN_PG (distributed storage)" if not pg else "not implemented here yet"))
-        if "specs" in only:
-            t0 = time.monotonic()
-            s = fuzz_specs(work, a.specs, rng)
-            rows.append(("spec fuzzing (validate, then run)", f"{s['specs']} specs", "-", "-", "-",
-                         f"{s['crashed']}/{s['hung']}", "-",
-                         f"{s['accepted']} accepted, {s['run_failed']} of them failed to run; max validate "
-                         f"{s['max_s']} s CPU; {time.monotonic() - t0:.0f} s"))
-            print(rows[-1], flush=True)
-        if "requests" in only:
-            r = fuzz_requests(work, a.requests, rng)
-            rows.append(("request fuzzing (reference engine)", f"{r['requests']} requests", "-", "-", "-", "-",
-                         r["hurt"], f"statuses {r['statuses']}; SIGTERM took {r['stop_s']} s"))
+        for name, part in parts.items():
+            if name not in only:
+                continue
+            work = Path(tmp) / name
+            work.mkdir()
+            try:
+                rows.append(part(work))
+            except Exception as exc:  # noqa: BLE001 - one broken part is a row that says so, not a lost campaign
+                import traceback
+
+                traceback.print_exc()
+                rows.append((name, "error", "?", "?", "?", "?", "?", f"{type(exc).__name__}: {exc}"[:300]))
             print(rows[-1], flush=True)
     head = ("| fault | done | kills not survived | trials lost | runs stranded | specs crashed/hung "
             "| requests that hurt the engine | notes |\n|---|---|---|---|---|---|---|---|\n")
     table = head + "".join("| " + " | ".join(str(x) for x in row) + " |\n" for row in rows)
     print(table)
-    a.out.write_text(f"# Fault campaign\n\n`{' '.join(['campaign.py', *sys.argv[1:]])}`, "
-                     f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n{table}")
+    new = (f"`{' '.join(['campaign.py', *sys.argv[1:]])}`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+           f"load average before/after {load0} / {' '.join(f'{x:.1f}' for x in os.getloadavg())}\n\n{table}")
+    old = a.out.read_text() if a.out.exists() else ""
+    if old.startswith("# Fault campaign"):  # the tables already there stay, below, as history
+        header = "## History (earlier runs, older code)\n\n"
+        old = "\n" + header + old.split("\n", 1)[1].lstrip("\n").replace(header, "")
+    a.out.write_text(f"# Fault campaign\n\n{new}{old}")
     return 0
 
 
