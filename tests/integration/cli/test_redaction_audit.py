@@ -96,7 +96,8 @@ def test_a_trial_of_a_command_target_leaks_no_url_secret(tmp_path: Path) -> None
     from tuner.study import default_storage, open_storage
 
     trials = optuna.load_study(study_name="leaky", storage=open_storage(default_storage(sd))).trials
-    assert trials and trials[0].user_attrs.get("cause") in ("server_errors", "all_requests_failed"), trials[0].user_attrs
+    cause = trials[0].user_attrs.get("cause") if trials else None
+    assert cause in ("server_errors", "all_requests_failed"), trials[0].user_attrs
     _no_secret(json.dumps([t.user_attrs for t in trials], default=str), "the Optuna study")
     assert "svc:***@backend" in trials[0].user_attrs["error"]
     from mlflow.tracking import MlflowClient
