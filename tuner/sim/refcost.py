@@ -49,8 +49,9 @@ def fit(rows: Sequence[Sequence[float]], seconds: Sequence[float]) -> tuple[list
     """Non-negative robust least squares of `seconds` on `rows`; (coefficients, fit statistics).
 
     Residuals are relative (each step weighted by 1 / its time) under a soft-L1 loss, so the odd step that the
-    OS or another thread stretched (a pass waits for the core) does not pull the coefficients; a feature that
-    never occurs in the data gets 0."""
+    OS or another thread stretched (a pass waits for the core) does not pull the coefficients; the result is then
+    scaled so that the predicted total of the steps' times equals the measured total (the stretched time was spent
+    all the same). A feature that never occurs in the data gets 0."""
     from scipy.optimize import least_squares, lsq_linear
 
     x = np.asarray(rows, dtype=float)
@@ -65,6 +66,8 @@ def fit(rows: Sequence[Sequence[float]], seconds: Sequence[float]) -> tuple[list
     res = least_squares(lambda c: a @ c - y * w, start, bounds=(0.0, np.inf), loss="soft_l1", f_scale=0.1)
     coef = np.zeros(x.shape[1])
     coef[used] = res.x / scale[used]
+    # the robust fit discounts the stretched steps, but their time was spent: scaled so the steps' total is right
+    coef *= y.sum() / max(float((x @ coef).sum()), 1e-12)
     pred = x @ coef
     rel = np.abs(pred - y) / np.maximum(y, 1e-9)
     return coef.tolist(), {"steps": float(len(y)), "median_rel_error": float(np.median(rel)),
