@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from tuner.dblock import study_lock
+from tuner.dblock import LockTimeout, study_lock
 from tuner.errors import ConfigError, TunerError
 from tuner.lease import Heartbeat
 from tuner.objectives import Evaluation, pessimistic
@@ -248,10 +248,14 @@ class TunerStudy:
                 cause = "worker_lost"
             elif owner is None and t.datetime_start is not None:
                 # asked a moment ago, its owner not recorded yet (or never: the asker died or lost the
-                # database in between): lost once a lease has passed since it started
-                if (now - t.datetime_start).total_seconds() <= self.spec.lease.timeout_s:
+                # database in between): lost once a lease has passed since it started; on SQLite, at once
+                # when no asker is between its two steps (the ask lock) and it still has no owner
+                if (now - t.datetime_start).total_seconds() > self.spec.lease.timeout_s:
+                    cause = "worker_lost"
+                elif self.storage_url.startswith("sqlite") and self._orphaned(t._trial_id):
+                    cause = "interrupted"
+                else:
                     continue
-                cause = "worker_lost"
             elif _owner_may_live(owner, (self.storage_url, t._trial_id)):
                 continue
             else:
@@ -267,6 +271,15 @@ class TunerStudy:
                         who.get("pid", "?"), who.get("host", "?"))
             reaped.append(t.number)
         return reaped
+
+    def _orphaned(self, trial_id: int) -> bool:
+        """Whether a RUNNING trial has no owner while no process of this (SQLite) study is asking."""
+        try:
+            with self.lock("ask", timeout_s=10.0):
+                t = self.study._storage.get_trial(trial_id)
+                return t.state == TrialState.RUNNING and t.system_attrs.get(OWNER_ATTR) is None
+        except LockTimeout:
+            return False
 
     def ensure_baseline(self) -> None:
         """Enqueue the baseline (all defaults) unless it already ran or waits: once for the whole fleet."""
@@ -345,16 +358,26 @@ class TunerStudy:
                  "error": f"violates constraint(s): {'; '.join(bad)}"}
         self.tell(trial, Evaluation(values=values, constraints=constraints), attrs=attrs)
 
+    def _owning_lock(self) -> contextlib.AbstractContextManager[None]:
+        """On a SQLite study (one host), the lock under which a trial is asked and its owner recorded: a reaper
+        that holds it sees no trial mid-ask, so an owner-less RUNNING trial is one whose asker died in between
+        (a SIGKILL there left it RUNNING until its lease ran out). A shared database keeps the lease for that:
+        another host's asker may be between its two steps."""
+        if self.storage_url.startswith("sqlite"):
+            return self.lock("ask")
+        return contextlib.nullcontext()
+
     def _ask_once(self) -> tuple[Trial, dict[str, Any]]:
-        with self._ask_lock:  # two threads asking at once on SQLite can both pop the same queued trial
+        # two threads asking at once on SQLite can both pop the same queued trial: _ask_lock
+        with self._ask_lock, self._owning_lock():
             trial = with_db_retry("ask a trial", self.study.ask)
-        with _IN_FLIGHT_LOCK:
-            _IN_FLIGHT.add((self.storage_url, trial._trial_id))
-        owner = _this_process()
-        with_db_retry("record the trial's owner", lambda: (
-            self.study._storage.set_trial_system_attr(trial._trial_id, OWNER_ATTR, owner),
-            self.study._storage.set_trial_user_attr(trial._trial_id, "host", owner["host"]),
-            self.study._storage.set_trial_user_attr(trial._trial_id, "pid", owner["pid"])))
+            with _IN_FLIGHT_LOCK:
+                _IN_FLIGHT.add((self.storage_url, trial._trial_id))
+            owner = _this_process()
+            with_db_retry("record the trial's owner", lambda: (
+                self.study._storage.set_trial_system_attr(trial._trial_id, OWNER_ATTR, owner),
+                self.study._storage.set_trial_user_attr(trial._trial_id, "host", owner["host"]),
+                self.study._storage.set_trial_user_attr(trial._trial_id, "pid", owner["pid"])))
         self.heartbeat.add(trial._trial_id)
         chosen: dict[str, Any] = {}
         for p in self.space.params:
