@@ -15,6 +15,7 @@ import socket
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -101,6 +102,7 @@ def _owner_token() -> str:
 
 
 OWNER_TAG = "tuner.owner"
+CREATE_ID_TAG = "tuner.create_id"  # one start_run's id: its retries find a run an earlier attempt made
 VERIFICATION_KEY_TAG = "tuner.verification"  # a verification's key, in its MLflow run and its stored entry
 END_PROBE_S = 10.0  # a store marked down is asked once more at the end of a run, cycle or verification
 LOCAL_OPEN_TIMEOUT_S = 120.0  # making a new SQLite store's tables takes seconds, more on a loaded host
@@ -351,8 +353,18 @@ class Tracker:
     # ------------------------------------------------------------ runs
     def start_run(self, name: str, *, parent_run_id: str | None = None, tags: Mapping[str, Any] | None = None,
                   params: Mapping[str, Any] | None = None) -> str | None:
+        create_id = uuid.uuid4().hex
+        attempts = [0]
+
         def go() -> str:
-            all_tags = {"tuner.version": __version__, OWNER_TAG: self.owner, **(tags or {})}
+            attempts[0] += 1
+            if attempts[0] > 1:  # an attempt whose answer was lost (a server whose store restarted) may have
+                found = self.client.search_runs(  # made the run: a retry must not make a second one
+                    [self.experiment_id], filter_string=f"tags.`{CREATE_ID_TAG}` = '{create_id}'", max_results=1)
+                if found:
+                    return str(found[0].info.run_id)
+            all_tags = {"tuner.version": __version__, OWNER_TAG: self.owner, CREATE_ID_TAG: create_id,
+                        **(tags or {})}
             if parent_run_id:
                 all_tags["mlflow.parentRunId"] = parent_run_id
             run = self.client.create_run(self.experiment_id, run_name=name,

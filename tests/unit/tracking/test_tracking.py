@@ -76,3 +76,38 @@ def test_urls_in_messages_hide_passwords() -> None:
     assert safe_url("postgresql+psycopg://tuner:s3cret@db:5432/optuna") == "postgresql+psycopg://tuner:***@db:5432/optuna"
     assert safe_url("http://u:p@mlflow:5000") == "http://u:***@mlflow:5000"
     assert safe_url("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"
+
+
+class _LostAnswerClient:
+    """A real MlflowClient whose first create_run makes the run and then fails, as when a tracking server
+    commits a run while its backend store restarts and the answer never reaches the tuner."""
+
+    def __init__(self, real: object) -> None:
+        self._real = real
+        self.lost = False
+
+    def create_run(self, *args: object, **kw: object) -> object:
+        run = self._real.create_run(*args, **kw)  # type: ignore[attr-defined]
+        if not self.lost:
+            self.lost = True
+            raise ConnectionError("the answer was lost")
+        return run
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)
+
+
+class _LostAnswerTracker(Tracker):
+    @property
+    def client(self) -> object:
+        if self._client is None:
+            self._client = _LostAnswerClient(Tracker.client.fget(self))  # type: ignore[attr-defined]
+        return self._client
+
+
+def test_a_start_run_whose_answer_was_lost_is_not_made_twice(tmp_path: Path) -> None:
+    tr = _LostAnswerTracker(default_tracking_uri(tmp_path), "exp", artifact_dir=tmp_path / "art")
+    run_id = tr.start_run("trial-3", tags={"kind": "trial", "trial": 3})
+    assert run_id is not None
+    runs = tr.runs()
+    assert len(runs) == 1 and runs[0].info.run_id == run_id  # the first attempt's run, found by its create id
