@@ -80,8 +80,9 @@ def table(runs: list[dict[str, Any]], optimum: float, source: str) -> str:
              f"{optimum:.1f} ms ({source}); ratio = optimum / best feasible after k deployed trials "
              "(1 = the optimum)", "",
              "| variant | seeds | " + " | ".join(f"k={k} median / worst" for k in ks) +
-             " | trials to 90% (median; seeds) | screened proposals per run (mean) |",
-             "|---|---|" + "---|" * len(ks) + "---|---|"]
+             " | trials to 90% (median; seeds) | deployed trials feasible | screened proposals per run (mean) | "
+             "wall s per run (mean) |",
+             "|---|---|" + "---|" * len(ks) + "---|---|---|---|"]
     for variant in dict.fromkeys(r["variant"] for r in runs):
         rs = [r for r in runs if r["variant"] == variant]
         cells = []
@@ -96,7 +97,9 @@ def table(runs: list[dict[str, Any]], optimum: float, source: str) -> str:
         med = statistics.median([x if x is not None else math.inf for x in reach])
         lines.append(f"| {variant} | {len(rs)} | " + " | ".join(cells) +
                      f" | {'>' + str(rs[0]['trials']) if math.isinf(med) else f'{med:.0f}'} ({len(got)}/{len(rs)}) | "
-                     f"{statistics.mean(len(r['screened']) for r in rs):.1f} |")
+                     f"{sum(o['feasible'] for r in rs for o in r['outcomes'])}/{sum(len(r['outcomes']) for r in rs)} | "
+                     f"{statistics.mean(len(r['screened']) for r in rs):.1f} | "
+                     f"{statistics.mean(r['wall_s'] for r in rs):.0f} |")
     return "\n".join(lines) + "\n"
 
 
