@@ -32,8 +32,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-AGENT = """\
-name: campaign
+# the sim agent of every part; NUM: requests per trial
+SIM_AGENT_BODY = """\
 target: {kind: sim, hardware: a100-80gb-sxm, model: llama-3-8b, num_gpus: 8}
 search_space:
   params:
@@ -48,6 +48,8 @@ workload:
 objectives: [{metric: output_throughput, direction: maximize}]
 slos: [{metric: ttft_ms.p99, max: 5000}]
 sampler: {name: random, seed: 1}
+"""
+AGENT = "name: campaign\n" + SIM_AGENT_BODY + """\
 budget: {trials: 500}
 schedule: {every: 2s, trials_per_cycle: 3}
 TRACKING
@@ -244,22 +246,7 @@ def mlflow_outage(work: Path, trials: int, outage_s: float) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- PostgreSQL restart
-PG_AGENT = """\
-name: campaign-pg
-target: {kind: sim, hardware: a100-80gb-sxm, model: llama-3-8b, num_gpus: 8}
-search_space:
-  params:
-    max_num_seqs: {type: int, low: 8, high: 512, log: true, default: 256}
-    max_num_batched_tokens: {type: int, low: 256, high: 16384, log: true, default: 2048}
-  constraints: ["max_num_batched_tokens >= max_num_seqs"]
-workload:
-  arrival: {kind: poisson, rate_per_s: 20}
-  prompt_tokens: {dist: uniform, low: 64, high: 512}
-  output_tokens: {dist: fixed, value: 64}
-  num_requests: 200
-objectives: [{metric: output_throughput, direction: maximize}]
-slos: [{metric: ttft_ms.p99, max: 5000}]
-sampler: {name: random, seed: 1}
+PG_AGENT = "name: campaign-pg\n" + SIM_AGENT_BODY.replace("NUM", "200") + """\
 budget: {trials: TRIALS}
 storage: STORAGE
 tracking: {uri: "MLFLOW"}
