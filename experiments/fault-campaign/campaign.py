@@ -336,17 +336,6 @@ RAW = ["name: &a [*a]\n",
        "name: " + "[" * 3000 + "]" * 3000 + "\n", "\x00\xff", "{", "key: !!python/object/apply:os.system ['true']\n"]
 
 
-def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix] if prefix else []
-    if isinstance(node, dict):
-        for k, v in node.items():
-            out += _paths(v, (*prefix, k))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            out += _paths(v, (*prefix, i))
-    return out
-
-
 def fuzz_specs(work: Path, n: int, rng: random.Random) -> dict[str, Any]:
     """n specs: the campaign agent with 1-3 random mutations (hostile values, fields removed or added), plus
     hostile YAML texts, validated in turn by a worker process: no answer in 60 s is a hang (the worker is
@@ -355,7 +344,9 @@ def fuzz_specs(work: Path, n: int, rng: random.Random) -> dict[str, Any]:
     import yaml
 
     base = yaml.safe_load(AGENT.replace("NUM", "40").replace("TRACKING", "tracking: {enabled: false}"))
-    paths = _paths(base)
+    from tests.support.spec_probe import spec_paths
+
+    paths = spec_paths(base)
     texts = list(RAW)
     for _ in range(n - len(RAW)):
         spec = json.loads(json.dumps(base))

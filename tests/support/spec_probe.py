@@ -47,3 +47,16 @@ def refused_values(agent: Any) -> list[str]:
         except Exception:  # noqa: BLE001, S112 - infeasible or out of memory: a trial measures that
             continue
     return out
+
+
+def spec_paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every path into a nested spec (dict keys and list indices), parents before children: where a fuzzer may
+    change, remove or add a value."""
+    out = [prefix] if prefix else []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            out += spec_paths(v, (*prefix, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            out += spec_paths(v, (*prefix, i))
+    return out

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
+from tests.support.spec_probe import spec_paths  # noqa: E402
 from tuner.cli import app  # noqa: E402
 
 BASE: dict[str, Any] = {
@@ -57,18 +58,7 @@ _values = st.one_of(
     st.sampled_from(HOSTILE_EXPRESSIONS), st.integers(), st.floats(), st.text(max_size=12))
 
 
-def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix] if prefix else []
-    if isinstance(node, dict):
-        for k, v in node.items():
-            out += _paths(v, (*prefix, k))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            out += _paths(v, (*prefix, i))
-    return out
-
-
-PATHS = _paths(BASE)
+PATHS = spec_paths(BASE)
 
 
 def _apply(spec: dict[str, Any], path: tuple[Any, ...], op: str, value: Any) -> None:
