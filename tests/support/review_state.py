@@ -4,6 +4,7 @@ promoted; and a command-target study (the fault-injection server) whose out-of-m
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from tests.support.agents import write_agent
 from tuner.agent import load_agent
@@ -12,20 +13,18 @@ from tuner.loop import open_session, run_cycle
 SUPPORT = Path(__file__).resolve().parent
 FAULTY = SUPPORT / "faulty_server.py"
 
-SIM_AGENT = {
+# the factory's sim agent with these changes
+SIM_AGENT: dict[str, Any] = {
     "name": "review-sim",
-    "search_space": {"params": {
-        "max_num_seqs": {"type": "int", "low": 8, "high": 512, "log": True, "default": 64},
-        "max_num_batched_tokens": {"type": "int", "low": 256, "high": 16384, "log": True, "default": 2048},
-        "tensor_parallel_size": {"type": "categorical", "choices": [1, 2, 4, 8], "default": 1},
-    }, "constraints": ["max_num_batched_tokens >= max_num_seqs"]},
-    "workload": {"arrival": {"kind": "poisson", "rate_per_s": 30},
-                 "prompt_tokens": {"dist": "uniform", "low": 64, "high": 1024},
-                 "output_tokens": {"dist": "fixed", "value": 64}, "num_requests": 120},
     "slos": [{"metric": "ttft_ms.p99", "max": 400}],
     "sampler": {"name": "tpe", "seed": 3},
     "budget": {"trials": 10},
     "promotion": {"verify_runs": 2, "min_improvement": 0.0, "confidence": 0.9},
+    "at": {"search_space.params.max_num_seqs.default": 64,
+           "search_space.params.tensor_parallel_size": {"type": "categorical", "choices": [1, 2, 4, 8], "default": 1},
+           "workload.arrival": {"kind": "poisson", "rate_per_s": 30},
+           "workload.prompt_tokens": {"dist": "uniform", "low": 64, "high": 1024},
+           "workload.num_requests": 120},
 }
 
 COMMAND_AGENT = f"""\

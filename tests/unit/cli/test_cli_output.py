@@ -8,6 +8,7 @@ import json
 import logging
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -16,19 +17,17 @@ from tests.support.agents import write_agent
 from tuner.cli import app
 from tuner.textfmt import JsonFormatter, fmt, log_handler
 
-CLI_AGENT = {
+# the factory's sim agent with these changes
+CLI_AGENT: dict[str, Any] = {
     "name": "cli-out",
-    "search_space": {"params": {
-        "max_num_seqs": {"type": "int", "low": 8, "high": 512, "log": True, "default": 256},
-        "max_num_batched_tokens": {"type": "int", "low": 256, "high": 16384, "log": True, "default": 2048},
-        "tensor_parallel_size": {"type": "categorical", "choices": [1, 2, 4, 8], "default": 1},
-    }, "constraints": ["max_num_batched_tokens >= max_num_seqs"]},
-    "workload": {"arrival": {"kind": "poisson", "rate_per_s": 20},
-                 "prompt_tokens": {"dist": "uniform", "low": 64, "high": 512},
-                 "output_tokens": {"dist": "fixed", "value": 64}, "num_requests": 40},
     "slos": [{"metric": "ttft_ms.p99", "max": 5000}],
     "sampler": {"name": "tpe", "seed": 1},
     "budget": {"trials": 3},
+    "at": {"search_space.params.max_num_seqs.default": 256,
+           "search_space.params.tensor_parallel_size": {"type": "categorical", "choices": [1, 2, 4, 8], "default": 1},
+           "workload.arrival": {"kind": "poisson", "rate_per_s": 20},
+           "workload.prompt_tokens": {"dist": "uniform", "low": 64, "high": 512},
+           "workload.num_requests": 40},
 }
 
 
