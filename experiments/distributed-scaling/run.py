@@ -29,33 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.support import postgres  # noqa: E402
-
-FAKE = ROOT / "tests" / "support" / "fake_openai_server.py"
-
-COMMAND_AGENT = """\
-name: {name}
-target:
-  kind: command
-  command: ["{{python}}", "{fake}", "--port", "{{port}}", "--ttft-ms", "{{ttft_ms}}", "--itl-ms", "250"]
-  model: fake
-  gpus_per_trial: {gpus_per_trial}
-  startup_timeout_s: 60
-search_space:
-  params:
-    ttft_ms: {{type: categorical, choices: [4000, 5000, 6000], default: 5000}}
-workload:
-  arrival: {{kind: closed, concurrency: 2}}
-  prompt_tokens: {{dist: fixed, value: 16}}
-  output_tokens: {{dist: fixed, value: 30}}
-  num_requests: 4
-objectives: [{{metric: output_throughput, direction: maximize}}]
-sampler: {{name: random, seed: 0}}
-budget: {{trials: {trials}}}
-storage: {storage}
-tracking: {{enabled: false}}
-lease: {{heartbeat_s: 2, timeout_s: 20}}
-{extra}
-"""
+from tests.support.agents import fake_server_agent, write_spec  # noqa: E402
 
 SIM_AGENT = """\
 name: overhead-{kind}
@@ -94,13 +68,15 @@ def trials_per_hour(url: str, name: str) -> tuple[int, float, float]:
 PROCS: list[subprocess.Popen[bytes]] = []
 
 
-def run_workers(pg: postgres.PgServer, work: Path, workers: int, trials: int, extra: str = "",
+def run_workers(pg: postgres.PgServer, work: Path, workers: int, trials: int, extra: dict[str, Any] | None = None,
                 gpus_per_trial: int = 0, label: str = "") -> tuple[int, float, float, float]:
     name = f"scale-{label or workers}"
     url = pg.create_database(name)
     agent = work / f"{name}.yaml"
-    agent.write_text(COMMAND_AGENT.format(name=name, fake=FAKE, trials=trials, storage=url, extra=extra,
-                                          gpus_per_trial=gpus_per_trial))
+    write_spec(agent, fake_server_agent(
+        ttft_ms=[4000, 5000, 6000], itl_ms=250, output_tokens=30, num_requests=4, name=name,
+        budget={"trials": trials}, storage=url, lease={"heartbeat_s": 2, "timeout_s": 20}, **(extra or {}),
+        at={"target.gpus_per_trial": gpus_per_trial, "search_space.params.ttft_ms.default": 5000}))
     t0 = time.monotonic()
     procs = PROCS  # ended on exit whatever happens (SIGTERM included)
     procs[:] = [subprocess.Popen([sys.executable, "-m", "tuner.cli", "worker", str(agent), "--state-dir",
@@ -166,7 +142,8 @@ def run(args: argparse.Namespace) -> None:
             cluster.add_node(**node)
             cluster.wait_for_nodes()
             try:
-                extra = f'executor: {{kind: ray, address: "{cluster.address}", cpus_per_trial: 1}}\nparallel_trials: 4'
+                extra = {"executor": {"kind": "ray", "address": cluster.address, "cpus_per_trial": 1},
+                         "parallel_trials": 4}
                 done, span_s, per_hour, wall_s = run_workers(pg, work, 1, args.trials, extra=extra,
                                                              gpus_per_trial=1, label="ray")
                 rows.append(("Ray, 2 nodes, 4 at once", done, span_s, wall_s, per_hour, base * 4, per_hour / base))

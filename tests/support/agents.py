@@ -1,6 +1,8 @@
 """The agent factory: one valid sim agent, changed by keyword, written as YAML (instead of copied YAML).
 
-`agent_spec(**changes)` returns the spec as a dict; `write_agent(path, **changes)` writes it. A change is a
+`agent_spec(**changes)` returns the spec as a dict; `write_agent(path, **changes)` writes it;
+`fake_server_agent(...)` is the command-target agent whose server is tests/support/fake_openai_server.py
+(fixed delays per trial; the fleet, parallel-trial and scaling runs), changed the same way. A change is a
 top-level key (`name="x"`, `slos=[]`, `schedule={"every": "5s"}`) or a dotted path given in `at`
 (`at={"workload.arrival.concurrency": 8, "target.noise_cv": 0.02}`); the value None removes the key.
 """
@@ -8,7 +10,7 @@ top-level key (`name="x"`, `slos=[]`, `schedule={"every": "5s"}`) or a dotted pa
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +35,36 @@ SIM_AGENT: dict[str, Any] = {
 }
 
 
+FAKE_SERVER = Path(__file__).resolve().parent / "fake_openai_server.py"
+
+
+def fake_server_agent(*, ttft_ms: Sequence[int], itl_ms: int, output_tokens: int, num_requests: int,
+                      server_args: Sequence[str] = (), at: Mapping[str, Any] | None = None,
+                      **changes: Any) -> dict[str, Any]:
+    """A command agent tuning the fake server's `--ttft-ms` over `ttft_ms` (the first is the default), its
+    `--itl-ms` fixed; closed loop of 2, 16-token prompts; random sampler; MLflow off."""
+    spec: dict[str, Any] = {
+        "name": "fake",
+        "target": {"kind": "command", "model": "fake", "startup_timeout_s": 60,
+                   "command": ["{python}", str(FAKE_SERVER), "--port", "{port}", "--ttft-ms", "{ttft_ms}",
+                               "--itl-ms", str(itl_ms), *server_args]},
+        "search_space": {"params": {"ttft_ms": {"type": "categorical", "choices": list(ttft_ms),
+                                                "default": ttft_ms[0]}}},
+        "workload": {"arrival": {"kind": "closed", "concurrency": 2},
+                     "prompt_tokens": {"dist": "fixed", "value": 16},
+                     "output_tokens": {"dist": "fixed", "value": output_tokens}, "num_requests": num_requests},
+        "objectives": [{"metric": "output_throughput", "direction": "maximize"}],
+        "sampler": {"name": "random", "seed": 0},
+        "tracking": {"enabled": False},
+    }
+    return _changed(spec, at, changes)
+
+
 def agent_spec(at: Mapping[str, Any] | None = None, **changes: Any) -> dict[str, Any]:
-    spec = copy.deepcopy(SIM_AGENT)
+    return _changed(copy.deepcopy(SIM_AGENT), at, changes)
+
+
+def _changed(spec: dict[str, Any], at: Mapping[str, Any] | None, changes: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in [*changes.items(), *(at or {}).items()]:
         *parents, last = key.split(".")
         node = spec
@@ -48,6 +78,10 @@ def agent_spec(at: Mapping[str, Any] | None = None, **changes: Any) -> dict[str,
 
 
 def write_agent(path: Path, at: Mapping[str, Any] | None = None, **changes: Any) -> Path:
+    return write_spec(path, agent_spec(at, **changes))
+
+
+def write_spec(path: Path, spec: Mapping[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(agent_spec(at, **changes), sort_keys=False, default_flow_style=None, width=1000))
+    path.write_text(yaml.safe_dump(dict(spec), sort_keys=False, default_flow_style=None, width=1000))
     return path

@@ -5,43 +5,19 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from tests.support.agents import fake_server_agent, write_spec
 from tuner.agent import load_agent
 from tuner.gpupool import GpuPool, overlaps
 from tuner.loop import open_session, run_cycle
-
-FAKE = Path(__file__).resolve().parents[2] / "support" / "fake_openai_server.py"
-
-AGENT = """\
-name: parallel-{parallel}
-target:
-  kind: command
-  command: ["{{python}}", "{fake}", "--port", "{{port}}", "--ttft-ms", "{{ttft_ms}}", "--itl-ms", "5",
-            "--ready-delay-s", "0.5"]
-  model: fake
-  gpus_per_trial: 2
-  startup_timeout_s: 60
-search_space:
-  params:
-    ttft_ms: {{type: categorical, choices: [100, 150, 200], default: 100}}
-workload:
-  arrival: {{kind: closed, concurrency: 2}}
-  prompt_tokens: {{dist: fixed, value: 16}}
-  output_tokens: {{dist: fixed, value: 8}}
-  num_requests: 6
-objectives:
-  - {{metric: output_throughput, direction: maximize}}
-sampler: {{name: random, seed: 0}}
-budget: {{trials: 8}}
-tracking: {{enabled: false}}
-gpus: [0, 1, 2, 3, 4, 5, 6, 7]
-parallel_trials: {parallel}
-"""
 
 
 def run(tmp_path: Path, parallel: int) -> tuple[float, GpuPool, list]:
     d = tmp_path / f"p{parallel}"
     d.mkdir()
-    (d / "agent.yaml").write_text(AGENT.format(parallel=parallel, fake=FAKE))
+    write_spec(d / "agent.yaml", fake_server_agent(
+        ttft_ms=[100, 150, 200], itl_ms=5, output_tokens=8, num_requests=6, server_args=["--ready-delay-s", "0.5"],
+        name=f"parallel-{parallel}", budget={"trials": 8}, gpus=list(range(8)), parallel_trials=parallel,
+        at={"target.gpus_per_trial": 2}))
     agent = load_agent(d / "agent.yaml")
     (d / "state").mkdir()
     session = open_session(agent, d / "state")

@@ -21,6 +21,7 @@ import pytest
 from optuna.trial import TrialState
 
 from tests.support import postgres
+from tests.support.agents import fake_server_agent, write_spec
 from tests.support.logged_proc import output, start_logged
 from tests.support.mlflow_server import start_mlflow_server
 
@@ -29,7 +30,6 @@ pytestmark = [
     pytest.mark.skipif(not postgres.available(), reason="PostgreSQL is not installed (.ci/run installs it)"),
 ]
 REPO = Path(__file__).resolve().parents[3]
-FAKE = REPO / "tests" / "support" / "fake_openai_server.py"
 
 SIM_AGENT = """\
 name: {name}
@@ -52,29 +52,6 @@ tracking: {{uri: "{tracking}"}}
 lease: {{heartbeat_s: 1, timeout_s: {lease_s}}}
 """
 
-# trials of a few seconds: a real server process per trial, serving fixed delays
-COMMAND_AGENT = """\
-name: {name}
-target:
-  kind: command
-  command: ["{{python}}", "{fake}", "--port", "{{port}}", "--ttft-ms", "{{ttft_ms}}", "--itl-ms", "20"]
-  model: fake
-  startup_timeout_s: 60
-search_space:
-  params:
-    ttft_ms: {{type: categorical, choices: [100, 150, 200], default: 100}}
-workload:
-  arrival: {{kind: closed, concurrency: 2}}
-  prompt_tokens: {{dist: fixed, value: 16}}
-  output_tokens: {{dist: fixed, value: 50}}
-  num_requests: 8
-objectives: [{{metric: output_throughput, direction: maximize}}]
-sampler: {{name: random, seed: 0}}
-budget: {{trials: {trials}}}
-storage: {storage}
-tracking: {{enabled: false}}
-lease: {{heartbeat_s: 1, timeout_s: {lease_s}}}
-"""
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +69,7 @@ def mlflow_uri(pg: postgres.PgServer, tmp_path_factory: pytest.TempPathFactory) 
 
 def write_agent(tmp_path: Path, template: str, **kw: object) -> Path:
     p = tmp_path / "agent.yaml"
-    p.write_text(template.format(fake=FAKE, **kw))
+    p.write_text(template.format(**kw))
     return p
 
 
@@ -162,7 +139,10 @@ def test_a_killed_workers_trial_is_failed_when_its_lease_expires(pg: postgres.Pg
         pytest.skip("unshare (util-linux) is needed to give a worker a host name of its own")
     url = pg.create_database("killed")
     lease_s = 6
-    agent = write_agent(tmp_path, COMMAND_AGENT, name="killed", trials=6, storage=url, lease_s=lease_s)
+    # trials of a few seconds: a real server process per trial, serving fixed delays
+    agent = write_spec(tmp_path / "agent.yaml", fake_server_agent(
+        ttft_ms=[100, 150, 200], itl_ms=20, output_tokens=50, num_requests=8, name="killed",
+        budget={"trials": 6}, storage=url, lease={"heartbeat_s": 1, "timeout_s": lease_s}))
     env = pg.env()
     victim = start_worker(agent, tmp_path, "victim", env, host="fleet-victim")
     # wait until the victim runs a trial, then start the others and kill it mid-trial
