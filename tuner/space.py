@@ -22,7 +22,7 @@ applies). A sample that violates a constraint is never deployed: the study recor
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -216,6 +216,29 @@ class SearchSpace:
     def full_config(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """What the target receives: fixed values plus the active sampled params."""
         return {**self.fixed, **params}
+
+    def offered_values(self, *, every_int: Collection[str] = (), limit: int = 64) -> Iterator[tuple[str, str, Any]]:
+        """(knob, field, value) for the values this space can hand a target that a target checks one by one:
+        every choice (and both booleans), a range's low, high and default, every fixed value; for the int
+        ranges of the knobs in `every_int` (a knob whose rule is a set, not an interval) also each value of
+        the range, the first `limit`. `field` is where the value is written (`params.X.choices`, `params.X.low`,
+        `fixed.X`)."""
+        for p in self.params:
+            s = p.spec
+            if s.type in ("categorical", "bool"):
+                field = f"params.{p.name}.choices" if s.type == "categorical" else f"params.{p.name}"
+                for v in p.grid():
+                    yield p.name, field, v
+                continue
+            for key in ("low", "high", "default"):
+                v = getattr(s, key)
+                if v is not None:
+                    yield p.name, f"params.{p.name}.{key}", int(v) if s.type == "int" else v
+            if p.name in every_int and s.type == "int" and s.low is not None and s.high is not None:
+                for v in range(int(s.low), min(int(s.high), int(s.low) + limit) + 1, int(s.step or 1)):
+                    yield p.name, f"params.{p.name}", v
+        for name, v in self.fixed.items():
+            yield name, f"fixed.{name}", v
 
 
 def _missing(space: SearchSpace, chosen: Mapping[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -209,6 +210,33 @@ def check_pool(mc: ModelConfig, dtype: str, pool_mb: int) -> int:
             f"kv_pool_mb={pool_mb} cannot hold one sequence of max_model_len={mc.max_model_len} "
             f"({per / 2**20:.1f} MiB per sequence in {dtype}); use kv_pool_mb >= {need}", "kv_pool_mb")
     return capacity
+
+
+def knob_value_error(name: str, value: Any) -> str | None:
+    """Why one value of knob `name` is refused whatever the other knobs are (its kind, its choices, its
+    minimum), or None: what a search space may offer the engine. Device rules are not checked here."""
+    f = next((f for f in dataclasses.fields(EngineConfig) if f.name == name), None)
+    if f is None or value is None and "None" in str(f.type):
+        return None
+    kind = str(f.type).replace(" | None", "")
+    if kind == "bool":
+        ok = isinstance(value, bool)
+    elif kind == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif kind == "float":
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    else:
+        ok = isinstance(value, str)
+    if not ok:
+        what = {"bool": "true or false", "int": "an integer", "float": "a finite number"}.get(kind, "a string")
+        return f"{name} takes {what} (got {value!r})"
+    choices = f.metadata.get("choices")
+    if choices and value not in choices:
+        return f"{name} must be one of {', '.join(choices)} (got {value!r})"
+    minimum = f.metadata.get("min")
+    if minimum is not None and value < minimum:
+        return f"{name} must be >= {minimum:g} (got {value!r})"
+    return None
 
 
 def knob_names() -> list[str]:

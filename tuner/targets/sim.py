@@ -75,40 +75,22 @@ def _knob_value_errors(space: SearchSpace, heads: int) -> list[tuple[str, str]]:
     """(field, message) for every value the space can hand the simulator that a knob's rule refuses: all
     choices, a range's ends and default, fixed values; integer knobs need an int (or categorical) param."""
     out: list[tuple[str, str]] = []
-
-    def check(name: str, field: str, value: Any) -> None:
-        if value is None:
-            return  # null: the simulator's own default
+    for p in getattr(space, "params", []):
+        if p.name in _INTEGER_KNOBS and p.spec.type == "float":
+            out.append((f"params.{p.name}.type", f"{p.name} takes integers: use type int (or categorical)"))
+    floats = {f for f, _ in out}
+    for name, field, value in space.offered_values(every_int=("optimization_level", "block_size",
+                                                              "tensor_parallel_size")):
+        if value is None or f"params.{name}.type" in floats:
+            continue  # null: the simulator's own default
         rule, ok = KNOB_RULES.get(name, ("", None))
         if ok is not None and not ok(value):
             out.append((field, f"{name} must be {rule} (got {value!r})"))
         elif name == "tensor_parallel_size" and heads % int(value):
             out.append((field, f"tensor_parallel_size {value!r} does not divide the model's {heads} attention "
                                "heads (vLLM refuses it)"))
-
-    for p in getattr(space, "params", []):
-        s = p.spec
-        if s.type in ("categorical", "bool"):
-            for v in p.grid():
-                check(p.name, f"params.{p.name}.choices" if s.type == "categorical" else f"params.{p.name}", v)
-                if len(out) > 20:
-                    return out
-            continue
-        if p.name in _INTEGER_KNOBS and s.type == "float":
-            out.append((f"params.{p.name}.type", f"{p.name} takes integers: use type int (or categorical)"))
-            continue
-        for key in ("low", "high", "default"):
-            v = getattr(s, key)
-            if v is not None:
-                check(p.name, f"params.{p.name}.{key}", int(v) if s.type == "int" else v)
-        if p.name in ("optimization_level", "block_size", "tensor_parallel_size") and s.type == "int" and \
-                s.low is not None and s.high is not None:  # a set rule: every value of the range (the first 64)
-            for v in range(int(s.low), min(int(s.high), int(s.low) + 64) + 1, int(s.step or 1)):
-                check(p.name, f"params.{p.name}", v)
-                if len(out) > 20:
-                    return out
-    for name, v in getattr(space, "fixed", {}).items():
-        check(name, f"fixed.{name}", v)
+        if len(out) > 20:
+            break
     return out
 
 

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tuner.engine.config import PRESETS, EngineConfig, EngineConfigError, to_argv
+from tuner.engine.config import PRESETS, EngineConfig, EngineConfigError, knob_value_error, to_argv
 from tuner.errors import ConfigError, InfeasibleConfig
 from tuner.space import SearchSpace
 from tuner.targets.base import TrialContext
@@ -192,6 +192,13 @@ class TorchEngineTarget(ProcessTarget):
         if unknown:
             raise ConfigError(f"search space names knob(s) the torch engine lacks: {unknown}; "
                               f"valid: {', '.join(sorted(fields))}", file=getattr(space, "source", None))
+        # a value the engine refuses whatever the other knobs are would make every trial that draws it infeasible
+        bad = [(field, why) for name, field, value in space.offered_values()
+               if (why := knob_value_error(name, value)) is not None]
+        if bad:
+            field, why = bad[0]
+            more = f" (and {len(bad) - 1} more value(s) the engine refuses)" if len(bad) > 1 else ""
+            raise ConfigError(why + more, file=getattr(space, "source", None), field=field)
 
     @contextlib.contextmanager
     def deploy(self, params: Mapping[str, Any], ctx: TrialContext) -> Iterator[TorchEngineDeployment]:

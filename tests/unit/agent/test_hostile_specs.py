@@ -212,3 +212,58 @@ def test_sound_sim_knob_values_are_accepted(tmp_path: Path) -> None:
     assert code == 0, out
     assert refused_values(load_agent(p)) == []
     assert refused_values(load_agent(SIM_AGENT)) == []
+
+
+_ENGINE_SPACE = """\
+name: bad-engine-knobs
+target: {kind: torch_engine, preset: tiny, device: cpu}
+search_space:
+  params:
+    max_batch_size: {type: int, low: 1, high: 16, default: 8}
+    PARAM
+workload:
+  arrival: {kind: closed, concurrency: 2}
+  prompt_tokens: {dist: fixed, value: 16}
+  output_tokens: {dist: fixed, value: 4}
+  num_requests: 4
+objectives: [{metric: ttft_ms.mean, direction: minimize}]
+"""
+
+
+@pytest.mark.parametrize(("param", "field", "rule"), [
+    ("prefill_chunk_tokens: {type: int, low: -3, high: 64, default: 16}",
+     "params.prefill_chunk_tokens.low", "prefill_chunk_tokens must be >= 1 (got -3)"),
+    ("dtype: {type: categorical, choices: [float32, float64], default: float32}",
+     "params.dtype.choices", "dtype must be one of float32, bfloat16, float16 (got 'float64')"),
+    ("batch_timeout_ms: {type: float, low: -5, high: 50, default: 10}",
+     "params.batch_timeout_ms.low", "batch_timeout_ms must be >= 0 (got -5.0)"),
+    ("kv_pool_mb: {type: categorical, choices: [64, 32.5], default: 64}",
+     "params.kv_pool_mb.choices", "kv_pool_mb takes an integer (got 32.5)"),
+    ("pre_allocate: {type: categorical, choices: [false, 'yes'], default: false}",
+     "params.pre_allocate.choices", "pre_allocate takes true or false (got 'yes')"),
+])
+def test_engine_knob_values_the_engine_refuses_are_located_errors(tmp_path: Path, param: str, field: str,
+                                                                 rule: str) -> None:
+    """The torch_engine target refuses, at validate and before run's first trial, a value the engine refuses
+    whatever the other knobs are (a chunk of -3 tokens used to validate and then fail every trial that drew it)."""
+    p = _write(tmp_path, _ENGINE_SPACE.replace("PARAM", param), "agent.yaml")
+    code, out = _cli("validate", str(p))
+    assert code == 2, out
+    flat = " ".join(out.split())
+    assert "agent.yaml:" in flat and f"search_space.{field}" in flat and rule in flat, out
+    with pytest.raises(ConfigError) as ei:
+        from tuner.agent import preflight
+
+        preflight(load_agent(p))
+    assert ei.value.field == f"search_space.{field}" and ei.value.line is not None
+
+
+def test_sound_engine_knob_values_are_accepted(tmp_path: Path) -> None:
+    param = ("dtype: {type: categorical, choices: [float32, bfloat16], default: float32}\n"
+             "    batch_timeout_ms: {type: float, low: 0, high: 200, default: 50}\n"
+             "    pre_allocate: {type: bool, default: false}\n"
+             "    cpu_threads: {type: categorical, choices: [1, 2], default: 1}")
+    p = _write(tmp_path, _ENGINE_SPACE.replace("PARAM", param), "agent.yaml")
+    code, out = _cli("validate", str(p))
+    assert code == 0, out
+    assert _cli("validate", str(Path(__file__).resolve().parents[3] / "agents" / "quickstart.yaml"))[0] == 0
