@@ -564,14 +564,15 @@ class VllmTarget(ProcessTarget):
         return ["vllm"]
 
     # -- what the installed vLLM accepts
-    def cli(self, *, file: str | None = None) -> VllmCli | None:
+    def cli(self) -> VllmCli | None:
         """The installed vLLM's interface, read once through its interpreter (None: no vLLM found here).
-        A python option naming no interpreter is a ConfigError (read_cli says so)."""
+        A python option naming no interpreter is a ConfigError (read_cli says so) about `target.python`, which
+        is written in the agent file, never in a separate search-space file (the caller locates it there)."""
         if self._cli is None:
             py = self.python()
             if py is None:
                 return None
-            self._cli = self._reader(py, [], file=file)
+            self._cli = self._reader(py, [])
         return self._cli
 
     def flag_table(self, names: Sequence[str] = (), *, file: str | None = None) -> dict[str, Flag]:
@@ -579,7 +580,7 @@ class VllmTarget(ProcessTarget):
         table = dict(FLAGS)
         cli = self._cli
         if any(n not in FLAGS for n in names) or self.options.mapping:
-            cli = self.cli(file=file)
+            cli = self.cli()
         for name, spelling in self.options.mapping.items():
             table[name] = flag_from_mapping(name, spelling, cli)
         if cli is not None:
@@ -719,7 +720,7 @@ class VllmTarget(ProcessTarget):
             except InfeasibleConfig:
                 continue  # a conflicting combination is refused before vLLM sees it
             kept.append((changed, [self.model_path(), *args]))
-        cli = self._reader(py, [argv for _, argv in kept], file=file)
+        cli = self._reader(py, [argv for _, argv in kept])  # its errors are target.python's: the agent file
         if self._cli is None:
             self._cli = cli
         for name in names:

@@ -267,3 +267,19 @@ def test_sound_engine_knob_values_are_accepted(tmp_path: Path) -> None:
     code, out = _cli("validate", str(p))
     assert code == 0, out
     assert _cli("validate", str(Path(__file__).resolve().parents[3] / "agents" / "quickstart.yaml"))[0] == 0
+
+
+def test_a_missing_vllm_interpreter_is_located_in_the_agent_file_not_the_space_file(tmp_path: Path) -> None:
+    """`target.python` is written in the agent file; with the search space in a file of its own the error used
+    to name the space file (and a line of it) instead."""
+    (tmp_path / "space.yaml").write_text("target: vllm\nparams:\n  max_num_seqs: {type: int, low: 8, high: 64, "
+                                         "default: 16}\n")
+    agent = _write(tmp_path, "name: v\ntarget:\n  kind: vllm\n  model: m\n  python: ./no-such-venv/bin/python\n"
+                   "search_space: space.yaml\nworkload:\n  arrival: {kind: closed, concurrency: 2}\n"
+                   "  prompt_tokens: {dist: fixed, value: 16}\n  output_tokens: {dist: fixed, value: 4}\n"
+                   "  num_requests: 4\nobjectives: [{metric: output_throughput, direction: maximize}]\n",
+                   "agent.yaml")
+    code, out = _cli("validate", str(agent))
+    flat = " ".join(out.split())
+    assert code == 2, out
+    assert "agent.yaml:5: target.python" in flat and "no such interpreter" in flat and "space.yaml" not in flat, out
