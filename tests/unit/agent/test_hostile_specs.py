@@ -188,7 +188,12 @@ def test_sim_knob_values_the_simulator_refuses_are_located_errors(tmp_path: Path
                                                                  rule: str) -> None:
     """validate refuses a space that hands the simulator a value it refuses at every trial (tensor_parallel_size
     0.5 or -1028 validated, then failed each trial that drew it), naming the file, the field and the rule."""
-    p = _write(tmp_path, _SIM_SPACE.replace("PARAM", param), "agent.yaml")
+    assert_refused_where_written(_write(tmp_path, _SIM_SPACE.replace("PARAM", param), "agent.yaml"), field, rule)
+
+
+def assert_refused_where_written(p: Path, field: str, rule: str) -> None:
+    """`validate` exits 2 naming the agent file, the field and the rule; `run`'s own check (preflight) raises
+    the same located error before its first trial."""
     code, out = _cli("validate", str(p))
     assert code == 2, out
     flat = " ".join(out.split())
@@ -200,34 +205,10 @@ def test_sim_knob_values_the_simulator_refuses_are_located_errors(tmp_path: Path
     assert ei.value.field == f"search_space.{field}" and ei.value.line is not None
 
 
-def test_sound_sim_knob_values_are_accepted(tmp_path: Path) -> None:
-    from tests.support.spec_probe import refused_values
-
-    param = ("tensor_parallel_size: {type: categorical, choices: [1, 2, 4, 8], default: 1}\n"
-             "    gpu_memory_utilization: {type: float, low: 0.5, high: 1.0, default: 0.9}\n"
-             "    block_size: {type: categorical, choices: [8, 16, 32], default: 16}\n"
-             "    enforce_eager: {type: bool, default: false}")
-    p = _write(tmp_path, _SIM_SPACE.replace("PARAM", param), "agent.yaml")
-    code, out = _cli("validate", str(p))
-    assert code == 0, out
-    assert refused_values(load_agent(p)) == []
-    assert refused_values(load_agent(SIM_AGENT)) == []
-
-
-_ENGINE_SPACE = """\
-name: bad-engine-knobs
-target: {kind: torch_engine, preset: tiny, device: cpu}
-search_space:
-  params:
-    max_batch_size: {type: int, low: 1, high: 16, default: 8}
-    PARAM
-workload:
-  arrival: {kind: closed, concurrency: 2}
-  prompt_tokens: {dist: fixed, value: 16}
-  output_tokens: {dist: fixed, value: 4}
-  num_requests: 4
-objectives: [{metric: ttft_ms.mean, direction: minimize}]
-"""
+_ENGINE_SPACE = (_SIM_SPACE.replace("{kind: sim, hardware: a100-80gb-sxm, model: llama-3-8b, num_gpus: 8}",
+                                    "{kind: torch_engine, preset: tiny, device: cpu}")
+                 .replace("max_num_seqs: {type: int, low: 8, high: 512, default: 256}",
+                          "max_batch_size: {type: int, low: 1, high: 16, default: 8}"))
 
 
 @pytest.mark.parametrize(("param", "field", "rule"), [
@@ -246,27 +227,29 @@ def test_engine_knob_values_the_engine_refuses_are_located_errors(tmp_path: Path
                                                                  rule: str) -> None:
     """The torch_engine target refuses, at validate and before run's first trial, a value the engine refuses
     whatever the other knobs are (a chunk of -3 tokens used to validate and then fail every trial that drew it)."""
-    p = _write(tmp_path, _ENGINE_SPACE.replace("PARAM", param), "agent.yaml")
-    code, out = _cli("validate", str(p))
-    assert code == 2, out
-    flat = " ".join(out.split())
-    assert "agent.yaml:" in flat and f"search_space.{field}" in flat and rule in flat, out
-    with pytest.raises(ConfigError) as ei:
-        from tuner.agent import preflight
-
-        preflight(load_agent(p))
-    assert ei.value.field == f"search_space.{field}" and ei.value.line is not None
+    assert_refused_where_written(_write(tmp_path, _ENGINE_SPACE.replace("PARAM", param), "agent.yaml"), field, rule)
 
 
-def test_sound_engine_knob_values_are_accepted(tmp_path: Path) -> None:
-    param = ("dtype: {type: categorical, choices: [float32, bfloat16], default: float32}\n"
-             "    batch_timeout_ms: {type: float, low: 0, high: 200, default: 50}\n"
-             "    pre_allocate: {type: bool, default: false}\n"
-             "    cpu_threads: {type: categorical, choices: [1, 2], default: 1}")
-    p = _write(tmp_path, _ENGINE_SPACE.replace("PARAM", param), "agent.yaml")
+@pytest.mark.parametrize(("space", "param"), [
+    (_SIM_SPACE, "tensor_parallel_size: {type: categorical, choices: [1, 2, 4, 8], default: 1}\n"
+                 "    gpu_memory_utilization: {type: float, low: 0.5, high: 1.0, default: 0.9}\n"
+                 "    block_size: {type: categorical, choices: [8, 16, 32], default: 16}\n"
+                 "    enforce_eager: {type: bool, default: false}"),
+    (_ENGINE_SPACE, "dtype: {type: categorical, choices: [float32, bfloat16], default: float32}\n"
+                    "    batch_timeout_ms: {type: float, low: 0, high: 200, default: 50}\n"
+                    "    pre_allocate: {type: bool, default: false}\n"
+                    "    cpu_threads: {type: categorical, choices: [1, 2], default: 1}"),
+], ids=["sim", "torch_engine"])
+def test_sound_knob_values_are_accepted(tmp_path: Path, space: str, param: str) -> None:
+    from tests.support.spec_probe import refused_values
+
+    p = _write(tmp_path, space.replace("PARAM", param), "agent.yaml")
     code, out = _cli("validate", str(p))
     assert code == 0, out
-    assert _cli("validate", str(Path(__file__).resolve().parents[3] / "agents" / "quickstart.yaml"))[0] == 0
+    assert refused_values(load_agent(p)) == []
+    for shipped in (SIM_AGENT, SIM_AGENT.parent / "quickstart.yaml"):
+        assert refused_values(load_agent(shipped)) == []
+        assert _cli("validate", str(shipped))[0] == 0
 
 
 def test_a_missing_vllm_interpreter_is_located_in_the_agent_file_not_the_space_file(tmp_path: Path) -> None:
