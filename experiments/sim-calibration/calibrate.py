@@ -5,6 +5,7 @@
     .venv/bin/python experiments/sim-calibration/calibrate.py probe --rates 4,6,8
     .venv/bin/python experiments/sim-calibration/calibrate.py fit [--data data.jsonl.gz] [--test-frac 0.3]
     .venv/bin/python experiments/sim-calibration/calibrate.py screen [--data data.jsonl.gz]
+    .venv/bin/python experiments/sim-calibration/calibrate.py noise [--runs runs.jsonl]
 
 collect: the agent's (agents/quickstart.yaml) target with `step_log: true`; the default configuration, then
 `--configs` configurations of its search space from a scrambled Sobol design (seeded), each deployed once and
@@ -16,6 +17,10 @@ fit: the step-cost model fitted on a training split of the configurations (per d
 ingress delay from the training trials' TTFT), written to model-cpu.json; prints the prediction error on the
 held-out configurations (and in 5-fold cross-validation) and writes table.md.
 screen: the screening replay (README): out-of-fold predictions, random proposal orders; writes table-screen.md.
+noise: the measurement's own run-to-run noise against the model's error, from what was measured already (no new
+measurement): every trial of the tuning runs (runs.jsonl, tune_runs.py) and the collection; a configuration
+measured more than once with the same requests (the baseline in every run, and configurations TPE proposed again)
+gives the noise floor; each trial is predicted with its own requests; writes table-noise.md.
 """
 
 from __future__ import annotations
@@ -370,6 +375,79 @@ def screen_cmd(args: argparse.Namespace) -> None:
     print(text)
 
 
+# ---------------------------------------------------------------- noise floor
+def loo_deviations(vals: Sequence[float]) -> list[float]:
+    """For each measurement, its distance from the mean of the others, % of that mean."""
+    out = []
+    for j, v in enumerate(vals):
+        rest = statistics.fmean([*vals[:j], *vals[j + 1:]])
+        out.append(pct(rest, v))
+    return out
+
+
+def noise_cmd(args: argparse.Namespace) -> None:
+    """The noise floor of mean TTFT (the only metric runs.jsonl keeps) and the model's error at it."""
+    model = StepModel.load(HERE / args.model)
+    train = set(model.info.get("train") or [])
+    data = {r["i"]: r for r in usable(read_data(Path(args.data)))}
+    runs = [json.loads(line) for line in Path(args.runs).read_text(encoding="utf-8").splitlines() if line.strip()]
+    agent, _ = agent_and_workload(1.0)
+    space = agent.space.bind_facts({"device": "cpu"})
+    # (configuration, requests seed) -> measured mean TTFTs; a trial's requests are seeded by its number
+    same: dict[tuple[str, int], list[float]] = {}
+    config_of: dict[str, dict[str, Any]] = {}
+    rates = {float(r["rate_per_s"]) for r in runs}
+    if len(rates) != 1:
+        raise SystemExit(f"runs at several rates {sorted(rates)}: give a runs file of one rate")
+    rate = rates.pop()
+    for r in runs:
+        for o in r["outcomes"]:
+            if o.get("value") is None:
+                continue
+            key = json.dumps(o["params"], sort_keys=True)
+            config_of[key] = space.full_config(o["params"])
+            same.setdefault((key, int(o["number"])), []).append(float(o["value"]))
+    base_key = json.dumps(space.defaults(), sort_keys=True)
+    if base_key in config_of and data.get(0, {}).get("rate_per_s") == rate:
+        same.setdefault((base_key, int(data[0]["seed"])), []).append(float(data[0]["summary"]["mean_ttft_ms"]))
+    _, workload = agent_and_workload(rate, data[0].get("duration_s") if 0 in data else None)
+    pred = {k: float(predict(model, config_of[k[0]], workload, seed=k[1]).summary.get("mean_ttft_ms", math.nan))
+            for k in same}
+    trained = {json.dumps({n: v for n, v in data[i]["config"].items() if n in space.by_name}, sort_keys=True)
+               for i in train if i in data}
+    repeated = {k: v for k, v in same.items() if len(v) >= 2}
+    held = {k: v for k, v in same.items() if k[0] not in trained}
+    base = [v for k, v in repeated.items() if k[0] == base_key]
+    rows = [("the baseline, the same requests every time", loo_deviations(base[0]) if base else [], len(base)),
+            ("every configuration measured 2+ times with the same requests",
+             [d for v in repeated.values() for d in loo_deviations(v)], len(repeated))]
+    n_trials = sum(len(v) for v in same.values())
+    lines = [f"Mean TTFT at {rate:g} req/s, {n_trials} measured trials ({len(runs)} tuning runs of tune_runs.py, plus the "
+             "collection's baseline), one core; absolute difference, % of the reference value", "",
+             "| what | measurements | configurations | median | worst |", "|---|---|---|---|---|"]
+    for label, devs, n_cfg in rows:
+        if devs:
+            lines.append(f"| noise floor, {label}: one measurement vs the mean of the others | {len(devs)} | {n_cfg} | "
+                         f"{statistics.median(devs):.1f} | {max(devs):.1f} |")
+    single = [pct(x, pred[k]) for k, v in held.items() for x in v]
+    lines.append(f"| model vs one measurement, every trial of a configuration it was not fitted on | {len(single)} | "
+                 f"{len(held)} | {statistics.median(single):.1f} | {max(single):.1f} |")
+    rep_held = {k: v for k, v in repeated.items() if k in held}
+    for label, group in (("configurations measured 2+ times, not fitted on", rep_held),
+                         ("every configuration measured 2+ times (the baseline was fitted on)", repeated)):
+        if not group:
+            continue
+        vs_one = [pct(x, pred[k]) for k, v in group.items() for x in v]
+        vs_mean = [pct(statistics.fmean(v), pred[k]) for k, v in group.items()]
+        lines.append(f"| model vs one measurement, {label} | {len(vs_one)} | {len(group)} | "
+                     f"{statistics.median(vs_one):.1f} | {max(vs_one):.1f} |")
+        lines.append(f"| model vs the mean of the measurements, {label} | {sum(len(v) for v in group.values())} | "
+                     f"{len(group)} | {statistics.median(vs_mean):.1f} | {max(vs_mean):.1f} |")
+    text = "\n".join(lines) + "\n"
+    (HERE / args.table).write_text(text, encoding="utf-8")
+    print(text)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -393,8 +471,13 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--data", default=str(HERE / "data.jsonl.gz"))
     s.add_argument("--orders", type=int, default=200)
     s.add_argument("--seed", type=int, default=0)
+    n = sub.add_parser("noise")
+    n.add_argument("--data", default=str(HERE / "data.jsonl.gz"))
+    n.add_argument("--runs", default=str(HERE / "runs.jsonl"))
+    n.add_argument("--model", default="model-cpu.json")
+    n.add_argument("--table", default="table-noise.md")
     args = ap.parse_args(argv)
-    {"collect": collect, "probe": probe, "fit": fit_cmd, "screen": screen_cmd}[args.cmd](args)
+    {"collect": collect, "probe": probe, "fit": fit_cmd, "screen": screen_cmd, "noise": noise_cmd}[args.cmd](args)
 
 
 if __name__ == "__main__":
