@@ -422,8 +422,8 @@ def noise_cmd(args: argparse.Namespace) -> None:
             ("every configuration measured 2+ times with the same requests",
              [d for v in repeated.values() for d in loo_deviations(v)], len(repeated))]
     n_trials = sum(len(v) for v in same.values())
-    lines = [f"Mean TTFT at {rate:g} req/s, {n_trials} measured trials ({len(runs)} tuning runs of tune_runs.py, plus the "
-             "collection's baseline), one core; absolute difference, % of the reference value", "",
+    lines = [f"Mean TTFT at {rate:g} req/s, {n_trials} measured trials ({len(runs)} tuning runs of tune_runs.py, "
+             "plus the collection's baseline), one core; absolute difference, % of the reference value", "",
              "| what | measurements | configurations | median | worst |", "|---|---|---|---|---|"]
     for label, devs, n_cfg in rows:
         if devs:
