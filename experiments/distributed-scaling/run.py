@@ -29,26 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.support import postgres  # noqa: E402
-from tests.support.agents import fake_server_agent, write_spec  # noqa: E402
-
-SIM_AGENT = """\
-name: overhead-{kind}
-target: {{kind: sim, hardware: a100-80gb-sxm, model: llama-3-8b, num_gpus: 8}}
-search_space:
-  params:
-    tensor_parallel_size: {{type: categorical, choices: [1, 2, 4], default: 1}}
-    max_num_seqs: {{type: int, low: 16, high: 256, log: true, default: 128}}
-workload:
-  arrival: {{kind: closed, concurrency: 32}}
-  prompt_tokens: {{dist: uniform, low: 64, high: 512}}
-  output_tokens: {{dist: fixed, value: 64}}
-  num_requests: 100
-objectives: [{{metric: output_throughput, direction: maximize}}]
-sampler: {{name: tpe, seed: 0}}
-budget: {{trials: {trials}}}
-storage: {storage}
-tracking: {{enabled: false}}
-"""
+from tests.support.agents import fake_server_agent, fleet_sim_agent, write_spec  # noqa: E402
 
 
 def trials_per_hour(url: str, name: str) -> tuple[int, float, float]:
@@ -97,7 +78,8 @@ def overhead(kind: str, url: str, work: Path, trials: int) -> list[float]:
     from tuner.worker import run_worker
 
     agent = work / f"overhead-{kind}.yaml"
-    agent.write_text(SIM_AGENT.format(kind=kind, trials=trials, storage=url))
+    write_spec(agent, fleet_sim_agent(name=f"overhead-{kind}", trials=trials, storage=url, batched_tokens=False,
+                                      sampler={"name": "tpe", "seed": 0}))
     session = open_session(load_agent(agent), work / f"overhead-{kind}-state")
     result = run_worker(session)
     return [o.overhead_s * 1000 for o in result.outcomes]

@@ -2,7 +2,8 @@
 
 `agent_spec(**changes)` returns the spec as a dict; `write_agent(path, **changes)` writes it;
 `fake_server_agent(...)` is the command-target agent whose server is tests/support/fake_openai_server.py
-(fixed delays per trial; the fleet, parallel-trial and scaling runs), changed the same way. A change is a
+(fixed delays per trial; the fleet, parallel-trial and scaling runs), and `fleet_sim_agent(...)` the sim agent of
+runs sharing a study (the fleet tests, the scaling experiment's overhead part), changed the same way. A change is a
 top-level key (`name="x"`, `slos=[]`, `schedule={"every": "5s"}`) or a dotted path given in `at`
 (`at={"workload.arrival.concurrency": 8, "target.noise_cv": 0.02}`); the value None removes the key.
 """
@@ -57,6 +58,23 @@ def fake_server_agent(*, ttft_ms: Sequence[int], itl_ms: int, output_tokens: int
         "sampler": {"name": "random", "seed": 0},
         "tracking": {"enabled": False},
     }
+    return _changed(spec, at, changes)
+
+
+def fleet_sim_agent(*, name: str, trials: int, storage: str, batched_tokens: bool = True,
+                    at: Mapping[str, Any] | None = None, **changes: Any) -> dict[str, Any]:
+    """A sim agent for runs sharing a study (workers, Ray, the overhead of a storage): TP 1-4 and max_num_seqs
+    (and max_num_batched_tokens unless `batched_tokens` is false), no SLO, closed loop of 32 over 64-512-token
+    prompts, `trials` in the budget, the study in `storage`; random sampler, MLflow off unless changed."""
+    params: dict[str, Any] = {
+        "tensor_parallel_size": {"type": "categorical", "choices": [1, 2, 4], "default": 1},
+        "max_num_seqs": {"type": "int", "low": 16, "high": 256, "log": True, "default": 128}}
+    if batched_tokens:
+        params["max_num_batched_tokens"] = {"type": "int", "low": 1024, "high": 16384, "log": True, "default": 8192}
+    spec = agent_spec(name=name, search_space={"params": params}, slos=None, budget={"trials": trials},
+                      storage=storage, tracking={"enabled": False},
+                      at={"workload.arrival.concurrency": 32,
+                          "workload.prompt_tokens": {"dist": "uniform", "low": 64, "high": 512}})
     return _changed(spec, at, changes)
 
 

@@ -18,30 +18,18 @@ from pathlib import Path
 import optuna
 import pytest
 
+from tests.support import agents
 from tests.support.logged_proc import finish, output, start_logged
 from tuner.study import default_storage, open_storage
 
 REPO = Path(__file__).resolve().parents[3]
 FAKE = REPO / "tests" / "support" / "fake_openai_server.py"
-AGENT = """\
-name: dkill
-target:
-  kind: command
-  command: ["{{python}}", "{fake}", "--port", "{{port}}", "--ttft-ms", "{{ttft_ms}}", "--itl-ms", "25"]
-  model: fake
-  startup_timeout_s: 60
-search_space: {{params: {{ttft_ms: {{type: int, low: 10, high: 40, default: 20}}}}}}
-workload:
-  arrival: {{kind: closed, concurrency: 2}}
-  prompt_tokens: {{dist: fixed, value: 32}}
-  output_tokens: {{dist: fixed, value: 24}}
-  num_requests: 12
-objectives: [{{metric: output_throughput, direction: maximize}}]
-sampler: {{name: random, seed: 0}}
-tracking: {{enabled: false}}
-schedule: {{every: 5s, trials_per_cycle: 3}}
-promotion: {{verify_runs: 2}}
-"""
+# the command agent: the fake server's first-token delay tuned over 10-40 ms, a cycle of 3 trials every 5 s
+AGENT = agents.fake_server_agent(
+    ttft_ms=[20], itl_ms=25, output_tokens=24, num_requests=12, name="dkill",
+    at={"search_space.params.ttft_ms": {"type": "int", "low": 10, "high": 40, "default": 20},
+        "workload.prompt_tokens.value": 32},
+    schedule={"every": "5s", "trials_per_cycle": 3}, promotion={"verify_runs": 2})
 
 TORCH_AGENT = """\
 name: dkill
@@ -119,7 +107,10 @@ def wait_for(cond, timeout_s: float, proc: subprocess.Popen[str] | None = None, 
 
 def setup(tmp_path: Path, kind: str = "command") -> tuple[Path, Path]:
     agent = tmp_path / "dkill.yaml"
-    agent.write_text(AGENT.format(fake=FAKE) if kind == "command" else TORCH_AGENT)
+    if kind == "command":
+        agents.write_spec(agent, AGENT)
+    else:
+        agent.write_text(TORCH_AGENT)
     sd = tmp_path / "state"
     return agent, sd
 

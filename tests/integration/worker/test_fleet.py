@@ -21,7 +21,7 @@ import pytest
 from optuna.trial import TrialState
 
 from tests.support import postgres
-from tests.support.agents import fake_server_agent, write_spec
+from tests.support.agents import fake_server_agent, fleet_sim_agent, write_spec
 from tests.support.logged_proc import output, start_logged
 from tests.support.mlflow_server import start_mlflow_server
 
@@ -31,26 +31,6 @@ pytestmark = [
 ]
 REPO = Path(__file__).resolve().parents[3]
 
-SIM_AGENT = """\
-name: {name}
-target: {{kind: sim, hardware: a100-80gb-sxm, model: llama-3-8b, num_gpus: 8}}
-search_space:
-  params:
-    tensor_parallel_size: {{type: categorical, choices: [1, 2, 4], default: 1}}
-    max_num_seqs: {{type: int, low: 16, high: 256, log: true, default: 128}}
-    max_num_batched_tokens: {{type: int, low: 1024, high: 16384, log: true, default: 8192}}
-workload:
-  arrival: {{kind: closed, concurrency: 32}}
-  prompt_tokens: {{dist: uniform, low: 64, high: 512}}
-  output_tokens: {{dist: fixed, value: 64}}
-  num_requests: 100
-objectives: [{{metric: output_throughput, direction: maximize}}]
-sampler: {{name: random, seed: 0}}
-budget: {{trials: {trials}}}
-storage: {storage}
-tracking: {{uri: "{tracking}"}}
-lease: {{heartbeat_s: 1, timeout_s: {lease_s}}}
-"""
 
 
 
@@ -67,10 +47,11 @@ def mlflow_uri(pg: postgres.PgServer, tmp_path_factory: pytest.TempPathFactory) 
         yield uri
 
 
-def write_agent(tmp_path: Path, template: str, **kw: object) -> Path:
-    p = tmp_path / "agent.yaml"
-    p.write_text(template.format(**kw))
-    return p
+def write_agent(tmp_path: Path, *, name: str, trials: int, storage: str, tracking: str, lease_s: int) -> Path:
+    """The fleet's sim agent, tracked on `tracking`, its trials leased for `lease_s` (heartbeat every second)."""
+    return write_spec(tmp_path / "agent.yaml", fleet_sim_agent(
+        name=name, trials=trials, storage=storage, tracking={"uri": tracking},
+        lease={"heartbeat_s": 1, "timeout_s": lease_s}))
 
 
 def start_worker(agent: Path, tmp_path: Path, label: str, env: dict[str, str], *, host: str | None = None,
@@ -105,7 +86,7 @@ def load(url: str, name: str, pg: postgres.PgServer) -> list[optuna.trial.Frozen
 def test_three_workers_share_one_study_of_30_trials(pg: postgres.PgServer, mlflow_uri: str,
                                                     tmp_path: Path) -> None:
     url = pg.create_database("three")
-    agent = write_agent(tmp_path, SIM_AGENT, name="three", trials=30, storage=url, tracking=mlflow_uri, lease_s=10)
+    agent = write_agent(tmp_path, name="three", trials=30, storage=url, tracking=mlflow_uri, lease_s=10)
     env = pg.env()
     procs = {f"w{i}": start_worker(agent, tmp_path, f"w{i}", env) for i in range(3)}
     wait_all(procs, tmp_path, 400)
@@ -177,7 +158,7 @@ def test_a_killed_workers_trial_is_failed_when_its_lease_expires(pg: postgres.Pg
 
 def test_workers_ride_out_a_postgresql_restart(pg: postgres.PgServer, mlflow_uri: str, tmp_path: Path) -> None:
     url = pg.create_database("restart")
-    agent = write_agent(tmp_path, SIM_AGENT, name="restart", trials=24, storage=url, tracking=mlflow_uri,
+    agent = write_agent(tmp_path, name="restart", trials=24, storage=url, tracking=mlflow_uri,
                         lease_s=30)
     env = pg.env()
     procs = {f"w{i}": start_worker(agent, tmp_path, f"w{i}", env) for i in range(2)}
@@ -211,7 +192,7 @@ def test_promote_from_two_hosts_at_once(pg: postgres.PgServer, mlflow_uri: str, 
     if shutil.which("unshare") is None:
         pytest.skip("unshare (util-linux) is needed to give a process a host name of its own")
     url = pg.create_database("promo")
-    agent = write_agent(tmp_path, SIM_AGENT, name="promo", trials=6, storage=url, tracking=mlflow_uri, lease_s=10)
+    agent = write_agent(tmp_path, name="promo", trials=6, storage=url, tracking=mlflow_uri, lease_s=10)
     env = pg.env()
     wait_all({"w": start_worker(agent, tmp_path, "w", env)}, tmp_path, 300)
     trials = load(url, "promo", pg)
