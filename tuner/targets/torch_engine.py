@@ -72,6 +72,37 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+# bfloat16 counts as fast on a CPU whose bfloat16 matmul takes at most this many times float32's
+BFLOAT16_SLOWDOWN_LIMIT = 2.0
+
+
+@functools.cache
+def cpu_bfloat16_slowdown() -> float:
+    """How many times longer a bfloat16 matmul of the tiny model's MLP shape (16 rows, 256 x 768) takes than the
+    same in float32 on this CPU, on one thread (the best of 5 rounds of 10; about 0.1 s). Where the CPU has no
+    bfloat16 instructions torch emulates them: 30-50x measured on an AVX2-only host, where every bfloat16 trial
+    of the quickstart broke an SLO; below 1 on the host whose bfloat16 prompt tokens cost half of float32's."""
+    import time
+
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        best: dict[Any, float] = {}
+        for dtype in (torch.float32, torch.bfloat16):
+            a, b = torch.ones(16, 256, dtype=dtype), torch.ones(256, 768, dtype=dtype)
+            a @ b  # first call: kernel selection
+            for _ in range(5):
+                t0 = time.perf_counter()
+                for _ in range(10):
+                    a @ b
+                best[dtype] = min(best.get(dtype, float("inf")), time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    return best[torch.bfloat16] / max(best[torch.float32], 1e-9)
+
+
 class TorchEngineDeployment(HttpDeployment):
     """The process target's HTTP deployment (same state) plus the engine's quality probe."""
 
@@ -124,7 +155,12 @@ class TorchEngineTarget(ProcessTarget):
         return p if p.is_absolute() else self.agent_dir / p
 
     def facts(self) -> dict[str, Any]:
-        return {"device": self.device()}
+        """device: cpu or cuda; fast_bfloat16: whether bfloat16 runs about as fast as float32 here (measured on a
+        CPU, cpu_bfloat16_slowdown; assumed on a GPU, which the tuner's own process does not initialise), so that
+        a space can offer the dtype only where it can pay (agents/quickstart.yaml)."""
+        device = self.device()
+        fast = device == "cuda" or cpu_bfloat16_slowdown() <= BFLOAT16_SLOWDOWN_LIMIT
+        return {"device": device, "fast_bfloat16": fast}
 
     def model_name(self, params: Mapping[str, Any]) -> str:
         return f"torch-engine-{self.preset()}"

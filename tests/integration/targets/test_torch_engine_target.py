@@ -29,7 +29,11 @@ def _target(tmp: Path, **opts: object) -> TorchEngineTarget:
 def test_registry_and_facts(tmp_path: Path) -> None:
     assert target_class("torch_engine") is TorchEngineTarget
     t = _target(tmp_path)
-    assert t.facts() == {"device": "cpu"}
+    from tuner.targets.torch_engine import BFLOAT16_SLOWDOWN_LIMIT, cpu_bfloat16_slowdown
+
+    slowdown = cpu_bfloat16_slowdown()
+    assert slowdown > 0
+    assert t.facts() == {"device": "cpu", "fast_bfloat16": slowdown <= BFLOAT16_SLOWDOWN_LIMIT}
     assert t.gpus_needed({}) == 0
     d = t.describe()
     assert d["kind"] == "torch_engine" and d["torch"] and d["device"] == "cpu" and d["preset"] == "tiny"
@@ -104,3 +108,14 @@ def test_quickstart_agent_loads() -> None:
     assert {s.metric for s in agent.spec.slos} == {"ttft_ms.p99", "itl_ms.p99"}
     defaults = agent.space.bind_facts({"device": "cpu"}).defaults()
     assert defaults["batching"] == "static" and "cuda_graphs" not in defaults
+
+
+def test_the_quickstart_offers_bfloat16_only_where_it_is_fast() -> None:
+    """On a CPU that emulates bfloat16 (30-50x slower than float32 on an AVX2-only host) the quickstart's
+    dtype stays at float32: every bfloat16 trial broke an SLO there and the best was the baseline."""
+    space = load_agent(ROOT / "agents" / "quickstart.yaml").space
+    slow = space.bind_facts({"device": "cpu", "fast_bfloat16": False})
+    fast = space.bind_facts({"device": "cpu", "fast_bfloat16": True})
+    assert "dtype" not in slow.defaults() and fast.defaults()["dtype"] == "float32"
+    assert not slow.active(slow.by_name["dtype"], slow.defaults())
+    assert fast.by_name["dtype"].spec.choices == ["float32", "bfloat16"]
