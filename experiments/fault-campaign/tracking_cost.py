@@ -20,21 +20,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-AGENT = """\
-name: cost
-target: {kind: sim, hardware: a100-80gb-sxm, model: llama-3-8b, num_gpus: 8}
-search_space:
-  params:
-    max_num_seqs: {type: int, low: 8, high: 512, log: true, default: 256}
-workload:
-  arrival: {kind: poisson, rate_per_s: 20}
-  prompt_tokens: {dist: fixed, value: 128}
-  output_tokens: {dist: fixed, value: 32}
-  num_requests: 60
-objectives: [{metric: output_throughput, direction: maximize}]
-sampler: {name: random, seed: 1}
-budget: {trials: 100}
-"""
+from tests.support.agents import agent_spec, write_spec  # noqa: E402
+
+# the factory's sim agent: one knob, Poisson arrivals at 20 req/s, no SLO, a budget of 100 trials
+AGENT = agent_spec(
+    name="cost", slos=None, sampler={"name": "random", "seed": 1}, budget={"trials": 100},
+    search_space={"params": {"max_num_seqs": {"type": "int", "low": 8, "high": 512, "log": True, "default": 256}}},
+    workload={"arrival": {"kind": "poisson", "rate_per_s": 20}, "prompt_tokens": {"dist": "fixed", "value": 128},
+              "output_tokens": {"dist": "fixed", "value": 32}, "num_requests": 60})
 
 
 def _cycles(uri: str | None, work: Path, label: str, n: int, call_timeout_s: float, end_probe_s: float) -> list[float]:
@@ -45,7 +38,7 @@ def _cycles(uri: str | None, work: Path, label: str, n: int, call_timeout_s: flo
 
     d = work / label
     d.mkdir()
-    (d / "agent.yaml").write_text(AGENT)
+    write_spec(d / "agent.yaml", AGENT)
     out = []
     for _ in range(n):
         tracker = Tracker(uri or "sqlite:///unused.db", "cost", enabled=uri is not None, pause_s=5.0,
