@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from optuna.trial import TrialState
@@ -16,22 +17,24 @@ from tuner.objectives import Evaluation
 pytestmark = pytest.mark.process  # starts processes: not in `make test-fast`
 
 
-def test_a_second_session_leaves_a_live_tuners_running_trial_alone(tmp_path: Path) -> None:
+def sessions(tmp_path: Path, n: int) -> list[Any]:
+    """`n` sessions of one agent on one state dir, as `n` tuner processes sharing a study would open them."""
     agent = make_agent(tmp_path)
-    sd = tmp_path / "state"
-    running = open_session(agent, sd, target=NoisyTarget(NoisyOptions()))
+    return [open_session(agent, tmp_path / "state", target=NoisyTarget(NoisyOptions())) for _ in range(n)]
+
+
+def test_a_second_session_leaves_a_live_tuners_running_trial_alone(tmp_path: Path) -> None:
+    (running,) = sessions(tmp_path, 1)
     trial, _ = running.study.ask()
-    # e.g. `tuner promote` or `tuner status` while the daemon measures this trial
-    other = open_session(agent, sd, target=NoisyTarget(NoisyOptions()))
+    # e.g. `tuner promote` or `tuner status` while the daemon measures this trial: opening it reaps nothing live
+    (other,) = sessions(tmp_path, 1)
     assert other.study.trial(trial.number).state == TrialState.RUNNING
     done = running.study.tell(trial, Evaluation(values=[1.0], constraints={}), attrs={})
     assert done.state == TrialState.COMPLETE
 
 
 def test_a_trial_of_a_dead_tuner_is_reaped(tmp_path: Path) -> None:
-    agent = make_agent(tmp_path)
-    sd = tmp_path / "state"
-    session = open_session(agent, sd, target=NoisyTarget(NoisyOptions()))
+    (session,) = sessions(tmp_path, 1)
     trial, _ = session.study.ask()
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True)
@@ -44,9 +47,7 @@ def test_a_trial_of_a_dead_tuner_is_reaped(tmp_path: Path) -> None:
 
 
 def test_a_trial_this_process_left_behind_is_reaped(tmp_path: Path) -> None:
-    agent = make_agent(tmp_path)
-    sd = tmp_path / "state"
-    session = open_session(agent, sd, target=NoisyTarget(NoisyOptions()))
+    (session,) = sessions(tmp_path, 1)
     trial, _ = session.study.ask()
     session.study._told(trial)  # as if an error between ask and tell had ended its cycle
     assert session.study.reap_stale() == [trial.number]
@@ -56,9 +57,7 @@ def test_a_trial_whose_asker_died_before_recording_its_owner_is_reaped_at_once(t
     """A SIGKILL between Optuna's ask and the owner's record left the trial RUNNING without an owner until its
     lease ran out (the fault campaign's restart found it RUNNING in 4 of 20 kills). On SQLite, a reaper that
     holds the ask lock knows no asker is between those steps: the trial is failed at once."""
-    agent = make_agent(tmp_path)
-    sd = tmp_path / "state"
-    session = open_session(agent, sd, target=NoisyTarget(NoisyOptions()))
+    (session,) = sessions(tmp_path, 1)
     orphan = session.study.study.ask()  # Optuna's ask alone: the asker died before recording the owner
     assert session.study.reap_stale() == [orphan.number]
     t = session.study.trial(orphan.number)
@@ -69,10 +68,7 @@ def test_a_trial_being_asked_is_not_reaped(tmp_path: Path) -> None:
     """The reaper waits for an asker that holds the ask lock, then sees the owner it recorded."""
     import threading
 
-    agent = make_agent(tmp_path)
-    sd = tmp_path / "state"
-    session = open_session(agent, sd, target=NoisyTarget(NoisyOptions()))
-    reaper = open_session(agent, sd, target=NoisyTarget(NoisyOptions()))
+    session, reaper = sessions(tmp_path, 2)
     asked: list[object] = []
     holding = threading.Event()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 from tuner.tracking import Tracker, default_tracking_uri, redact
 
@@ -20,12 +21,32 @@ def test_secrets_are_redacted() -> None:
     assert set(redact(secrets).values()) == {"***"}
 
 
-class _FlakyClient:
-    """A real MlflowClient whose first log_batch fails (a transient 'database is locked')."""
+class _WrappedClient:
+    """A real MlflowClient with a fault injected around some of its methods; the rest go to the real one."""
 
     def __init__(self, real: object) -> None:
         self._real = real
-        self.failed = False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)
+
+
+class _WrappedTracker(Tracker):
+    """A real tracker whose MLflow client is wrapped in `wrap`."""
+
+    wrap: ClassVar[type[_WrappedClient]] = _WrappedClient
+
+    @property
+    def client(self) -> object:
+        if self._client is None:
+            self._client = self.wrap(Tracker.client.fget(self))  # type: ignore[attr-defined]
+        return self._client
+
+
+class _FlakyClient(_WrappedClient):
+    """A real MlflowClient whose first log_batch fails (a transient 'database is locked')."""
+
+    failed = False
 
     def log_batch(self, *args: object, **kw: object) -> object:
         if not self.failed:
@@ -33,16 +54,9 @@ class _FlakyClient:
             raise RuntimeError("database is locked")
         return self._real.log_batch(*args, **kw)  # type: ignore[attr-defined]
 
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._real, name)
 
-
-class _FlakyTracker(Tracker):
-    @property
-    def client(self) -> object:
-        if self._client is None:
-            self._client = _FlakyClient(Tracker.client.fget(self))  # type: ignore[attr-defined]
-        return self._client
+class _FlakyTracker(_WrappedTracker):
+    wrap = _FlakyClient
 
 
 def test_a_retried_start_run_creates_one_run(tmp_path: Path) -> None:
@@ -78,13 +92,11 @@ def test_urls_in_messages_hide_passwords() -> None:
     assert safe_url("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"
 
 
-class _LostAnswerClient:
+class _LostAnswerClient(_WrappedClient):
     """A real MlflowClient whose first create_run makes the run and then fails, as when a tracking server
     commits a run while its backend store restarts and the answer never reaches the tuner."""
 
-    def __init__(self, real: object) -> None:
-        self._real = real
-        self.lost = False
+    lost = False
 
     def create_run(self, *args: object, **kw: object) -> object:
         run = self._real.create_run(*args, **kw)  # type: ignore[attr-defined]
@@ -93,16 +105,9 @@ class _LostAnswerClient:
             raise ConnectionError("the answer was lost")
         return run
 
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._real, name)
 
-
-class _LostAnswerTracker(Tracker):
-    @property
-    def client(self) -> object:
-        if self._client is None:
-            self._client = _LostAnswerClient(Tracker.client.fget(self))  # type: ignore[attr-defined]
-        return self._client
+class _LostAnswerTracker(_WrappedTracker):
+    wrap = _LostAnswerClient
 
 
 def test_a_start_run_whose_answer_was_lost_is_not_made_twice(tmp_path: Path) -> None:
