@@ -13,15 +13,15 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tuner import catalog
+from tuner.base.redact import redact_mapping, redact_text
+from tuner.base.yamlio import Loc, line_of, load_yaml, pydantic_to_config_error
 from tuner.errors import ConfigError
-from tuner.redact import redact_mapping, redact_text
 from tuner.search.samplers import SAMPLER_NAMES
-from tuner.space import SearchSpace, load_space, parse_space
+from tuner.search.space import SearchSpace, load_space, parse_space
 from tuner.spec import AgentSpec
 from tuner.targets.base import Target, TrialContext
 from tuner.targets.process import format_command
 from tuner.targets.registry import make_target, validate_target_options
-from tuner.yamlio import Loc, line_of, load_yaml, pydantic_to_config_error
 
 
 class Agent(BaseModel):
@@ -124,9 +124,9 @@ def bind_target(agent: Agent, target: Target) -> SearchSpace:
     try:
         target.check_space(space)  # also tells the target the space's defaults (flags left out at them)
         if agent.spec.sampler.screen is not None:
-            from tuner.screen import check
+            from tuner.sim.refcost import load_screen_model
 
-            check(agent, agent.spec.target.kind)
+            load_screen_model(agent.spec.sampler.screen, agent.path.parent, agent.spec.target.kind)
     except ConfigError as exc:
         raise locate(exc, agent) from None
     return space

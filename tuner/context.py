@@ -2,7 +2,7 @@
 (its lineage), the Optuna storage, the MLflow tracker, the target and logging.
 
 `open_context(agent_path, state_dir, create=...)` loads the agent (or, with no path, the one agent the state
-dir holds) and names the study from the lineage (tuner.lineage), so `run`, `status`, `promote`, `history`,
+dir holds) and names the study from the lineage (tuner.study.lineage), so `run`, `status`, `promote`, `history`,
 `rollback` and the daemon always agree on the study. `create=False` (read-only commands) creates nothing: no
 state dir, no database, no study; `AgentContext.read_study()` is then None until a run made one.
 """
@@ -16,15 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tuner.agent import Agent, load_agent
-from tuner.champion import atomic_write
+from tuner.base.files import atomic_write, private_dir
 from tuner.errors import ConfigError
-from tuner.files import private_dir
-from tuner.lineage import current_study_name, fingerprint, plan_study, warm_start
 from tuner.loop import Session, open_session
-from tuner.study import TunerStudy, default_storage, study_exists
+from tuner.study.lineage import current_study_name, fingerprint, plan_study, warm_start
+from tuner.study.study import TunerStudy, default_storage, study_exists
 from tuner.targets.base import Target
 from tuner.targets.registry import make_target
-from tuner.tracking import Tracker
+from tuner.tracking.tracker import Tracker
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,6 @@ cycle after tearing the running deployment down and recording the running trial 
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -22,18 +20,19 @@ from typing import Any
 import yaml
 
 from tuner.agent import Agent, bind_target
+from tuner.base.files import private_dir
+from tuner.base.redact import redact_text
 from tuner.errors import InfeasibleConfig, Interrupted, TrialError
-from tuner.files import private_dir
 from tuner.measure.failures import error_rate_slo, request_failure
 from tuner.measure.measurement import Measurement
-from tuner.mlflow_review import log_cycle_plots, log_latency_plot, trial_metrics, trial_run_name
-from tuner.objectives import FAILURE_CONSTRAINT, Evaluation, evaluate, failed_evaluation, goodput_thresholds_ms
-from tuner.redact import redact_text
-from tuner.study import LeaseLost, TunerStudy, default_storage
+from tuner.study.objectives import FAILURE_CONSTRAINT, Evaluation, evaluate, failed_evaluation, goodput_thresholds_ms
+from tuner.study.study import LeaseLost, TunerStudy, default_storage
 from tuner.targets.base import Target, TrialContext
 from tuner.targets.process import reap_orphans
 from tuner.targets.registry import make_target
-from tuner.tracking import Tracker, records_csv, redact
+from tuner.tracking.review import log_cycle_plots
+from tuner.tracking.tracker import Tracker
+from tuner.tracking.trials import TrialRecord, TrialRecorder
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +70,18 @@ class Session:
     target: Target
     study: TunerStudy
     tracker: Tracker
-    executor: Any = None  # tuner.ray_executor.RayExecutor, or None: this host's GPU pool
+    executor: Any = None  # tuner.placement.ray_executor.RayExecutor, or None: this host's GPU pool
 
     @cached_property
     def description(self) -> dict[str, str]:
         """The target's describe() (engine version, hardware), read once per session: it may probe NVML."""
         return self.target.describe()
+
+    @cached_property
+    def recorder(self) -> TrialRecorder:
+        """Writes each trial's record (Optuna's tell, then its MLflow run): the loop calls it once a trial."""
+        return TrialRecorder(self.tracker, self.agent.spec, self.study.name, self.description,
+                             on_recovered=lambda: sync_mlflow(self))
 
     @property
     def agent_dir(self) -> Path:
@@ -98,10 +103,10 @@ def open_session(agent: Agent, state_dir: Path, *, target: Target | None = None,
     study = TunerStudy(spec, space, storage_url=storage, study_name=study_name)
     if tracker is None:
         tracker = Tracker.for_agent(spec, state_dir)
-    from tuner import sizing
+    from tuner.study import sizing
 
     agent = sizing.apply(agent, sizing.recorded(study))  # an `auto` rate the study was sized at
-    from tuner.ray_executor import make_executor
+    from tuner.placement.ray_executor import make_executor
 
     session = Session(agent=agent, state_dir=state_dir, target=target, study=study, tracker=tracker,
                       executor=make_executor(spec))
@@ -112,9 +117,9 @@ def open_session(agent: Agent, state_dir: Path, *, target: Target | None = None,
 
 def sync_mlflow(session: Session) -> None:
     """Make MLflow hold what the Optuna study and the champion store's verifications hold
-    (tuner.tracking_sync); bounded by the tracker's timeout."""
-    from tuner.champion_db import champion_store
-    from tuner.tracking_sync import reconcile
+    (tuner.tracking.sync); bounded by the tracker's timeout."""
+    from tuner.champions.db import champion_store
+    from tuner.tracking.sync import reconcile
 
     spec = session.agent.spec
     if not session.tracker.enabled or session.tracker.down:
@@ -162,10 +167,10 @@ def run_cycle(
 ) -> CycleResult:
     """Run up to `trials` trials (default: the agent's budget) as one cycle under an MLflow parent run.
 
-    A study whose workload has `rate_per_s: auto` is sized first, once (tuner.sizing; `on_sizing_step` gets
+    A study whose workload has `rate_per_s: auto` is sized first, once (tuner.study.sizing; `on_sizing_step` gets
     each run of the capacity search). `finish`: end with finish_tracking (the daemon does it after its Check
     instead, so that one probe covers the cycle and its verification)."""
-    from tuner import sizing as rate_sizing
+    from tuner.study import sizing as rate_sizing
 
     stop = stop_event or threading.Event()
     reap(session)
@@ -173,7 +178,7 @@ def run_cycle(
     sizing = rate_sizing.ensure(session, on_step=on_sizing_step, stop=stop)
     spec = session.agent.spec
     if spec.sampler.screen is not None and session.study.screener is None:  # predicts at the sized workload
-        from tuner.screen import Screener
+        from tuner.study.screen import Screener
 
         session.study.screener = Screener.for_agent(session.agent, session.target)
     n_trials = trials if trials is not None else (spec.schedule.trials_per_cycle if spec.schedule and
@@ -204,7 +209,7 @@ def run_cycle(
 
             session.tracker.log_text(run_id, json.dumps(sizing.to_attr(), indent=1), "rate_sizing.json")
     if gpu_pool is None:
-        from tuner.gpupool import GpuPool
+        from tuner.placement.gpupool import GpuPool
 
         gpu_pool = GpuPool(spec.gpus)
     workers = parallel or spec.parallel_trials
@@ -322,7 +327,8 @@ def run_trial(session: Session, parent_run_id: str | None, stop: threading.Event
         ctx = TrialContext(trial_number=number, state_dir=session.state_dir, seed=spec.workload.seed + number,
                            stop_event=stop, label=f"trial-{number}")
         if session.executor is not None:  # Ray places the trial on a node and gives it the GPUs
-            m, log_path, placement = session.executor.measure(session, config, ctx, need)
+            m, log_path, placement = session.executor.measure(session, config, ctx, need,
+                                                                goodput_thresholds_ms(session.agent.spec.slos))
             gpus = placement.gpus
             attrs.update(placement.attrs())
         elif need > 0 and gpu_pool is not None and gpu_pool.total > 0:
@@ -377,20 +383,20 @@ def run_trial(session: Session, parent_run_id: str | None, stop: threading.Event
         overhead += time.monotonic() - ts
         attrs["repeats"] = repeat_trial(session, number, config, stop, gpu_pool)
         ts = time.monotonic()
-    session.tracker.tracking_trials.add(number)  # a reconcile meanwhile must not write this trial too
-    try:
+    rec = TrialRecord(number=number, baseline=baseline, config=config, evaluation=ev, metrics=metrics,
+                      measurement=m, cause=cause, error=error, log_path=log_path, gpus=gpus, cycle=cycle,
+                      parent_run_id=parent_run_id)
+
+    def tell(r: TrialRecord) -> None:
         try:
             session.study.tell(trial, ev, attrs=attrs)
         except LeaseLost as exc:  # failed by another process meanwhile: the measurement still goes to MLflow
             log.warning("%s; its measurement is kept in MLflow only", exc)
-            cause = cause or "worker_lost"
-            error = error or str(exc)
-        _track_trial(session, parent_run_id, number, baseline, config, ev, metrics, m, cause, error, log_path,
-                     gpus, cycle)
-    finally:
-        session.tracker.tracking_trials.discard(number)
-    if session.tracker.recovered():  # MLflow answers again: write what it missed meanwhile
-        sync_mlflow(session)
+            r.cause = r.cause or "worker_lost"
+            r.error = r.error or str(exc)
+
+    session.recorder.record(rec, tell)
+    cause, error = rec.cause, rec.error
     overhead += time.monotonic() - ts
     if cause is None:
         log.info("trial %d finished in %.1fs: %s%s", number, run_s,
@@ -435,39 +441,3 @@ def repeat_trial(session: Session, number: int, config: dict[str, Any], stop: th
             continue
         values.append(evaluate(m, spec.objectives, spec.slos).values[0])
     return values
-
-
-def _track_trial(session: Session, parent: str | None, number: int, baseline: bool, config: dict[str, Any],
-                 ev: Evaluation, metrics: dict[str, float], m: Measurement | None, cause: str | None,
-                 error: str | None, log_path: Any, gpus: tuple[int, ...], cycle: int | None = None) -> None:
-    tr = session.tracker
-    if not tr.enabled:
-        return
-    spec = session.agent.spec
-    tags = {"kind": "trial", "trial": number, "baseline": baseline, "state": "COMPLETE",
-            "feasible": ev.feasible, "failure_cause": cause or "", "agent": spec.name, "study": session.study.name,
-            **{f"target.{k}": v for k, v in session.description.items()}}
-    if error:
-        tags["error"] = redact_text(error)[:1000]
-    if gpus:
-        tags["gpus"] = ",".join(map(str, gpus))
-    if cycle is not None:
-        tags["cycle"] = cycle
-    if cause is None and not ev.feasible:
-        tags["slo_broken"] = ",".join(k.split(":", 1)[1] for k, v in ev.constraints.items()
-                                      if k.startswith("slo:") and v > 0)
-    tags["host"], tags["pid"] = socket.gethostname(), os.getpid()
-    name = trial_run_name(number, baseline=baseline, ev=ev, cause=cause)
-    run_id = tr.start_run(name, parent_run_id=parent, tags=tags, params=config)
-    key, rest = trial_metrics(spec, ev, metrics, measured=m is not None)
-    if key:  # first, in a batch of their own: the few columns the runs table should show
-        tr.log(run_id, metrics=key)
-    if rest:
-        tr.log(run_id, metrics=rest)
-    tr.log_text(run_id, yaml.safe_dump({"trial": number, "config": redact(config)}, sort_keys=True), "config.yaml")
-    if m is not None and m.records:
-        tr.log_text(run_id, records_csv(m.records), "requests.csv")
-        log_latency_plot(tr, run_id, m.records, name)
-    if log_path is not None:
-        tr.log_file(run_id, Path(log_path))
-    tr.end_run(run_id, "FINISHED" if cause is None else "FAILED")

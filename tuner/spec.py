@@ -168,7 +168,7 @@ class Budget(_Strict):
 
 
 class ScreenSpec(_Strict):
-    """Proposals judged by the calibrated reference-engine simulator before deployment (tuner.screen)."""
+    """Proposals judged by the calibrated reference-engine simulator before deployment (tuner.study.screen)."""
 
     model: str = Field(min_length=1, description="step-cost model file (experiments/sim-calibration fits one on "
                                                  "this host), relative to the agent file")

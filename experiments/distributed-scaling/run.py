@@ -36,7 +36,7 @@ def trials_per_hour(url: str, name: str) -> tuple[int, float, float]:
     import optuna
     from optuna.trial import TrialState
 
-    from tuner.study import open_storage
+    from tuner.study.study import open_storage
 
     done = [t for t in optuna.load_study(study_name=name, storage=open_storage(url)).get_trials()
             if t.state == TrialState.COMPLETE]
@@ -74,8 +74,8 @@ def run_workers(pg: postgres.PgServer, work: Path, workers: int, trials: int, ex
 
 def overhead(kind: str, url: str, work: Path, trials: int) -> list[float]:
     from tuner.agent import load_agent
+    from tuner.fleet.worker import run_worker
     from tuner.loop import open_session
-    from tuner.worker import run_worker
 
     agent = work / f"overhead-{kind}.yaml"
     write_spec(agent, fleet_sim_agent(name=f"overhead-{kind}", trials=trials, storage=url, batched_tokens=False,

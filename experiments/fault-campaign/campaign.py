@@ -83,7 +83,7 @@ def spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subp
 def study_states(sd: Path, name: str = "campaign") -> dict[int, str]:
     import optuna
 
-    from tuner.study import default_storage, open_storage
+    from tuner.study.study import default_storage, open_storage
 
     if not (sd / "optuna.db").exists():
         return {}
@@ -95,7 +95,7 @@ def study_states(sd: Path, name: str = "campaign") -> dict[int, str]:
 
 
 def mlflow_runs(uri: str, experiment: str = "campaign") -> list[Any]:
-    from tuner.tracking import Tracker
+    from tuner.tracking.tracker import Tracker
 
     tr = Tracker(uri, experiment, call_timeout_s=60)
     runs = tr._retry("campaign read", lambda: tr.runs())
@@ -160,7 +160,7 @@ def kill_runs(work: Path, n: int, rng: random.Random, *, daemon: bool) -> dict[s
         before = study_states(sd)
         done_before = sum(s == "COMPLETE" for s in before.values())
         if daemon:
-            argv = [PY, "-m", "tuner.cli_ops", "daemon", str(agent), "--state-dir", str(sd), "--port", "-1"]
+            argv = [PY, "-m", "tuner.cli", "daemon", str(agent), "--state-dir", str(sd), "--port", "-1"]
         else:
             argv = [PY, "-m", "tuner.cli", "run", str(agent), "--trials", "200", "--state-dir", str(sd)]
         proc = spawn(argv, work / f"{sd.name}-{i}.log")
@@ -265,7 +265,7 @@ def pg_restart(work: Path, trials: int, workers: int, restarts: int, down_s: flo
 
     from tests.support import postgres
     from tests.support.mlflow_server import start_mlflow_server
-    from tuner.study import open_storage
+    from tuner.study.study import open_storage
 
     if not postgres.available():
         return {"skipped": "PostgreSQL is not installed (apt-get install postgresql)"}
@@ -431,10 +431,10 @@ import json, resource, sys, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[2])  # the repository: tests.support.spec_probe
 from typer.testing import CliRunner
-from tuner.cli import app
+from tuner.cli.main import app
 from tuner.agent import load_agent
 from tuner.loop import open_session, run_cycle
-from tuner.tracking import Tracker
+from tuner.tracking.tracker import Tracker
 from tests.support.spec_probe import refused_values
 CliRunner().invoke(app, ["--version"])
 rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -34,7 +34,7 @@ def _cycles(uri: str | None, work: Path, label: str, n: int, call_timeout_s: flo
     """Wall seconds of `n` cycles (3 trials each, a new tracker per cycle as the daemon makes them)."""
     from tuner.agent import load_agent
     from tuner.loop import open_session, run_cycle
-    from tuner.tracking import Tracker
+    from tuner.tracking.tracker import Tracker
 
     d = work / label
     d.mkdir()
@@ -55,7 +55,7 @@ def main() -> int:
     ap.add_argument("--call-timeout-s", type=float, default=30.0)
     ap.add_argument("--end-probe-s", type=float, default=10.0)
     a = ap.parse_args()
-    from tuner.tracking import Tracker
+    from tuner.tracking.tracker import Tracker
 
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
@@ -86,7 +86,7 @@ def main() -> int:
             t0 = time.monotonic()
             second.start_run("second tracker")
             second_ms = (time.monotonic() - t0) * 1000
-            from tuner import tracking
+            from tuner.tracking import tracker as tracking
 
             tracking._DOWN_URIS.clear()  # the first cycle finds the outage itself, as a fresh daemon would
             cycles = _cycles(uri, work, f"b{i}", 3, a.call_timeout_s, a.end_probe_s)

@@ -70,7 +70,7 @@ def main() -> None:
                 page = b.new_page(viewport={"width": 1280, "height": 1000})
                 page.goto(html.resolve().as_uri())
                 page.screenshot(path=str(args.out / "report.png"), full_page=True)
-                from tuner.tracking import Tracker, default_tracking_uri
+                from tuner.tracking.tracker import Tracker, default_tracking_uri
 
                 tr = Tracker(default_tracking_uri(sd), "sim-8xa100")
                 cycle = next(r for r in tr.runs() if r.data.tags.get("kind") == "cycle")

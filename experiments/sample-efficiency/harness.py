@@ -15,14 +15,14 @@ from typing import Any
 
 from tuner.agent import Agent, load_agent
 from tuner.errors import TrialError
-from tuner.gpupool import GpuPool
 from tuner.loop import TrialOutcome, measure_config, open_session, run_cycle
 from tuner.measure.measurement import Measurement
-from tuner.objectives import evaluate
+from tuner.placement.gpupool import GpuPool
+from tuner.study.objectives import evaluate
 from tuner.targets.base import Deployment, Target, TrialContext
 from tuner.targets.registry import make_target
 from tuner.targets.sim import SimTarget
-from tuner.tracking import Tracker
+from tuner.tracking.tracker import Tracker
 
 ROOT = Path(__file__).resolve().parents[2]
 

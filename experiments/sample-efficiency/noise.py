@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from compare import HERE, best_known  # noqa: E402
 from harness import Evaluator, load  # noqa: E402
 
-from tuner.gpupool import GpuPool  # noqa: E402
 from tuner.loop import open_session, run_cycle  # noqa: E402
-from tuner.tracking import Tracker  # noqa: E402
+from tuner.placement.gpupool import GpuPool  # noqa: E402
+from tuner.tracking.tracker import Tracker  # noqa: E402
 
 
 def main() -> None:

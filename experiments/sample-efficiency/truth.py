@@ -27,7 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from harness import ROOT, Evaluator, load  # noqa: E402
 
-from tuner.space import Param, SearchSpace  # noqa: E402
+from tuner.search.space import Param, SearchSpace  # noqa: E402
 
 HERE = Path(__file__).parent
 

@@ -21,8 +21,8 @@ from typing import Any
 
 from tuner.agent import load_agent
 from tuner.errors import TrialError
-from tuner.objectives import goodput_thresholds_ms
 from tuner.spec import WorkloadSpec
+from tuner.study.objectives import goodput_thresholds_ms
 from tuner.targets.base import TrialContext
 from tuner.targets.sim import SimTarget
 

@@ -43,11 +43,11 @@ from tuner.agent import Agent, load_agent
 from tuner.engine.config import EngineConfig, slot_bytes
 from tuner.errors import TrialError
 from tuner.measure.measurement import Measurement
-from tuner.objectives import evaluate, goodput_thresholds_ms
 from tuner.search.design import point_to_config
 from tuner.sim.refcost import FEATURES, StepModel, features, fit, read_steps
 from tuner.sim.refengine import predict
 from tuner.spec import WorkloadSpec
+from tuner.study.objectives import evaluate, goodput_thresholds_ms
 from tuner.targets.base import TrialContext
 from tuner.targets.registry import make_target
 from tuner.targets.torch_engine import step_log_path

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from tuner.agent import load_agent
-from tuner.gpupool import GpuPool
 from tuner.loop import open_session, run_cycle
-from tuner.tracking import Tracker
+from tuner.placement.gpupool import GpuPool
+from tuner.tracking.tracker import Tracker
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -136,7 +136,7 @@ def main() -> None:
 
         agent = load_agent(ROOT / "agents/quickstart.yaml")
         from tuner.measure.measurement import Measurement
-        from tuner.objectives import evaluate
+        from tuner.study.objectives import evaluate
 
         table_best = math.inf
         for r in usable(read_data(data)):

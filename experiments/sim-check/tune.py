@@ -17,7 +17,7 @@ import optuna
 
 from tuner.agent import load_agent
 from tuner.errors import TrialError
-from tuner.space import SearchSpace
+from tuner.search.space import SearchSpace
 from tuner.targets.base import TrialContext
 from tuner.targets.registry import make_target
 

@@ -22,9 +22,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
 from tuner.agent import load_agent  # noqa: E402
-from tuner.champion import ChampionStore  # noqa: E402
+from tuner.champions.store import ChampionStore  # noqa: E402
 from tuner.loop import measure_config, open_session  # noqa: E402
-from tuner.promote import promote_config, verify  # noqa: E402
+from tuner.promotion.act import promote_config  # noqa: E402
+from tuner.promotion.verify import verify  # noqa: E402
 from tuner.targets.base import TrialContext  # noqa: E402
 
 CHAMPION = {"max_num_seqs": 24}

@@ -67,7 +67,7 @@ def _first_line(error: str) -> str:
 
 def read_trials(state_dir: Path) -> list[dict[str, Any]]:
     from tuner.agent import load_agent
-    from tuner.study import TunerStudy, default_storage
+    from tuner.study.study import TunerStudy, default_storage
 
     agent = load_agent(AGENT)
     study = TunerStudy(agent.spec, agent.space, storage_url=agent.spec.storage or default_storage(state_dir))

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from tuner.errors import ConfigError
-from tuner.space import SearchSpace
+from tuner.search.space import SearchSpace
 from tuner.targets.base import TrialContext
 from tuner.targets.process import ProcessTarget
 

@@ -17,8 +17,8 @@ from urllib.parse import urlparse
 import pytest
 
 from tests.contract.fake_server_target import FAKE, FakeServerOptions, FakeServerTarget
+from tuner.base.proc import pid_alive
 from tuner.errors import Interrupted, TrialError
-from tuner.proc import pid_alive
 from tuner.spec import WorkloadSpec
 from tuner.targets.base import Target, TrialContext
 from tuner.targets.registry import make_target, target_class

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from tuner.agent import Agent
 from tuner.errors import DeployError
 from tuner.measure.measurement import Measurement
-from tuner.space import parse_space
+from tuner.search.space import parse_space
 from tuner.spec import AgentSpec, WorkloadSpec
 from tuner.targets.base import Deployment, Target, TrialContext
 

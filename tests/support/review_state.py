@@ -53,7 +53,7 @@ budget: {{trials: 4}}
 def sim_state(tmp: Path, *, trials: int = 10) -> tuple[Path, Path]:
     """(agent file, state dir): one cycle, a constraint-violating trial (failed: infeasible_config), and the best
     trial verified (A/B on the simulator) and promoted."""
-    from tuner.promote import promote_trial
+    from tuner.promotion.act import promote_trial
 
     agent_path = tmp / "review-sim.yaml"
     write_agent(agent_path, **SIM_AGENT)

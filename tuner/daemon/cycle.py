@@ -9,14 +9,15 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from tuner.champion import append_jsonl
+from tuner.base.redact import redact_text
+from tuner.champions.store import append_jsonl
 from tuner.context import open_context
 from tuner.daemon import runtime
 from tuner.daemon.health import write_heartbeat
 from tuner.daemon.metrics import DaemonMetrics
 from tuner.loop import finish_tracking, run_cycle
-from tuner.promote import champion_summary, check_and_act
-from tuner.redact import redact_text
+from tuner.promotion.act import check_and_act
+from tuner.promotion.audit import champion_summary
 
 log = logging.getLogger(__name__)
 

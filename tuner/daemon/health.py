@@ -13,10 +13,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from tuner.champion import atomic_write
+from tuner.base.files import atomic_write
+from tuner.base.redact import redact_text
 from tuner.daemon.runtime import HEARTBEAT_INTERVAL_S, Runtime
-from tuner.promote import champion_summary
-from tuner.redact import redact_text
+from tuner.promotion.audit import champion_summary
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def serve_endpoint(rt: Runtime, port: int) -> ThreadingHTTPServer:
 def _daemon_gone(snap: dict[str, Any]) -> str | None:
     """Why the heartbeat's daemon is not running, if this host can tell (its PID gone, or reused by another
     process since); None when it runs or ran on another host."""
-    from tuner.proc import pid_alive, process_start_ticks
+    from tuner.base.proc import pid_alive, process_start_ticks
 
     pid = snap.get("pid")
     if not isinstance(pid, int) or snap.get("host", socket.gethostname()) != socket.gethostname():

@@ -62,7 +62,7 @@ class Runtime:
         return not any(a.last_ok is False for a in self.agents.values())
 
     def snapshot(self) -> dict[str, Any]:
-        from tuner.proc import process_start_ticks
+        from tuner.base.proc import process_start_ticks
 
         return {"pid": os.getpid(), "pid_start_ticks": process_start_ticks(os.getpid()), "host": socket.gethostname(),
                 "time": time.time(), "port": self.port, "interval_s": HEARTBEAT_INTERVAL_S,

@@ -63,7 +63,7 @@ def check_schedule(agent: Agent) -> tuple[BaseTrigger, int]:
 def run_daemon(agent_paths: Sequence[Path | str], state_dir: Path | str, *, port: int | None = None,
                grace_s: float = 30.0, install_signals: bool = True) -> int:
     """Run until SIGTERM/SIGINT. Returns the exit status (0: clean stop within the grace)."""
-    from tuner.files import private_dir
+    from tuner.base.files import private_dir
 
     state = private_dir(Path(state_dir).resolve())
     agents = [load_agent(p) for p in agent_paths]

@@ -10,14 +10,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from tuner import catalog
-from tuner.champion import append_jsonl
+from tuner.base.redact import redact_text, redact_url
+from tuner.champions.store import append_jsonl
 from tuner.daemon.runtime import AgentState, Runtime, job_id
 from tuner.measure.datasets import plans_for
 from tuner.measure.scrape import Snapshot, scrape, telemetry
 from tuner.measure.tokenize import load_tokenizer
-from tuner.redact import redact_text, redact_url
 from tuner.spec import AgentSpec, WorkloadSpec
-from tuner.tracking import Tracker
+from tuner.tracking.tracker import Tracker
 
 log = logging.getLogger(__name__)
 

@@ -31,13 +31,13 @@ from typing import Any, Literal
 import aiohttp
 import numpy as np
 
+from tuner.base.redact import redact_text
 from tuner.errors import ConfigError
 from tuner.measure.measurement import Measurement
 from tuner.measure.metrics import prompt_length_check, summarise
 from tuner.measure.records import RequestPlan, RequestRecord
 from tuner.measure.stream import StreamReader, spread, token_times
 from tuner.measure.tokenize import HFTokenizer, Tokenizer, load_tokenizer
-from tuner.redact import redact_text
 from tuner.spec import WorkloadSpec
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tuner.redact import redact_text, redact_url
+from tuner.base.redact import redact_text, redact_url
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.agent import Agent
-from tuner.objectives import improvement
+from tuner.study.objectives import improvement
 
 
 @dataclass
@@ -89,8 +89,8 @@ def _row(t: FrozenTrial) -> TrialRow:
 
 def gather(agent: Agent, state_dir: Path, study: Any, *, plots: bool = True) -> ReportData:
     """`study` is a TunerStudy already opened on the agent's storage."""
-    from tuner.mlflow_review import key_metrics
-    from tuner.promote import champion_summary, history
+    from tuner.promotion.audit import champion_summary, history
+    from tuner.tracking.review import key_metrics
 
     spec = agent.spec
     trials = study.trials()
@@ -123,7 +123,7 @@ def gather(agent: Agent, state_dir: Path, study: Any, *, plots: bool = True) -> 
         key_metrics=list(key_metrics(spec, sample)),
     )
     if plots:
-        from tuner.plots import study_plots
+        from tuner.tracking.plots import study_plots
 
         data.plots = study_plots(trials, spec)
     return data

@@ -8,8 +8,8 @@ from typing import Any
 
 import yaml
 
+from tuner.base.textfmt import fmt, when
 from tuner.report.data import ReportData, TrialRow
-from tuner.textfmt import fmt, when
 
 PLOT_CAPTIONS = {
     "optimization_history": "Optimisation history (measured trials)",

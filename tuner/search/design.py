@@ -19,7 +19,7 @@ from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
 if TYPE_CHECKING:
-    from tuner.space import Param, SearchSpace
+    from tuner.search.space import Param, SearchSpace
 
 # system attribute of a design trial: its index in the constraint-filtered design
 DESIGN_ATTR = "tuner:design"

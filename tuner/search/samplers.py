@@ -14,7 +14,7 @@ from tuner.errors import ConfigError
 if TYPE_CHECKING:
     import optuna
 
-    from tuner.space import SearchSpace
+    from tuner.search.space import SearchSpace
     from tuner.spec import SamplerSpec
 
 SamplerBuilder = Callable[["SamplerSpec", "SearchSpace"], "optuna.samplers.BaseSampler"]

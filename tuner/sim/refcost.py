@@ -145,3 +145,17 @@ def read_steps(lines: Iterable[str]) -> list[dict[str, Any]]:
         if isinstance(d, dict) and isinstance(d.get("dt_s"), int | float):
             out.append(d)
     return out
+
+
+def load_screen_model(screen: Any, base_dir: Path, kind: str) -> StepModel:
+    """The model file of an agent's `sampler.screen` (a ScreenSpec; a relative `model` is read from `base_dir`,
+    the agent file's folder), loaded; ConfigError when the target is not the reference engine or the file is
+    bad. `validate` and the loop's screener both load it through here."""
+    if kind != "torch_engine":
+        raise ConfigError(f"sampler.screen simulates the reference engine: it needs target kind torch_engine, "
+                          f"not {kind!r}", field="sampler.screen")
+    p = Path(screen.model)
+    try:
+        return StepModel.load(p if p.is_absolute() else base_dir / p)
+    except ConfigError as exc:
+        raise ConfigError(f"sampler.screen.model: {exc}", field="sampler.screen.model") from None

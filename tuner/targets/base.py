@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel
 
 from tuner.measure.measurement import Measurement
-from tuner.space import SearchSpace
+from tuner.search.space import SearchSpace
 from tuner.spec import WorkloadSpec
 
 

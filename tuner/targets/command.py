@@ -38,7 +38,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tuner.errors import ConfigError, InfeasibleConfig
-from tuner.space import SearchSpace
+from tuner.search.space import SearchSpace
 from tuner.targets.base import TrialContext
 from tuner.targets.process import ProcessTarget
 

@@ -39,6 +39,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from tuner.base.proc import free_port, group_alive, pid_alive, process_start_ticks
+from tuner.base.redact import redact_text
 from tuner.errors import (
     DeployError,
     Interrupted,
@@ -48,8 +50,6 @@ from tuner.errors import (
     WorkloadError,
 )
 from tuner.measure.measurement import Measurement
-from tuner.proc import free_port, group_alive, pid_alive, process_start_ticks
-from tuner.redact import redact_text
 from tuner.spec import WorkloadSpec
 from tuner.targets.base import Deployment, Target, TrialContext
 

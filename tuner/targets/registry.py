@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
+from tuner.base.yamlio import Loc, line_of, pydantic_to_config_error
 from tuner.errors import ConfigError
-from tuner.yamlio import Loc, line_of, pydantic_to_config_error
 
 if TYPE_CHECKING:
     from tuner.spec import TargetSpec

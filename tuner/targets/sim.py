@@ -15,10 +15,10 @@ import tuner
 from tuner.errors import ConfigError, Interrupted
 from tuner.measure.measurement import Measurement
 from tuner.measure.metrics import summarise
+from tuner.search.space import SearchSpace
 from tuner.sim.config import BATCHING_MODES, CUDAGRAPH_MODES, KNOBS, KV_CACHE_DTYPES, EngineConfig, resolve_config
 from tuner.sim.engine import simulate
 from tuner.sim.profiles import HARDWARE, MODELS
-from tuner.space import SearchSpace
 from tuner.spec import WorkloadSpec
 from tuner.targets.base import Deployment, Target, TrialContext
 

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.engine.config import PRESETS, EngineConfig, EngineConfigError, knob_value_error, to_argv
 from tuner.errors import ConfigError, InfeasibleConfig
-from tuner.space import SearchSpace
+from tuner.search.space import SearchSpace
 from tuner.targets.base import TrialContext
 from tuner.targets.process import HttpDeployment, ProcessTarget
 

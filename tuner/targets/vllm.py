@@ -40,7 +40,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tuner.errors import ConfigError, InfeasibleConfig, TrialError
-from tuner.space import SearchSpace
+from tuner.search.space import SearchSpace
 from tuner.targets import vllm_failures
 from tuner.targets.base import TrialContext
 from tuner.targets.process import HttpDeployment, ProcessTarget

@@ -22,7 +22,7 @@ from hypothesis import strategies as st  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from tests.support.spec_probe import spec_paths  # noqa: E402
-from tuner.cli import app  # noqa: E402
+from tuner.cli.main import app  # noqa: E402
 
 BASE: dict[str, Any] = {
     "name": "fuzz",
@@ -120,7 +120,7 @@ def _starts_run(path: Path, state: Path) -> None:
     from tuner.loop import open_session, run_cycle
 
     t0 = time.monotonic()
-    from tuner.tracking import Tracker
+    from tuner.tracking.tracker import Tracker
 
     # MLflow off (making its store takes seconds per spec): the run's checks and first trial are the point
     session = open_session(load_agent(path), state, tracker=Tracker("sqlite:///unused.db", "fuzz", enabled=False))

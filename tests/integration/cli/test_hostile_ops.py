@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tuner.cli import app
-from tuner.redact import redact_mapping, redact_text, redact_url
+from tuner.base.redact import redact_mapping, redact_text, redact_url
+from tuner.cli.main import app
 
 SECRET = "hunter2-s3cret"
 
@@ -102,7 +102,7 @@ def test_bench_on_a_closed_port_hides_the_password() -> None:
 
 def test_an_unreachable_tracking_uri_is_logged_without_its_password(tmp_path: Path,
                                                                    caplog: pytest.LogCaptureFixture) -> None:
-    from tuner.tracking import Tracker
+    from tuner.tracking.tracker import Tracker
 
     tr = Tracker(f"http://user:{SECRET}@127.0.0.1:{_free_port()}", "x", call_timeout_s=5)
     assert tr.start_run("cycle-1") is None
@@ -110,8 +110,8 @@ def test_an_unreachable_tracking_uri_is_logged_without_its_password(tmp_path: Pa
 
 
 def test_check_sees_a_sigkilled_daemon_at_once(tmp_path: Path) -> None:
+    from tuner.base.proc import process_start_ticks
     from tuner.daemon.health import check_alive, heartbeat_path
-    from tuner.proc import process_start_ticks
 
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:

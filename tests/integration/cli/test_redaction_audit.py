@@ -1,7 +1,7 @@
 """The redaction audit: a URL's password or token that reaches the tuner through a command target's argv, a
 server's error message (the load generator's request records), a log line or an exception's traceback never
-reaches the output, the logs, the trial's log file, the Optuna study or MLflow (tuner.redact, through
-tuner.logs.RedactFilter for every log line)."""
+reaches the output, the logs, the trial's log file, the Optuna study or MLflow (tuner.base.redact, through
+tuner.base.logs.RedactFilter for every log line)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tuner.cli import app
-from tuner.logs import RedactFilter
+from tuner.base.logs import RedactFilter
+from tuner.cli.main import app
 
 REPO = Path(__file__).resolve().parents[3]
 FAULTY = REPO / "tests" / "support" / "faulty_server.py"
@@ -32,7 +32,7 @@ def _no_secret(text: str, where: str) -> None:
 @pytest.mark.parametrize("fmt", ["plain", "json"])
 def test_log_lines_and_tracebacks_are_redacted_whoever_logs_them(fmt: str, monkeypatch: pytest.MonkeyPatch
                                                                  ) -> None:
-    from tuner.textfmt import log_handler
+    from tuner.base.textfmt import log_handler
 
     monkeypatch.setenv("TUNER_LOG_FORMAT", fmt)
     buf = io.StringIO()
@@ -93,7 +93,7 @@ def test_a_trial_of_a_command_target_leaks_no_url_secret(tmp_path: Path) -> None
         _no_secret(f.read_text(errors="replace"), str(f))
     import optuna
 
-    from tuner.study import default_storage, open_storage
+    from tuner.study.study import default_storage, open_storage
 
     trials = optuna.load_study(study_name="leaky", storage=open_storage(default_storage(sd))).trials
     cause = trials[0].user_attrs.get("cause") if trials else None
@@ -102,7 +102,7 @@ def test_a_trial_of_a_command_target_leaks_no_url_secret(tmp_path: Path) -> None
     assert "svc:***@backend" in trials[0].user_attrs["error"]
     from mlflow.tracking import MlflowClient
 
-    from tuner.tracking import default_tracking_uri
+    from tuner.tracking.tracker import default_tracking_uri
 
     client = MlflowClient(tracking_uri=default_tracking_uri(sd))
     exp = client.get_experiment_by_name("leaky")

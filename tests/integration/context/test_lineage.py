@@ -10,10 +10,10 @@ import optuna
 from typer.testing import CliRunner
 
 from tests.support import agents
-from tuner.champion import ChampionStore
-from tuner.cli import app
+from tuner.champions.store import ChampionStore
+from tuner.cli.main import app
 from tuner.daemon.cycle import run_agent_cycle
-from tuner.study import default_storage
+from tuner.study.study import default_storage
 
 
 def write_agent(d: Path, concurrency: int, tracking: bool = False) -> Path:

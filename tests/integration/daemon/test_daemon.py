@@ -18,10 +18,10 @@ from typer.testing import CliRunner
 
 from tests.support import agents
 from tests.support.logged_proc import finish, output, start_logged
-from tuner import cli_ops
+from tuner.cli import ops as cli_ops
 from tuner.daemon.cycle import run_agent_cycle
 from tuner.daemon.runtime import gpu_groups
-from tuner.study import default_storage
+from tuner.study.study import default_storage
 
 REPO = Path(__file__).resolve().parents[3]
 def write_agent(d: Path, name: str = "dsim", *, concurrency: int = 64, policy: str = "manual") -> Path:
@@ -68,7 +68,7 @@ def test_daemon_runs_cycles_on_schedule_serves_health_and_stops_on_sigterm(tmp_p
     agent = write_agent(tmp_path)
     sd = tmp_path / "state"
     log = tmp_path / "daemon.log"
-    proc = start_logged([sys.executable, "-m", "tuner.cli_ops", "daemon", str(agent), "--state-dir", str(sd),
+    proc = start_logged([sys.executable, "-m", "tuner.cli", "daemon", str(agent), "--state-dir", str(sd),
                          "--port", "0", "--grace-s", "20"], log, REPO)
     try:
         deadline = time.monotonic() + 90
@@ -92,7 +92,7 @@ def test_daemon_runs_cycles_on_schedule_serves_health_and_stops_on_sigterm(tmp_p
         check_daemon_metrics(text, "dsim")
         run = CliRunner().invoke
         assert run(app(), ["check", "--url", url]).exit_code == 0
-        second = subprocess.run([sys.executable, "-m", "tuner.cli_ops", "daemon", str(agent), "--state-dir", str(sd),
+        second = subprocess.run([sys.executable, "-m", "tuner.cli", "daemon", str(agent), "--state-dir", str(sd),
                                  "--port", "-1"], cwd=REPO, capture_output=True, text=True, timeout=60)
         assert second.returncode == 2 and "another tuner daemon" in second.stderr
         assert run(app(), ["check", "--state-dir", str(sd)]).exit_code == 0
@@ -217,7 +217,7 @@ def test_cycles_of_agents_sharing_gpus_never_overlap(tmp_path: Path) -> None:
         p.write_text(p.read_text().replace("every: 5s", "every: 1s") + "gpus: [0, 1]\ntracking: {enabled: false}\n")
         agents.append(p)
     log = tmp_path / "daemon.log"
-    proc = start_logged([sys.executable, "-m", "tuner.cli_ops", "daemon", *map(str, agents), "--state-dir",
+    proc = start_logged([sys.executable, "-m", "tuner.cli", "daemon", *map(str, agents), "--state-dir",
                          str(sd), "--port", "-1"], log, REPO)
     try:
         deadline = time.monotonic() + 90
@@ -242,7 +242,7 @@ def test_sighup_applies_an_edited_schedule_and_keeps_the_old_one_after_a_bad_edi
     agent.write_text(agent.read_text().replace("every: 5s", "every: 1h"))
     sd = tmp_path / "state"
     log = tmp_path / "daemon.log"
-    proc = start_logged([sys.executable, "-m", "tuner.cli_ops", "daemon", str(agent), "--state-dir", str(sd),
+    proc = start_logged([sys.executable, "-m", "tuner.cli", "daemon", str(agent), "--state-dir", str(sd),
                          "--port", "-1", "--grace-s", "20"], log, REPO)
 
     def wait_cycles(n: int, within_s: float) -> list[dict]:

@@ -20,7 +20,7 @@ import pytest
 
 from tests.support import agents
 from tests.support.logged_proc import finish, output, start_logged
-from tuner.study import default_storage, open_storage
+from tuner.study.study import default_storage, open_storage
 
 REPO = Path(__file__).resolve().parents[3]
 FAKE = REPO / "tests" / "support" / "fake_openai_server.py"
@@ -56,7 +56,7 @@ pytestmark = pytest.mark.skipif(not FAKE.is_file(), reason="fake server missing"
 
 def start(agent: Path, sd: Path) -> subprocess.Popen[str]:
     """The daemon, its output appended to daemon.log next to the agent (see `log_of`)."""
-    return start_logged([sys.executable, "-m", "tuner.cli_ops", "daemon", str(agent), "--state-dir", str(sd),
+    return start_logged([sys.executable, "-m", "tuner.cli", "daemon", str(agent), "--state-dir", str(sd),
                          "--port", "-1", "--grace-s", "20"], log_of(agent), REPO)
 
 

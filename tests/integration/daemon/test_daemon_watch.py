@@ -123,7 +123,7 @@ def test_an_slo_breach_in_production_starts_a_cycle_now(tmp_path: Path) -> None:
                     "workload.num_requests": 40})
     sd = tmp_path / "state"
     log = tmp_path / "daemon.log"
-    proc = start_logged([sys.executable, "-m", "tuner.cli_ops", "daemon", str(agent), "--state-dir", str(sd),
+    proc = start_logged([sys.executable, "-m", "tuner.cli", "daemon", str(agent), "--state-dir", str(sd),
                          "--port", "-1"], log, REPO)
     cyc = sd / "watched" / "cycles.jsonl"
     try:

@@ -324,7 +324,7 @@ def test_chat_template_from_a_checkpoint(tmp_path: Path) -> None:
 def test_tuner_bench_chat_against_the_engine(server: str, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from tuner.cli import app
+    from tuner.cli.main import app
 
     out = tmp_path / "chat.json"
     r = CliRunner().invoke(app, ["bench", "--url", server, "--endpoint", "chat", "--concurrency", "2",

@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 
 from tests.support import agents
 from tuner.agent import load_agent
-from tuner.cli import app
+from tuner.cli.main import app
 from tuner.loop import open_session, run_cycle
-from tuner.study import default_storage, open_storage
+from tuner.study.study import default_storage, open_storage
 
 
 def write_agent(tmp_path: Path, *, model: str = "llama-3-8b", tp: int = 1, n: int = 60) -> Path:

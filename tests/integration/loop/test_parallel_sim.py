@@ -6,8 +6,8 @@ from pathlib import Path
 
 from tests.support import agents
 from tuner.agent import load_agent
-from tuner.gpupool import GpuPool, overlaps
 from tuner.loop import open_session, run_cycle
+from tuner.placement.gpupool import GpuPool, overlaps
 
 
 def write_agent(path: Path) -> Path:

@@ -10,7 +10,7 @@ import typer
 from typer.testing import CliRunner
 
 from tests.support.fake_openai_server import start_fake_server
-from tuner.bench import parse_goodput, register
+from tuner.cli.bench import parse_goodput, register
 from tuner.errors import ConfigError
 
 

@@ -16,11 +16,11 @@ import yaml
 from typer.testing import CliRunner
 
 from tests.support import agents
-from tuner import cli_ops
 from tuner.agent import load_agent
-from tuner.champion import ChampionStore
+from tuner.champions.store import ChampionStore
+from tuner.cli import ops as cli_ops
 from tuner.loop import open_session, run_cycle
-from tuner.tracking import Tracker, default_tracking_uri
+from tuner.tracking.tracker import Tracker, default_tracking_uri
 
 REPO = Path(__file__).resolve().parents[3]
 def _promo_agent(path: Path, apply: list[str] | None) -> Path:
@@ -129,7 +129,7 @@ def test_killed_mid_promote_the_champion_file_still_parses(tmp_path: Path) -> No
     r = CliRunner().invoke(app(), ["promote", str(agent), "--trial", str(n[32]), "--yes", "--state-dir", str(sd)])
     assert r.exit_code == 0, r.output
     agent.write_text(agent.read_text().replace("apply_command: null", f"apply_command: {json.dumps(slow)}"))
-    proc = subprocess.Popen([sys.executable, "-m", "tuner.cli_ops", "promote", str(agent), "--trial", str(n[64]),
+    proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "promote", str(agent), "--trial", str(n[64]),
                              "--yes", "--skip-verify", "--state-dir", str(sd)], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60

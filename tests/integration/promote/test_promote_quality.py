@@ -9,7 +9,7 @@ import yaml
 
 from tuner.agent import load_agent
 from tuner.loop import open_session
-from tuner.promote import verify
+from tuner.promotion.verify import verify
 
 REPO = Path(__file__).resolve().parents[3]
 QUICKSTART = REPO / "agents" / "quickstart.yaml"

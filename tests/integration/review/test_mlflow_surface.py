@@ -15,8 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.support.review_state import command_state, sim_state
-from tuner.cli import app
-from tuner.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, Tracker, default_tracking_uri
+from tuner.cli.main import app
+from tuner.tracking.tracker import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, Tracker, default_tracking_uri
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +124,7 @@ def test_report_is_self_contained(report: dict[str, Any]) -> None:
 
 
 def test_report_shows_what_the_operator_needs(report: dict[str, Any]) -> None:
-    from tuner.champion import ChampionStore
+    from tuner.champions.store import ChampionStore
 
     html, md = report["html"], report["md"]
     champ = ChampionStore(report["state"]["sd"], "review-sim").champion()
@@ -183,7 +183,7 @@ def _images(page: Any) -> list[dict[str, Any]]:
 
 
 def test_report_in_chromium(report: dict[str, Any], browser: Any, tmp_path: Path) -> None:
-    from tuner.champion import ChampionStore
+    from tuner.champions.store import ChampionStore
 
     champ = ChampionStore(report["state"]["sd"], "review-sim").champion()
     assert champ is not None

@@ -10,10 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from tuner.agent import load_agent
-from tuner.cli import app
+from tuner.cli.main import app
 from tuner.loop import open_session, run_cycle
-from tuner.sizing import RATE_ATTR, RateSizing, recorded
-from tuner.summary import EXIT_NO_FEASIBLE
+from tuner.study.sizing import RATE_ATTR, RateSizing, recorded
+from tuner.study.summary import EXIT_NO_FEASIBLE
 
 AGENT = """\
 name: sizing-test

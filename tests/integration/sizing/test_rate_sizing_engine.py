@@ -11,7 +11,7 @@ import pytest
 
 from tuner.agent import load_agent
 from tuner.loop import open_session, run_cycle
-from tuner.sizing import recorded
+from tuner.study.sizing import recorded
 
 pytestmark = pytest.mark.slow
 

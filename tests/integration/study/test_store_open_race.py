@@ -1,5 +1,5 @@
 """Processes that open the same new SQLite store at once (a `tuner status` or a promote next to a starting
-`tuner run` or daemon): each open creates the tables of a new file, and without tuner.sqlite.init_lock the
+`tuner run` or daemon): each open creates the tables of a new file, and without tuner.coord.sqlite.init_lock the
 losers of that race failed with "table ... already exists" (7 of 10 rounds of 4 processes did)."""
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ PROCESSES = 4
 
 
 def _open_study(url: str, barrier: Any) -> None:
-    from tuner.study import open_storage
+    from tuner.study.study import open_storage
 
     barrier.wait()
     open_storage(url)
 
 
 def _open_tracking(url: str, barrier: Any) -> None:
-    from tuner.tracking import Tracker
+    from tuner.tracking.tracker import Tracker
 
     barrier.wait()
     Tracker(url, "race").client  # noqa: B018 - the property opens the store
@@ -44,8 +44,8 @@ def test_processes_opening_a_new_store_at_once_all_succeed(tmp_path: Path, opene
 def test_a_store_whose_lock_file_cannot_be_made_still_opens(tmp_path: Path) -> None:
     """A reader without write access to the state dir (say, `tuner status` as another user) cannot make the
     lock file: it opens the store without the lock. Stood in for, even as root, by a folder in its place."""
-    from tuner.sqlite import init_lock
-    from tuner.study import open_storage
+    from tuner.coord.sqlite import init_lock
+    from tuner.study.study import open_storage
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     open_storage(url)  # made by its owner

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from tests.support.agents import fake_server_agent, write_spec
 from tuner.agent import load_agent
-from tuner.gpupool import GpuPool, overlaps
 from tuner.loop import open_session, run_cycle
+from tuner.placement.gpupool import GpuPool, overlaps
 
 
 def run(tmp_path: Path, parallel: int) -> tuple[float, GpuPool, list]:

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from tuner.agent import load_agent
 from tuner.errors import ConfigError, InfeasibleConfig, WorkloadError
-from tuner.space import parse_space
+from tuner.search.space import parse_space
 from tuner.spec import WorkloadSpec
 from tuner.targets.base import TrialContext
 from tuner.targets.command import CommandOptions, CommandTarget, FlagSpec
@@ -183,7 +183,7 @@ def test_optional_and_boolean_flags_and_a_baseline_of_the_servers_own_defaults(t
 def test_validate_show_command_prints_the_baseline_argv(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from tuner.cli import app
+    from tuner.cli.main import app
 
     (tmp_path / "space.yaml").write_text(
         "params:\n  batch: {type: int, low: 1, high: 64, default: 16}\n  cache: {type: bool, default: true}\n")
@@ -202,7 +202,7 @@ def test_a_trial_whose_requests_all_failed_is_recorded_with_the_cause_and_the_se
         tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from tuner.cli import app
+    from tuner.cli.main import app
 
     (tmp_path / "agent.yaml").write_text(
         "name: refused\ntarget:\n  kind: command\n"
@@ -213,14 +213,14 @@ def test_a_trial_whose_requests_all_failed_is_recorded_with_the_cause_and_the_se
         "objectives: [{metric: request_throughput, direction: maximize}]\nbudget: {trials: 1}\n"
         "tracking: {enabled: false}\n")
     sd = tmp_path / "state"
-    from tuner.summary import EXIT_NO_FEASIBLE
+    from tuner.study.summary import EXIT_NO_FEASIBLE
 
     r = CliRunner().invoke(app, ["run", str(tmp_path / "agent.yaml"), "--state-dir", str(sd)])
     assert r.exit_code == EXIT_NO_FEASIBLE and "all_requests_failed" in r.output, r.output
     r = CliRunner().invoke(app, ["status", str(tmp_path / "agent.yaml"), "--state-dir", str(sd), "--json"])
     base = json.loads(r.output)["baseline"]
     assert base["cause"] == "all_requests_failed" and not base["feasible"], base
-    from tuner.study import TunerStudy, default_storage
+    from tuner.study.study import TunerStudy, default_storage
 
     agent = load_agent(tmp_path / "agent.yaml")
     t = TunerStudy(agent.spec, agent.space, storage_url=default_storage(sd)).baseline()

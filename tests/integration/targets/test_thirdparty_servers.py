@@ -20,7 +20,7 @@ from tests.support.thirdparty import (
     running,
 )
 from tests.support.tiny_model import make_tiny_model
-from tuner.cli import app
+from tuner.cli.main import app
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import pytest
 
 from tuner.agent import load_agent
 from tuner.errors import ConfigError, InfeasibleConfig
-from tuner.space import load_space
+from tuner.search.space import load_space
 from tuner.spec import Arrival, LengthDist, WorkloadSpec
 from tuner.targets.base import TrialContext
 from tuner.targets.registry import make_target, target_class

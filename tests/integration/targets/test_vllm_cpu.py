@@ -27,7 +27,7 @@ import yaml
 
 from tuner.engine.checkpoint import write_checkpoint
 from tuner.errors import ConfigError
-from tuner.space import load_space, parse_space
+from tuner.search.space import load_space, parse_space
 from tuner.targets.vllm import VllmOptions, VllmTarget, missing_in
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]

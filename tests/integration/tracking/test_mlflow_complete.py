@@ -18,11 +18,11 @@ import pytest
 from typer.testing import CliRunner
 
 from tuner.agent import load_agent
-from tuner.cli import app
+from tuner.cli.main import app
 from tuner.loop import open_session, run_cycle
-from tuner.study import default_storage, open_storage
-from tuner.tracking import BACKFILLED_TAG, Tracker, default_tracking_uri
-from tuner.tracking_sync import reconcile
+from tuner.study.study import default_storage, open_storage
+from tuner.tracking.sync import reconcile
+from tuner.tracking.tracker import BACKFILLED_TAG, Tracker, default_tracking_uri
 
 AGENT = """\
 name: complete
@@ -236,10 +236,10 @@ def test_verifications_mlflow_missed_are_backfilled_once(tmp_path: Path) -> None
     """A verification recorded while MLflow was down (the champion store holds it, MLflow has no run) is
     written when the store answers again, tagged backfilled, under its candidate's cycle; a stored
     verification of an older tuner (no key) too; a second pass writes nothing."""
-    from tuner.champion_db import champion_store
+    from tuner.champions.db import champion_store
     from tuner.loop import finish_tracking, sync_mlflow
-    from tuner.promote import verify
-    from tuner.tracking import VERIFICATION_KEY_TAG
+    from tuner.promotion.verify import verify
+    from tuner.tracking.tracker import VERIFICATION_KEY_TAG
 
     blocker = tmp_path / "mlstore"
     blocker.write_text("")
@@ -278,7 +278,7 @@ def test_verifications_mlflow_missed_are_backfilled_once(tmp_path: Path) -> None
 def test_a_verification_run_a_killed_process_left_running_is_completed_from_the_store(tmp_path: Path) -> None:
     import socket
 
-    from tuner.tracking import OWNER_TAG, VERIFICATION_KEY_TAG
+    from tuner.tracking.tracker import OWNER_TAG, VERIFICATION_KEY_TAG
 
     sd = tmp_path / "state"
     tracker = Tracker(default_tracking_uri(sd), "complete")
@@ -286,13 +286,13 @@ def test_a_verification_run_a_killed_process_left_running_is_completed_from_the_
     run_cycle(session, trials=2)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    from tuner.proc import process_start_ticks
+    from tuner.base.proc import process_start_ticks
 
     owner = f"{socket.gethostname()}:{dead.pid}:{process_start_ticks(os.getpid())}"
     run_id = tracker.start_run("verify-trial-1 pass", tags={
         "kind": "verification", "study": session.study.name, OWNER_TAG: owner, VERIFICATION_KEY_TAG: "abc"})
     tracker.active.discard(run_id)  # as if another process had made it
-    from tuner.champion_db import champion_store
+    from tuner.champions.db import champion_store
 
     champion_store(session).add_verification({
         "passed": True, "reason": "better", "study": session.study.name, "trial": 1, "reference": "baseline",

@@ -78,7 +78,7 @@ def wait_all(procs: dict[str, subprocess.Popen[str]], tmp_path: Path, timeout_s:
 
 def load(url: str, name: str, pg: postgres.PgServer) -> list[optuna.trial.FrozenTrial]:
     os.environ["PGPASSWORD"] = pg.password  # this test process reads the study as a worker would
-    from tuner.study import open_storage
+    from tuner.study.study import open_storage
 
     return optuna.load_study(study_name=name, storage=open_storage(url)).get_trials(deepcopy=False)
 
@@ -210,8 +210,8 @@ def test_promote_from_two_hosts_at_once(pg: postgres.PgServer, mlflow_uri: str, 
     procs = {"pa": promote(a, "pa", None), "pb": promote(b, "pb", "fleet-b")}
     wait_all(procs, tmp_path, 300)
     from tuner.agent import load_agent
-    from tuner.champion_db import champion_store_for
-    from tuner.study import TunerStudy
+    from tuner.champions.db import champion_store_for
+    from tuner.study.study import TunerStudy
 
     spec_agent = load_agent(agent)
     study = TunerStudy(spec_agent.spec, spec_agent.space, storage_url=url)

@@ -16,8 +16,8 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from tuner.agent import load_agent  # noqa: E402
+from tuner.fleet.worker import run_worker  # noqa: E402
 from tuner.loop import open_session  # noqa: E402
-from tuner.worker import run_worker  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -12,10 +12,10 @@ import pytest
 from typer.testing import CliRunner
 
 from tuner.agent import load_agent
-from tuner.cli import app
+from tuner.base.expr import Expr, ExprError
+from tuner.base.yamlio import MAX_YAML_NODES, load_yaml
+from tuner.cli.main import app
 from tuner.errors import ConfigError
-from tuner.expr import Expr, ExprError
-from tuner.yamlio import MAX_YAML_NODES, load_yaml
 
 SIM_AGENT = Path(__file__).resolve().parents[3] / "agents" / "sim-8xa100.yaml"
 
@@ -124,7 +124,7 @@ def test_an_error_on_line_100_prints_its_line_number_not_an_emoji(tmp_path: Path
 
 
 def test_a_when_comparing_a_number_with_a_string_is_a_located_error(tmp_path: Path) -> None:
-    from tuner.space import parse_space
+    from tuner.search.space import parse_space
 
     data = {"params": {"a": {"type": "int", "low": 1, "high": 4, "default": 2},
                        "b": {"type": "int", "low": 1, "high": 4, "default": 2, "when": "a < 'x'"}}}
@@ -139,7 +139,7 @@ def test_a_when_comparing_a_number_with_a_string_is_a_located_error(tmp_path: Pa
 
 @pytest.mark.parametrize("bad", [-float("inf"), float("inf")])
 def test_infinite_bounds_are_refused(bad: float) -> None:
-    from tuner.space import parse_space
+    from tuner.search.space import parse_space
 
     with pytest.raises(ConfigError):
         parse_space({"params": {"a": {"type": "int", "low": bad, "high": 4, "default": 2}}}, file="s.yaml")

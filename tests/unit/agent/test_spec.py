@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tuner.agent import load_agent
-from tuner.cli import app
+from tuner.cli.main import app
 from tuner.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]

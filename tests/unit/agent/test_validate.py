@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.support.agents import write_agent
-from tuner.cli import app
+from tuner.cli.main import app
 
 COMMAND = {"kind": "command", "model": "m", "command": ["srv", "--port", "{port}", "--batch", "{max_num_seqs}"]}
 SPACE = {"params": {"max_num_seqs": {"type": "int", "low": 8, "high": 64, "default": 16}}}

@@ -14,8 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.support.agents import write_agent
-from tuner.cli import app
-from tuner.textfmt import JsonFormatter, fmt, log_handler
+from tuner.base.textfmt import JsonFormatter, fmt, log_handler
+from tuner.cli.main import app
 
 # the factory's sim agent with these changes
 CLI_AGENT: dict[str, Any] = {

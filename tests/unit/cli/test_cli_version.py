@@ -3,7 +3,7 @@ from __future__ import annotations
 from typer.testing import CliRunner
 
 from tuner import __version__
-from tuner.cli import app
+from tuner.cli.main import app
 
 
 def test_version_prints_and_exits_0() -> None:

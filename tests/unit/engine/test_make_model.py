@@ -10,7 +10,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tuner.cli import app
+from tuner.cli.main import app
 from tuner.engine.checkpoint import EOS_TOKEN, write_checkpoint
 from tuner.engine.config import PRESETS
 from tuner.engine.kv_pool import KVPool

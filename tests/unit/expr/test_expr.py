@@ -1,6 +1,6 @@
 import pytest
 
-from tuner.expr import Expr, ExprError
+from tuner.base.expr import Expr, ExprError
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tuner.errors import InfeasibleConfig, Interrupted
-from tuner.gpupool import Claim, GpuPool, overlaps
+from tuner.placement.gpupool import Claim, GpuPool, overlaps
 
 FAKE_GPUS = [0, 1, 2, 3, 4, 5, 6, 7]
 

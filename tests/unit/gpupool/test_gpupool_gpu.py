@@ -13,7 +13,7 @@ pytestmark = [
 
 
 def test_pool_of_none_sees_every_gpu() -> None:
-    from tuner.gpupool import GpuPool, visible_gpu_ids
+    from tuner.placement.gpupool import GpuPool, visible_gpu_ids
 
     ids = visible_gpu_ids()
     assert len(ids) >= 1

@@ -11,19 +11,12 @@ import pytest
 import yaml
 
 from tests.support.promote_double import NoisyOptions, NoisyTarget, make_agent
-from tuner.champion import ChampionRecord, ChampionStore, atomic_write
+from tuner.champions.store import ChampionRecord, ChampionStore, atomic_write
 from tuner.errors import PromotionError
 from tuner.loop import open_session, run_cycle
-from tuner.promote import (
-    check_and_act,
-    paired_test,
-    promote_config,
-    promote_trial,
-    rollback,
-    select_candidate,
-    token_agreement,
-    verify,
-)
+from tuner.promotion.act import check_and_act, promote_config, promote_trial, rollback
+from tuner.promotion.stats import paired_test, token_agreement
+from tuner.promotion.verify import select_candidate, verify
 
 
 # ---------------------------------------------------------------- statistics

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tuner.errors import PromotionError
-from tuner.promote import run_apply
+from tuner.promotion.act import run_apply
 
 pytestmark = pytest.mark.process  # starts processes: not in `make test-fast`
 

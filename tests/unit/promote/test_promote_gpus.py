@@ -9,7 +9,7 @@ from typing import Any
 
 from tests.support.promote_double import NoisyOptions, NoisyTarget, make_agent
 from tuner.loop import open_session, run_cycle
-from tuner.promote import verify
+from tuner.promotion.verify import verify
 from tuner.targets.base import Deployment, TrialContext
 
 

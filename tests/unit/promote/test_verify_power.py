@@ -12,9 +12,10 @@ import pytest
 
 from tests.support.agents import write_agent
 from tuner.agent import load_agent
-from tuner.champion import ChampionStore
+from tuner.champions.store import ChampionStore
 from tuner.loop import measure_config, open_session
-from tuner.promote import promote_config, verify
+from tuner.promotion.act import promote_config
+from tuner.promotion.verify import verify
 from tuner.targets.base import TrialContext
 
 CHAMPION = {"max_num_seqs": 24}

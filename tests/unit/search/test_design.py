@@ -5,7 +5,7 @@ import pytest
 
 from tuner.search.design import DESIGN_ATTR, DesignThenSampler, SpaceDesign, point_to_config, unit_to_value
 from tuner.search.samplers import make_sampler
-from tuner.space import parse_space
+from tuner.search.space import parse_space
 from tuner.spec import SamplerSpec
 
 SPACE = parse_space({

@@ -8,7 +8,7 @@ import pytest
 from tuner.agent import load_agent
 from tuner.errors import ConfigError
 from tuner.search.samplers import SAMPLER_NAMES, SAMPLERS, make_sampler
-from tuner.space import parse_space
+from tuner.search.space import parse_space
 from tuner.spec import SamplerSpec
 
 SPACE = parse_space({"params": {

@@ -1,4 +1,4 @@
-"""Screening (tuner.screen): a proposal the calibrated simulator predicts far outside the SLOs, or far worse than
+"""Screening (tuner.study.screen): a proposal the calibrated simulator predicts far outside the SLOs, or far worse than
 the best, is told to Optuna as screened, never deployed, never charged, never the best."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from optuna.trial import TrialState
 
 from tuner.agent import Agent, load_agent, preflight
 from tuner.errors import ConfigError
-from tuner.objectives import Evaluation
-from tuner.screen import SCREEN_CONSTRAINT, Screener, check
-from tuner.sim.refcost import StepModel
-from tuner.study import TunerStudy
+from tuner.sim.refcost import StepModel, load_screen_model
+from tuner.study.objectives import Evaluation
+from tuner.study.screen import SCREEN_CONSTRAINT, Screener
+from tuner.study.study import TunerStudy
 
 CHEAP = [1e-3, 5e-4, 1e-5, 0.0, 2e-3, 1e-4, 0.0, 0.0, 0.0]
 SLOW = [1.0] + [0.0] * 8  # a second a pass: every request far beyond the 2 s p99 TTFT
@@ -96,7 +96,8 @@ def test_a_proposal_predicted_far_worse_than_the_best_is_screened(tmp_path: Path
 
 def test_screening_needs_the_reference_engine_and_a_model_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="torch_engine"):
-        check(agent(tmp_path), "sim")
+        a = agent(tmp_path)
+        load_screen_model(a.spec.sampler.screen, a.path.parent, "sim")
     with pytest.raises(ConfigError, match="sampler.screen.model") as exc:
         preflight(agent(tmp_path, model="missing.json"))
     assert exc.value.file is not None and exc.value.file.endswith("agent.yaml")

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from tuner.errors import ConfigError
-from tuner.space import load_space, parse_space
+from tuner.search.space import load_space, parse_space
 
 GOOD = {
     "params": {

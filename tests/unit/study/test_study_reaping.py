@@ -12,7 +12,7 @@ from optuna.trial import TrialState
 
 from tests.support.promote_double import NoisyOptions, NoisyTarget, make_agent
 from tuner.loop import open_session
-from tuner.objectives import Evaluation
+from tuner.study.objectives import Evaluation
 
 pytestmark = pytest.mark.process  # starts processes: not in `make test-fast`
 
@@ -79,7 +79,7 @@ def test_a_trial_being_asked_is_not_reaped(tmp_path: Path) -> None:
             raw = study.study.ask()
             asked.append(raw)
             threading.Event().wait(1.0)  # the reaper comes now
-            from tuner.study import _IN_FLIGHT, _IN_FLIGHT_LOCK, OWNER_ATTR, _this_process
+            from tuner.study.study import _IN_FLIGHT, _IN_FLIGHT_LOCK, OWNER_ATTR, _this_process
 
             with _IN_FLIGHT_LOCK:
                 _IN_FLIGHT.add((study.storage_url, raw._trial_id))

@@ -12,7 +12,7 @@ from tuner.agent import load_agent
 from tuner.errors import ConfigError
 from tuner.loop import TrialOutcome
 from tuner.spec import AgentSpec
-from tuner.summary import nearest_misses, run_summary, slo_misses
+from tuner.study.summary import nearest_misses, run_summary, slo_misses
 
 SPEC = AgentSpec.model_validate({
     "name": "s", "target": {"kind": "sim"}, "search_space": {"params": {}},

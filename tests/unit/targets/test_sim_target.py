@@ -8,7 +8,7 @@ import pytest
 
 from tuner.agent import load_agent
 from tuner.errors import ConfigError
-from tuner.space import parse_space
+from tuner.search.space import parse_space
 from tuner.targets.base import TrialContext
 from tuner.targets.registry import make_target
 from tuner.targets.sim import SimTarget

@@ -12,7 +12,7 @@ import pytest
 
 from tuner.agent import load_agent, show_command
 from tuner.errors import ConfigError, InfeasibleConfig
-from tuner.space import load_space, parse_space
+from tuner.search.space import load_space, parse_space
 from tuner.targets.base import TrialContext
 from tuner.targets.vllm import (
     FLAGS,
@@ -315,7 +315,7 @@ def test_agents_load_and_show_a_command_without_removed_flags(agent: Path) -> No
 def test_cli_validate_show_command_prints_no_removed_flag() -> None:
     from typer.testing import CliRunner
 
-    from tuner.cli import app
+    from tuner.cli.main import app
 
     res = CliRunner().invoke(app, ["validate", str(REPO / "agents" / "vllm-8xa100.yaml"), "--show-command"])
     assert res.exit_code == 0, res.output

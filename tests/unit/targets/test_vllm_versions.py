@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tuner.errors import ConfigError
-from tuner.space import parse_space
+from tuner.search.space import parse_space
 from tuner.targets.base import TrialContext
 from tuner.targets.vllm import FLAGS, VllmOptions, VllmTarget, command_args, cpu_has_bf16, shebang_interpreter
 from tuner.targets.vllm_cli import VllmCli

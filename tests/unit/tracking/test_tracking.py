@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar
 
-from tuner.tracking import Tracker, default_tracking_uri, redact
+from tuner.tracking.tracker import Tracker, default_tracking_uri, redact
 
 
 def test_token_count_knobs_are_not_redacted() -> None:
@@ -85,7 +85,7 @@ def test_an_unreachable_tracking_server_costs_seconds_then_is_skipped(tmp_path: 
 
 
 def test_urls_in_messages_hide_passwords() -> None:
-    from tuner.tracking import safe_url
+    from tuner.tracking.tracker import safe_url
 
     assert safe_url("postgresql+psycopg://tuner:s3cret@db:5432/optuna") == "postgresql+psycopg://tuner:***@db:5432/optuna"
     assert safe_url("http://u:p@mlflow:5000") == "http://u:***@mlflow:5000"

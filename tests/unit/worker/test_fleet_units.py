@@ -11,11 +11,11 @@ from optuna.trial import TrialState
 
 from tests.support.promote_double import NoisyOptions, NoisyTarget, make_agent
 from tuner.agent import load_agent
-from tuner.dblock import LockTimeout, study_lock
+from tuner.coord.dblock import LockTimeout, study_lock
 from tuner.errors import ConfigError
 from tuner.loop import open_session
-from tuner.objectives import Evaluation
-from tuner.study import OWNER_ATTR, LeaseLost
+from tuner.study.objectives import Evaluation
+from tuner.study.study import OWNER_ATTR, LeaseLost
 
 AGENT = """\
 name: a

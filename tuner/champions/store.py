@@ -1,0 +1,254 @@
+"""The champion store of one agent: champion file, champion history, pending candidate, audit log, lock.
+
+Layout under <state-dir>/<agent>/:
+
+    champion.yaml          the configuration in force (written atomically: temp file, fsync, rename)
+    champions/<seq>.yaml   every champion record ever promoted (rollback walks `previous_seq`)
+    pending.yaml           a verified candidate waiting for an operator (manual policy)
+    verifications.jsonl    one line per verification (candidate, verdict, reason, evidence run id)
+    audit.jsonl            one line per promote / rollback / failure (time, user, trial, evidence, reason)
+    promote.journal        exists only while a promote or rollback is in flight (crash recovery)
+    promote.lock           fcntl.flock: promotes and rollbacks of one agent are serialised
+
+Pure file handling: no MLflow, no Optuna, no targets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import getpass
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tuner.base.files import atomic_write
+from tuner.errors import PromotionError
+
+log = logging.getLogger(__name__)
+
+
+def append_jsonl(path: Path, entry: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(entry, sort_keys=True, default=str) + "\n"
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every well-formed line (a torn last line from a crash is skipped)."""
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            log.warning("%s: skipping a malformed line", path)
+    return out
+
+
+def current_user() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # noqa: BLE001 - no passwd entry in some containers
+        return os.environ.get("USER", "unknown")
+
+
+@dataclass
+class ChampionRecord:
+    """A configuration in force, with where it came from."""
+
+    seq: int
+    agent: str
+    config: dict[str, Any]
+    study: str | None = None
+    trial: int | None = None
+    values: list[float] | None = None
+    promoted_at: float = field(default_factory=time.time)
+    user: str = field(default_factory=current_user)
+    reason: str = ""
+    evidence: list[str] = field(default_factory=list)  # MLflow run ids (verification runs)
+    verified: bool = True
+    previous_seq: int | None = None
+    model_name: str | None = None
+    model_version: str | None = None
+    restored_from: int | None = None  # set by rollback: the seq of the champion that was undone
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(asdict(self), sort_keys=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ChampionRecord:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+class ChampionStore:
+    """Files of one agent's champion (see the module docstring)."""
+
+    def __init__(self, state_dir: Path, agent: str) -> None:
+        self.agent = agent
+        self.dir = Path(state_dir) / agent
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    # ------------------------------------------------------------ paths
+    @property
+    def champion_path(self) -> Path:
+        return self.dir / "champion.yaml"
+
+    @property
+    def history_dir(self) -> Path:
+        return self.dir / "champions"
+
+    @property
+    def pending_path(self) -> Path:
+        return self.dir / "pending.yaml"
+
+    @property
+    def audit_path(self) -> Path:
+        return self.dir / "audit.jsonl"
+
+    @property
+    def verifications_path(self) -> Path:
+        return self.dir / "verifications.jsonl"
+
+    @property
+    def journal_path(self) -> Path:
+        return self.dir / "promote.journal"
+
+    @property
+    def lock_path(self) -> Path:
+        return self.dir / "promote.lock"
+
+    # ------------------------------------------------------------ lock
+    @contextlib.contextmanager
+    def lock(self, timeout_s: float | None = None) -> Iterator[None]:
+        """Serialise promotes and rollbacks of this agent across processes (fcntl.flock)."""
+        f = open(self.lock_path, "a+")  # noqa: SIM115 - closed below
+        try:
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            while True:
+                try:
+                    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise PromotionError(
+                            f"another promote or rollback of {self.agent!r} holds {self.lock_path}") from None
+                    time.sleep(0.05)
+            try:
+                self.recover()
+                yield
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        finally:
+            f.close()
+
+    # ------------------------------------------------------------ champion
+    def champion(self) -> ChampionRecord | None:
+        if not self.champion_path.is_file():
+            return None
+        data = yaml.safe_load(self.champion_path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise PromotionError(f"{self.champion_path} does not hold a champion record")
+        return ChampionRecord.from_dict(data)
+
+    def record(self, seq: int) -> ChampionRecord | None:
+        p = self.history_dir / f"{seq:06d}.yaml"
+        if not p.is_file():
+            return None
+        return ChampionRecord.from_dict(yaml.safe_load(p.read_text(encoding="utf-8")))
+
+    def next_seq(self) -> int:
+        seqs = [int(p.stem) for p in self.history_dir.glob("*.yaml") if p.stem.isdigit()]
+        return max(seqs, default=0) + 1
+
+    def begin(self, new: ChampionRecord | None, action: str) -> str | None:
+        """Write the journal (old content) before the champion file changes. Returns the old content."""
+        old = self.champion_path.read_text(encoding="utf-8") if self.champion_path.is_file() else None
+        atomic_write(self.journal_path, json.dumps({"action": action, "old": old,
+                                                    "new_seq": new.seq if new else None,
+                                                    "pid": os.getpid(), "at": time.time()}))
+        return old
+
+    def write_champion(self, rec: ChampionRecord) -> None:
+        text = rec.to_yaml()
+        atomic_write(self.history_dir / f"{rec.seq:06d}.yaml", text)
+        atomic_write(self.champion_path, text)
+
+    def set_current(self, rec: ChampionRecord) -> None:
+        """Put an existing record (a rollback's) in force, without a new history entry."""
+        atomic_write(self.champion_path, rec.to_yaml())
+
+    def restore(self, old: str | None) -> None:
+        """Put the champion file back to `old` (None: no champion)."""
+        if old is None:
+            with contextlib.suppress(FileNotFoundError):
+                self.champion_path.unlink()
+        else:
+            atomic_write(self.champion_path, old)
+
+    def commit(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.journal_path.unlink()
+
+    def recover(self) -> bool:
+        """A promote or rollback killed half-way left its journal: restore the champion it replaced."""
+        if not self.journal_path.is_file():
+            return False
+        try:
+            j = json.loads(self.journal_path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            j = None
+        if isinstance(j, dict):
+            self.restore(j.get("old"))
+            log.warning("an interrupted %s of %s (pid %s) was rolled back to the former champion; "
+                        "its apply command may have run partly", j.get("action"), self.agent, j.get("pid"))
+            self.audit({"action": "recovered", "reason": f"interrupted {j.get('action')} rolled back",
+                        "interrupted_pid": j.get("pid"), "new_seq": j.get("new_seq")})
+        self.commit()
+        return True
+
+    # ------------------------------------------------------------ pending
+    def pending(self) -> dict[str, Any] | None:
+        if not self.pending_path.is_file():
+            return None
+        data = yaml.safe_load(self.pending_path.read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) else None
+
+    def set_pending(self, data: dict[str, Any]) -> None:
+        atomic_write(self.pending_path, yaml.safe_dump(data, sort_keys=False))
+
+    def clear_pending(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.pending_path.unlink()
+
+    # ------------------------------------------------------------ logs
+    def audit(self, entry: dict[str, Any]) -> None:
+        append_jsonl(self.audit_path, {"time": time.time(), "user": current_user(), "agent": self.agent, **entry})
+
+    def audit_log(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.audit_path)
+
+    def add_verification(self, entry: dict[str, Any]) -> None:
+        append_jsonl(self.verifications_path, {"time": time.time(), "agent": self.agent, **entry})
+
+    def verifications(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.verifications_path)
+
+    def judged(self, study: str) -> set[int]:
+        """Trials of `study` already verified (whatever the verdict)."""
+        return {int(v["trial"]) for v in self.verifications()
+                if v.get("study") == study and v.get("trial") is not None}

@@ -1,0 +1,566 @@
+"""The Optuna study of an agent: sampler, storage, baseline, reaping, ask/tell with constraints.
+
+Optuna's storage is the source of truth for trials. Trial user attributes written here:
+`baseline` (bool), `feasible` (bool), `cause` (failure cause, absent when measured), `error` (message),
+`metrics` (the measurement's numbers), `config` (what the target received), `label`, `gpus`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import math
+import os
+import socket
+import threading
+import time
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import optuna
+from optuna.trial import FrozenTrial, Trial, TrialState
+
+from tuner.base.redact import redact_text, redact_url
+from tuner.coord.dblock import LockTimeout, study_lock
+from tuner.coord.lease import Heartbeat
+from tuner.errors import ConfigError, TunerError
+from tuner.search.samplers import make_sampler
+from tuner.search.space import SearchSpace
+from tuner.spec import AgentSpec
+from tuner.study.objectives import Evaluation, pessimistic
+
+log = logging.getLogger(__name__)
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+# the tuner beats its trials' heartbeats itself (tuner.coord.lease) around ask and tell
+warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+T = TypeVar("T")
+DB_RETRY_S = 120.0  # how long a worker waits for an unreachable database before it gives up
+# causes of trials that were not measured because their process went away (not counted in a fleet's budget)
+LOST_CAUSES = ("interrupted", "worker_lost")
+
+
+# system attribute of a trial: the process that asked it (reap_stale spares the trials of live owners)
+OWNER_ATTR = "tuner:owner"
+
+
+def _this_process() -> dict[str, Any]:
+    from tuner.base.proc import process_start_ticks
+
+    pid = os.getpid()
+    return {"host": socket.gethostname(), "pid": pid, "start_ticks": process_start_ticks(pid)}
+
+
+# trials this process asked and has not told yet: (storage URL, trial id)
+_IN_FLIGHT: set[tuple[str, int]] = set()
+_IN_FLIGHT_LOCK = threading.Lock()
+
+
+def _owner_may_live(owner: Any, key: tuple[str, int]) -> bool:
+    """False when `owner` (OWNER_ATTR) is a process of this host that is gone (or none was recorded).
+
+    This process's own trials live only while asked and not told (one that an error left behind is reaped).
+    """
+    if not isinstance(owner, dict) or not isinstance(owner.get("pid"), int):
+        return False
+    if owner.get("host") != socket.gethostname():
+        return True  # another host's tuner (a shared database): its own next start reaps its trials
+    from tuner.base.proc import pid_alive, process_start_ticks
+
+    pid = owner["pid"]
+    if process_start_ticks(pid) != owner.get("start_ticks") or not pid_alive(pid):
+        return False
+    if pid == os.getpid():
+        with _IN_FLIGHT_LOCK:
+            return key in _IN_FLIGHT
+    return True
+
+
+def default_storage(state_dir: Path) -> str:
+    return f"sqlite:///{(state_dir / 'optuna.db').resolve()}"
+
+
+def study_exists(url: str, name: str) -> bool:
+    """Whether the storage holds the study, creating nothing (a SQLite file that is not there is no study)."""
+    if url.startswith("sqlite:"):
+        path = url.split(":///", 1)[-1]
+        if not path or path == ":memory:" or not Path(path).is_file():
+            return False
+    try:
+        names = optuna.study.get_all_study_names(storage=open_storage(url))
+    except Exception as exc:  # noqa: BLE001 - an unreachable or foreign database holds no study of ours
+        log.debug("cannot list the studies of the storage: %s", exc)
+        return False
+    return name in names
+
+
+def open_storage(url: str, *, heartbeat_s: int | None = None, lease_s: int | None = None
+                 ) -> optuna.storages.RDBStorage:
+    """The study's storage. Opening it creates its tables when the database is new: on SQLite one process
+    at a time (tuner.coord.sqlite.init_lock); elsewhere a process that loses the race to create them retries.
+
+    With `heartbeat_s`, running trials carry Optuna's heartbeat and a trial not beaten for `lease_s` is stale
+    (see tuner.coord.lease). Off SQLite, pooled connections are checked before use (a restarted server).
+    `memory:` is a new in-process store that lives as long as the study object (experiments, tests)."""
+    if url == "memory:":
+        return optuna.storages.InMemoryStorage()  # type: ignore[return-value]
+    beat: dict[str, Any] = {}
+    if heartbeat_s is not None:
+        beat = {"heartbeat_interval": int(heartbeat_s), "grace_period": int(lease_s or 2 * heartbeat_s)}
+    if url.startswith("sqlite:"):
+        from tuner.coord.sqlite import init_lock, tune_engine
+
+        with init_lock(url):
+            storage = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 30}}, **beat)
+        tune_engine(storage.engine)
+        return storage
+    for attempt in range(3):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True}, **beat)
+        except Exception as exc:  # noqa: BLE001 - re-raised unless another process was creating the tables
+            text = str(exc).lower()
+            if attempt == 2 or ("already exists" not in text and "duplicate key" not in text):
+                raise
+            time.sleep(0.5)
+    raise AssertionError("unreachable")
+
+
+class LeaseLost(TunerError):
+    """The trial was failed by another process (its lease expired) before its owner told it."""
+
+
+# a database error that a retry may get past: the server restarting, a dropped connection
+# (Optuna wraps a failed commit's error in StorageInternalError: the chain is searched)
+def _transient(exc: BaseException) -> bool:
+    from sqlalchemy.exc import DBAPIError, OperationalError
+
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, OperationalError):
+            return True
+        if isinstance(seen, DBAPIError) and getattr(seen, "connection_invalidated", False):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def with_db_retry(what: str, fn: Callable[[], T], *, deadline_s: float = DB_RETRY_S) -> T:
+    """Run `fn`, retrying while the database is unreachable (up to `deadline_s`), then raise."""
+    t_end = time.monotonic() + deadline_s
+    delay = 0.2
+    while True:
+        try:
+            return fn()
+        except Exception as exc:
+            if not _transient(exc) or time.monotonic() + delay > t_end:
+                raise
+            log.warning("%s: database unreachable (%s); retrying in %.1f s", what, type(exc).__name__, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+class TunerStudy:
+    """Wraps an Optuna study for one agent (thread-safe enough for parallel workers: one storage)."""
+
+    def __init__(self, spec: AgentSpec, space: SearchSpace, *, storage_url: str,
+                 study_name: str | None = None) -> None:
+        self.spec = spec
+        self.space = space
+        self.storage_url = storage_url
+        self.name = study_name or spec.name
+        self._ask_lock = threading.Lock()
+        self.screener: Any = None  # tuner.study.screen.Screener, set once the workload is sized (run_cycle)
+        directions = [o.direction for o in spec.objectives]
+        from tuner.coord.sqlite import sqlite_path
+
+        db = sqlite_path(storage_url)
+        if db is not None and db.parent.is_dir():
+            from tuner.base.files import private_file
+
+            private_file(db)  # 0600 before SQLite creates it (an empty file is a new database to SQLite)
+        try:
+            self.storage = open_storage(storage_url, heartbeat_s=spec.lease.heartbeat_s, lease_s=spec.lease.timeout_s)
+            self.study = with_db_retry("open the study", lambda: optuna.create_study(
+                storage=self.storage, sampler=make_sampler(spec.sampler, space), study_name=self.name,
+                directions=directions, load_if_exists=True,
+            ), deadline_s=10)
+        except Exception as exc:  # noqa: BLE001 - bad URL, missing driver, unreachable database
+            hint = ""
+            if storage_url.startswith("postgresql") and "import" in str(exc):
+                hint = " (install the driver: pip install 'tuner[postgres]', and use postgresql+psycopg://...)"
+            msg = redact_text(str(exc).replace(storage_url, redact_url(storage_url)))
+            raise ConfigError(f"cannot open the Optuna storage {redact_url(storage_url)!r}: {msg}{hint}",
+                              field="storage") from None
+        # A new session continues the study: re-seed the sampler past the trials already run, or a seeded
+        # sampler would propose the same start-up configurations again in every cycle.
+        n_done = len(self.study.get_trials(deepcopy=False))
+        if n_done and spec.sampler.seed is not None:
+            self.study.sampler = make_sampler(
+                spec.sampler.model_copy(update={"seed": spec.sampler.seed + n_done}), space)
+        if list(self.study.directions) != [optuna.study.StudyDirection[d.upper()] for d in directions]:
+            raise ConfigError(
+                f"study {self.name!r} in {redact_url(storage_url)} has other objective directions; "
+                "use another storage or study name", field="objectives")
+
+    # ------------------------------------------------------------ lifecycle
+    @property
+    def heartbeat(self) -> Heartbeat:
+        """The heartbeat of this process's trials in this study's storage (one per storage URL)."""
+        return _heartbeat_for(self.storage_url, self.storage, self.spec.lease.heartbeat_s)
+
+    @contextlib.contextmanager
+    def lock(self, purpose: str, *, timeout_s: float = 120.0) -> Iterator[None]:
+        """A lock of this study shared by every process of the fleet (tuner.coord.dblock)."""
+        engine = getattr(self.storage, "engine", None)  # None: an in-process store, one process
+        with study_lock(engine, f"tuner:{self.name}:{purpose}", timeout_s=timeout_s):
+            yield
+
+    def reap_stale(self) -> list[int]:
+        """Tell FAIL every trial whose process went away, on any host.
+
+        A trial whose lease expired (no heartbeat for lease.timeout_s, whatever host it ran on) gets cause
+        `worker_lost`; a trial of this host whose owner is dead (or was never recorded) `interrupted`, at
+        once. A live owner's trial with a fresh lease is running: `tuner promote` or `tuner status` next to a
+        working daemon or worker must not fail its trials.
+        """
+        storage = self.study._storage
+
+        def stale_ids() -> set[int]:
+            # Optuna's own query (what optuna.storages.fail_stale_trials uses): RUNNING trials whose last
+            # heartbeat, by the database's clock, is older than the grace period; here the cause is ours
+            if not isinstance(self.storage, optuna.storages.RDBStorage):
+                return set()  # an in-process store: no other process, no lease
+            return set(self.storage._get_stale_trial_ids(self.study._study_id))
+
+        expired = with_db_retry("read the trials' leases", stale_ids)
+        reaped = []
+        now = datetime.datetime.now()
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            owner = t.system_attrs.get(OWNER_ATTR)
+            if t._trial_id in expired:
+                cause = "worker_lost"
+            elif owner is None and t.datetime_start is not None:
+                # asked a moment ago, its owner not recorded yet (or never: the asker died or lost the
+                # database in between): lost once a lease has passed since it started; on SQLite, at once
+                # when no asker is between its two steps (the ask lock) and it still has no owner
+                if (now - t.datetime_start).total_seconds() > self.spec.lease.timeout_s:
+                    cause = "worker_lost"
+                elif self.storage_url.startswith("sqlite") and self._orphaned(t._trial_id):
+                    cause = "interrupted"
+                else:
+                    continue
+            elif _owner_may_live(owner, (self.storage_url, t._trial_id)):
+                continue
+            else:
+                cause = "interrupted"
+            with self.lock("tell"):  # its owner may be telling it right now
+                if storage.get_trial(t._trial_id).state != TrialState.RUNNING:
+                    continue
+                storage.set_trial_user_attr(t._trial_id, "cause", cause)
+                storage.set_trial_user_attr(t._trial_id, "feasible", False)
+                self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+            who = owner if isinstance(owner, dict) else {}
+            log.warning("trial %d failed (%s): its process %s on %s went away", t.number, cause,
+                        who.get("pid", "?"), who.get("host", "?"))
+            reaped.append(t.number)
+        return reaped
+
+    def _orphaned(self, trial_id: int) -> bool:
+        """Whether a RUNNING trial has no owner while no process of this (SQLite) study is asking."""
+        try:
+            with self.lock("ask", timeout_s=10.0):
+                t = self.study._storage.get_trial(trial_id)
+                return t.state == TrialState.RUNNING and t.system_attrs.get(OWNER_ATTR) is None
+        except LockTimeout:
+            return False
+
+    def ensure_baseline(self) -> None:
+        """Enqueue the baseline (all defaults) unless it already ran or waits: once for the whole fleet."""
+        with self.lock("baseline"):
+            for t in self.study.get_trials(deepcopy=False):
+                if t.user_attrs.get("baseline") and t.state in (TrialState.COMPLETE, TrialState.WAITING,
+                                                                 TrialState.RUNNING):
+                    return
+            self.study.enqueue_trial(self.space.defaults(), user_attrs={"baseline": True})
+
+    def counted(self) -> int:
+        """Trials that count against a fleet's budget: running or told, except those whose process went away."""
+        n = 0
+        for t in self.study.get_trials(deepcopy=False):
+            if t.state == TrialState.WAITING:
+                continue
+            if t.state == TrialState.FAIL and t.user_attrs.get("cause") in LOST_CAUSES:
+                continue
+            if t.user_attrs.get("rejected") or t.user_attrs.get("screened"):  # proposals never deployed
+                continue
+            n += 1
+        return n
+
+    # ------------------------------------------------------------ ask / tell
+    def ask(self) -> tuple[Trial, dict[str, Any]]:
+        """A new trial and its sampled active parameters (define-by-run, conditions applied).
+
+        With `sampler.resample_violations` > 0, a proposal that breaks a declared constraint is told as a
+        rejected trial (COMPLETE, infeasible, user attribute `rejected`: the sampler learns from it; nothing is
+        deployed and the loop's budget is not charged) and the sampler is asked again, up to that many times.
+        With a screener (`sampler.screen`, tuner.study.screen), a proposal within the constraints that the
+        simulator predicts far outside the SLOs or far worse than the best is told as screened (the prediction,
+        infeasible, user attribute `screened`; never deployed, no budget trial), up to `max_per_trial` times.
+        An enqueued trial (the baseline, `tuner` A/B points) is returned as it is.
+        """
+        limit = self.spec.sampler.resample_violations
+        screen = self.spec.sampler.screen
+        rejected = screened = 0
+        while True:
+            trial, chosen = self._ask_once()
+            if self._enqueued(trial):
+                return trial, chosen
+            bad = self.space.violations(chosen)
+            if bad:
+                if rejected >= limit:
+                    return trial, chosen  # spent as an infeasible trial
+                rejected += 1
+                self._reject(trial, chosen, bad)
+                continue
+            if self.screener is None or screen is None or screened >= screen.max_per_trial:
+                return trial, chosen
+            verdict = self.screener.judge(self.space.full_config(chosen), self._incumbent())
+            if verdict is None:
+                return trial, chosen
+            screened += 1
+            self._screen(trial, chosen, verdict)
+
+    def _incumbent(self) -> float | None:
+        best = self.best() if len(self.spec.objectives) == 1 else []
+        return best[0].values[0] if best else None
+
+    def _screen(self, trial: Trial, chosen: Mapping[str, Any], verdict: Any) -> None:
+        attrs = {"screened": True, "cause": "screened", "config": self.space.full_config(chosen),
+                 "error": f"screened by the simulator: {verdict.reason}",
+                 "predicted": {k: round(v, 6) for k, v in verdict.predicted.items()}}
+        log.info("proposal %d screened out: %s", trial.number, verdict.reason)
+        self.tell(trial, verdict.evaluation, attrs=attrs)
+
+    def _enqueued(self, trial: Trial) -> bool:
+        return "fixed_params" in self.study._storage.get_trial(trial._trial_id).system_attrs
+
+    def _reject(self, trial: Trial, chosen: Mapping[str, Any], bad: list[str]) -> None:
+        values = [pessimistic(o) for o in self.spec.objectives]
+        constraints = {f"space:{c}": 1.0 for c in bad}
+        attrs = {"rejected": True, "cause": "constraint", "config": self.space.full_config(chosen),
+                 "error": f"violates constraint(s): {'; '.join(bad)}"}
+        self.tell(trial, Evaluation(values=values, constraints=constraints), attrs=attrs)
+
+    def _owning_lock(self) -> contextlib.AbstractContextManager[None]:
+        """On a SQLite study (one host), the lock under which a trial is asked and its owner recorded: a reaper
+        that holds it sees no trial mid-ask, so an owner-less RUNNING trial is one whose asker died in between
+        (a SIGKILL there left it RUNNING until its lease ran out). A shared database keeps the lease for that:
+        another host's asker may be between its two steps."""
+        if self.storage_url.startswith("sqlite"):
+            return self.lock("ask")
+        return contextlib.nullcontext()
+
+    def _ask_once(self) -> tuple[Trial, dict[str, Any]]:
+        # two threads asking at once on SQLite can both pop the same queued trial: _ask_lock
+        with self._ask_lock, self._owning_lock():
+            trial = with_db_retry("ask a trial", self.study.ask)
+            with _IN_FLIGHT_LOCK:
+                _IN_FLIGHT.add((self.storage_url, trial._trial_id))
+            owner = _this_process()
+            with_db_retry("record the trial's owner", lambda: (
+                self.study._storage.set_trial_system_attr(trial._trial_id, OWNER_ATTR, owner),
+                self.study._storage.set_trial_user_attr(trial._trial_id, "host", owner["host"]),
+                self.study._storage.set_trial_user_attr(trial._trial_id, "pid", owner["pid"])))
+        self.heartbeat.add(trial._trial_id)
+        chosen: dict[str, Any] = {}
+        for p in self.space.params:
+            if not self.space.active(p, chosen):
+                continue
+            s = p.spec
+            if s.type == "int":
+                assert s.low is not None and s.high is not None
+                v: Any = trial.suggest_int(p.name, int(s.low), int(s.high), step=int(s.step or 1), log=s.log)
+            elif s.type == "float":
+                assert s.low is not None and s.high is not None
+                v = trial.suggest_float(p.name, float(s.low), float(s.high), step=s.step, log=s.log)
+            elif s.type == "bool":
+                v = trial.suggest_categorical(p.name, [False, True])
+            else:
+                assert s.choices is not None
+                v = trial.suggest_categorical(p.name, list(s.choices))
+            chosen[p.name] = v
+        return trial, chosen
+
+    def tell(self, trial: Trial, ev: Evaluation, *, attrs: Mapping[str, Any]) -> FrozenTrial:
+        """Record the measurement. Raises LeaseLost when another process failed the trial meanwhile."""
+        def go() -> FrozenTrial:
+            with self.lock("tell"):
+                self._check_running(trial)
+                for key, value in ev.constraints.items():
+                    trial.set_constraint(key, float(value))
+                for key, value in attrs.items():
+                    trial.set_user_attr(key, _jsonable(value))
+                trial.set_user_attr("feasible", ev.feasible)
+                return self.study.tell(trial, ev.values)
+
+        try:
+            return with_db_retry(f"tell trial {trial.number}", go)
+        finally:
+            self._told(trial)
+
+    def tell_interrupted(self, trial: Trial, reason: str = "interrupted") -> None:
+        def go() -> None:
+            with self.lock("tell"):
+                if self.study._storage.get_trial(trial._trial_id).state != TrialState.RUNNING:
+                    return  # already failed by a reaper
+                trial.set_user_attr("cause", reason)
+                trial.set_user_attr("feasible", False)
+                self.study.tell(trial, state=TrialState.FAIL)
+
+        try:
+            with_db_retry(f"tell trial {trial.number}", go)
+        finally:
+            self._told(trial)
+
+    def _check_running(self, trial: Trial) -> None:
+        t = self.study._storage.get_trial(trial._trial_id)
+        if t.state != TrialState.RUNNING:
+            raise LeaseLost(f"trial {trial.number} was failed by another process "
+                            f"(cause {t.user_attrs.get('cause')!r}) before it was told: its lease expired")
+
+    def _told(self, trial: Trial) -> None:
+        self.heartbeat.remove(trial._trial_id)
+        with _IN_FLIGHT_LOCK:
+            _IN_FLIGHT.discard((self.storage_url, trial._trial_id))
+
+    # ------------------------------------------------------------ queries
+    def trials(self) -> list[FrozenTrial]:
+        return self.study.get_trials(deepcopy=False)
+
+    def counts(self) -> dict[str, int]:
+        c = Counter(t.state.name for t in self.trials())
+        done = [t for t in self.trials() if t.state == TrialState.COMPLETE]
+        out = {state.name: c.get(state.name, 0) for state in TrialState}
+        out["FEASIBLE"] = sum(1 for t in done if t.user_attrs.get("feasible"))
+        out["REJECTED"] = sum(1 for t in done if t.user_attrs.get("rejected"))  # never deployed, no budget
+        out["SCREENED"] = sum(1 for t in done if t.user_attrs.get("screened"))  # predicted only, no budget
+        out["INFEASIBLE"] = len(done) - out["FEASIBLE"] - out["REJECTED"] - out["SCREENED"]
+        return out
+
+    def baseline(self) -> FrozenTrial | None:
+        for t in self.trials():
+            if t.user_attrs.get("baseline") and t.state == TrialState.COMPLETE:
+                return t
+        return None
+
+    def best(self) -> list[FrozenTrial]:
+        """Best feasible trial(s): one for a single objective, the Pareto front for several.
+
+        With noise repeats on and a noise estimate, a single objective ranks by the lower confidence bound
+        (tuner.search.noise): a trial measured once is not preferred to a repeated one on a lucky run.
+        """
+        feasible = [t for t in self.trials() if t.state == TrialState.COMPLETE and t.user_attrs.get("feasible")]
+        if not feasible:
+            return []
+        if len(self.spec.objectives) == 1:
+            sign = 1 if self.spec.objectives[0].direction == "maximize" else -1
+            cv = self.noise_cv() if self.spec.noise.repeats else None
+            if cv:
+                from tuner.search.noise import lcb
+
+                maximize = sign > 0
+                conf = self.spec.noise.confidence
+                return [max(feasible, key=lambda t: (sign * lcb(measurements(t), cv, conf, maximize=maximize),
+                                                     -t.number))]
+            return [max(feasible, key=lambda t: (sign * t.values[0], -t.number))]
+        return [t for t in self.study.best_trials if t.user_attrs.get("feasible")]
+
+    # ------------------------------------------------------------ noise
+    def noise_cv(self) -> float | None:
+        """The pooled run-to-run coefficient of variation of the first objective over repeated trials."""
+        from tuner.search.noise import pooled_cv
+
+        return pooled_cv([measurements(t) for t in self.trials()
+                          if t.state == TrialState.COMPLETE and t.user_attrs.get("repeats")])
+
+    def estimate(self, t: FrozenTrial) -> Any:
+        """The first objective of `t` over its measurements, with its interval (tuner.search.noise.Estimate)."""
+        from tuner.search.noise import estimate
+
+        return estimate(measurements(t), self.noise_cv(), self.spec.noise.confidence)
+
+    def noise_report(self) -> dict[str, Any] | None:
+        """With noise repeats on and one objective: the noise CV, the best's and the baseline's mean and
+        interval, and whether the best's gain is within the noise (their intervals overlap). None otherwise."""
+        if not self.spec.noise.repeats or len(self.spec.objectives) != 1:
+            return None
+        from tuner.search.noise import within_noise
+
+        best, base = self.best(), self.baseline()
+        out: dict[str, Any] = {"cv": self.noise_cv(), "confidence": self.spec.noise.confidence,
+                               "repeated_trials": sum(1 for t in self.trials() if t.user_attrs.get("repeats"))}
+        if best:
+            e = self.estimate(best[0])
+            out["best"] = {"number": best[0].number, "mean": e.mean, "n": e.n, "low": e.low, "high": e.high}
+        if base is not None and base.values:
+            b = self.estimate(base)
+            out["baseline"] = {"number": base.number, "mean": b.mean, "n": b.n, "low": b.low, "high": b.high}
+            if best and out["cv"] is not None and best[0].number != base.number:
+                out["within_noise"] = within_noise(
+                    e, b, maximize=self.spec.objectives[0].direction == "maximize")
+        return out
+
+    def trial(self, number: int) -> FrozenTrial:
+        for t in self.trials():
+            if t.number == number:
+                return t
+        raise ConfigError(f"study {self.name!r} has no trial {number}")
+
+
+def measurements(t: FrozenTrial) -> list[float]:
+    """The first objective's values of `t`: its trial value, then its repeats (finite ones)."""
+    xs = [t.values[0]] if t.values else []
+    xs += [float(v) for v in t.user_attrs.get("repeats") or [] if isinstance(v, int | float) and math.isfinite(v)]
+    return xs
+
+
+_HEARTBEATS: dict[str, Heartbeat] = {}
+_HEARTBEATS_LOCK = threading.Lock()
+
+
+def _heartbeat_for(url: str, storage: Any, heartbeat_s: int) -> Heartbeat:
+    with _HEARTBEATS_LOCK:
+        if url not in _HEARTBEATS:
+            _HEARTBEATS[url] = Heartbeat(storage, heartbeat_s)
+        return _HEARTBEATS[url]
+
+
+def trial_summary(t: FrozenTrial | None) -> dict[str, Any] | None:
+    if t is None:
+        return None
+    return {
+        "number": t.number,
+        "state": t.state.name,
+        "params": dict(t.params),
+        "values": list(t.values) if t.values is not None else None,
+        "feasible": bool(t.user_attrs.get("feasible")),
+        "cause": t.user_attrs.get("cause"),
+        "metrics": t.user_attrs.get("metrics", {}),
+    }
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_jsonable(x) for x in v]
+    return v
