@@ -95,6 +95,15 @@ def check_metrics(spec: AgentSpec, file: str | None = None, lines: dict[Loc, int
             if row is not None and row.streamed_only:
                 raise error(f"{metric} is measured only on streamed responses, and workload.stream is false: "
                             "stream the workload or use e2el_ms", kind, i)
+    if spec.rollout is not None and spec.rollout.metrics is not None:
+        for i, metric in enumerate(spec.rollout.metrics):
+            if metric == "goodput_fraction" or catalog.server_key(metric) is not None:
+                continue
+            line = line_of(lines, ("rollout", "metrics", i)) if lines else None
+            why = catalog.unknown_message(metric) or "the servers' /metrics do not export it"
+            raise ConfigError(f"rollout.metrics: {metric!r} cannot be judged on live traffic ({why}); judged are "
+                              "goodput_fraction and the latencies with a server series (ttft_ms.*, itl_ms.*, "
+                              "e2el_ms.mean/p99)", file=file, line=line, field=f"rollout.metrics[{i}]")
     latency_slos = [s for s in spec.slos if s.max is not None and catalog.is_latency(s.metric)]
     for i, o in enumerate(spec.objectives):
         row = catalog.lookup(o.metric)

@@ -319,6 +319,59 @@ class WatchSpec(_Strict):
     drift_threshold: float = Field(default=0.3, gt=0, description="relative change of mean prompt length")
 
 
+class LoadBalancerSpec(_Strict):
+    """The load balancer in front of the serving replicas (tuner.rollout.lb: the HAProxy runtime API)."""
+
+    kind: Literal["haproxy"] = "haproxy"
+    socket: str = Field(description="the runtime API: a unix socket path (relative to the agent file) or "
+                        "HOST:PORT of a TCP stats socket")
+    backend: str = Field(min_length=1, description="the backend whose servers are the stable replicas")
+    canary_server: str = Field(default="canary", pattern=r"^[A-Za-z0-9_.-]+$",
+                               description="the name the canary's server gets in the backend")
+
+
+class RolloutSpec(_Strict):
+    """A canary rollout of a promotion (tuner.rollout): staged traffic shift, judged on live traffic."""
+
+    load_balancer: LoadBalancerSpec
+    stages: list[float] = Field(default=[5.0, 25.0, 50.0, 100.0], min_length=1,
+                                description="percent of the traffic on the canary, ascending, ending at 100")
+    max_first_stage: float = Field(default=10.0, gt=0, le=100,
+                                   description="the most percent a canary gets before its first judgement")
+    window_s: float = Field(default=5.0, gt=0, description="one paired window: canary and stable, same seconds")
+    min_windows: int = Field(default=4, ge=2, description="paired windows (with canary traffic) per stage")
+    min_requests: int = Field(default=20, ge=1, description="canary requests a stage needs before its judgement")
+    max_stage_s: float = Field(default=300.0, gt=0, description="a stage not passed by then rolls back")
+    max_regression: float = Field(default=0.05, ge=0, lt=1, description="how much worse than stable (relative) "
+                                  "a judged metric may be and still pass (non-inferiority margin)")
+    confidence: float | None = Field(default=None, gt=0.5, lt=1, description="default: promotion.confidence")
+    metrics: list[str] | None = Field(default=None, description="judged metrics (server-observable latencies, "
+                                      "goodput_fraction); default: the objective and the SLOs the servers export")
+    health_path: str = "/health"
+    metrics_path: str = "/metrics"
+
+    @field_validator("stages")
+    @classmethod
+    def _stages(cls, v: list[float]) -> list[float]:
+        if any(not 0 < x <= 100 for x in v):
+            raise ValueError("every stage is a percent of the traffic in (0, 100]")
+        if any(b <= a for a, b in zip(v, v[1:], strict=False)):
+            raise ValueError("stages must be strictly ascending")
+        if v[-1] != 100:
+            raise ValueError("the last stage must be 100 (the canary takes all the traffic before promotion)")
+        return v
+
+    @model_validator(mode="after")
+    def _first(self) -> RolloutSpec:
+        if self.stages[0] > self.max_first_stage:
+            raise ValueError(f"stages[0] = {self.stages[0]:g}% exceeds max_first_stage = "
+                             f"{self.max_first_stage:g}%: a canary gets at most that before its first judgement")
+        if self.max_stage_s < self.min_windows * self.window_s:
+            raise ValueError(f"max_stage_s ({self.max_stage_s:g}) is shorter than min_windows x window_s "
+                             f"({self.min_windows * self.window_s:g}): no stage could ever be judged")
+        return self
+
+
 class TargetSpec(BaseModel):
     """`kind` plus that kind's options (validated by the target's own options model)."""
 
@@ -348,6 +401,7 @@ class AgentSpec(_Strict):
     promotion: PromotionSpec = PromotionSpec()
     schedule: ScheduleSpec | None = None
     watch: WatchSpec | None = None
+    rollout: RolloutSpec | None = None
     gpus: list[int] | None = Field(default=None, min_length=1, description="GPU ids (default: all NVML sees)")
     parallel_trials: int = Field(default=1, ge=1)
 

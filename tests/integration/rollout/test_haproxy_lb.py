@@ -1,0 +1,108 @@
+"""The HAProxy adapter against a real HAProxy: servers and their health from `show stat`, weights that move
+the traffic share without a reload, a server added and removed at run time, refusals as errors."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from tests.support.haproxy import running_haproxy
+from tuner.rollout.lb import HAProxy, LoadBalancerError
+
+pytestmark = pytest.mark.process
+
+
+class _Origin:
+    """A plain HTTP origin that answers its own name (and /health 200 while healthy)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.healthy = True
+        origin = self
+
+        class H(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+                ok = origin.healthy or self.path != "/health"
+                body = origin.name.encode()
+                self.send_response(200 if ok else 503)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.addr = f"127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def origins() -> Iterator[dict[str, _Origin]]:
+    out = {n: _Origin(n) for n in ("stable0", "other")}
+    yield out
+    for o in out.values():
+        o.close()
+
+
+def _spread(url: str, n: int) -> collections.Counter[str]:
+    got: collections.Counter[str] = collections.Counter()
+    for _ in range(n):
+        with urllib.request.urlopen(url + "/v1/x", timeout=10) as r:
+            got[r.read().decode()] += 1
+    return got
+
+
+def _wait(cond, timeout_s: float = 30.0) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.2)
+
+
+def test_weights_add_remove_and_health(tmp_path: Path, origins: dict[str, _Origin]) -> None:
+    with running_haproxy(tmp_path / "hx", {"stable0": origins["stable0"].addr}) as bal:
+        lb = HAProxy(bal.socket, bal.backend)
+        _wait(lambda: lb.servers()["stable0"].up)
+        s = lb.servers()["stable0"]
+        assert (s.addr, s.weight) == (origins["stable0"].addr, 100)
+
+        lb.add_server("canary", origins["other"].addr, weight=0, health_path="/health")
+        _wait(lambda: lb.servers()["canary"].up)
+        assert lb.servers()["canary"].weight == 0
+        assert _spread(bal.url, 20) == {"stable0": 20}  # weight 0: no traffic
+
+        lb.set_weight("canary", 100)  # half the traffic, no reload
+        got = _spread(bal.url, 40)
+        assert 18 <= got["other"] <= 22 and sum(got.values()) == 40  # round robin by weight
+        before = lb.servers()["canary"].requests
+        lb.set_weight("canary", 25)  # 25 / 125 = a fifth
+        got = _spread(bal.url, 50)
+        assert 8 <= got["other"] <= 12
+        assert lb.servers()["canary"].requests - before == got["other"]  # HAProxy's own count (stot) agrees
+
+        origins["other"].healthy = False  # the health check takes it out of service
+        _wait(lambda: not lb.servers()["canary"].up)
+        assert _spread(bal.url, 10) == {"stable0": 10}
+
+        lb.remove_server("canary")
+        assert "canary" not in lb.servers()
+        lb.remove_server("canary")  # idempotent
+
+        with pytest.raises(LoadBalancerError, match="refused"):
+            lb.set_weight("nosuch", 5)
+        with pytest.raises(LoadBalancerError, match="no backend"):
+            HAProxy(bal.socket, "nosuch").servers()
+    with pytest.raises(LoadBalancerError, match="cannot reach"):
+        lb.servers()
