@@ -71,6 +71,7 @@ class Session:
     study: TunerStudy
     tracker: Tracker
     executor: Any = None  # tuner.placement.ray_executor.RayExecutor, or None: this host's GPU pool
+    scenario: str | None = None  # the scenario whose study and champion this is (tuner.scenarios), else None
 
     @cached_property
     def description(self) -> dict[str, str]:

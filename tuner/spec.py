@@ -372,6 +372,74 @@ class RolloutSpec(_Strict):
         return self
 
 
+# ---------------------------------------------------------------- scenarios and switching
+SCENARIO_DIMS = ("concurrency", "rate_per_s", "prompt_tokens", "output_tokens")
+
+
+class Bounds(_Strict):
+    """A closed interval of one workload statistic (either end may be open: null)."""
+
+    min: float | None = Field(default=None, ge=0)
+    max: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> Bounds:
+        if self.min is None and self.max is None:
+            raise ValueError("give min, max or both")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min ({self.min}) must be <= max ({self.max})")
+        return self
+
+
+class ScenarioSpec(_Strict):
+    """A named region of workload space: bounds on the observed concurrency (requests in flight), request rate,
+    and mean prompt and output lengths (tokens). Traffic inside it is served by the scenario's own champion."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
+    description: str = ""
+    concurrency: Bounds | None = None
+    rate_per_s: Bounds | None = None
+    prompt_tokens: Bounds | None = Field(default=None, description="bounds on the mean prompt length")
+    output_tokens: Bounds | None = Field(default=None, description="bounds on the mean output length")
+    workload: WorkloadSpec | None = Field(default=None, description="a representative workload to tune on "
+                                          "before this scenario's traffic was observed")
+
+    @model_validator(mode="after")
+    def _check(self) -> ScenarioSpec:
+        if all(getattr(self, d) is None for d in SCENARIO_DIMS):
+            raise ValueError(f"a scenario bounds at least one of {', '.join(SCENARIO_DIMS)}")
+        return self
+
+    def bounds(self) -> dict[str, Bounds]:
+        return {d: b for d in SCENARIO_DIMS if (b := getattr(self, d)) is not None}
+
+
+class SwitchingSpec(_Strict):
+    """When the daemon puts another scenario's champion in service (hysteresis: no flapping at a boundary)."""
+
+    dwell_s: float = Field(default=300.0, gt=0, description="traffic must stay in another scenario this long")
+    min_hold_s: float | None = Field(default=None, ge=0, description="after a switch, no other switch for this "
+                                     "long (default: dwell_s)")
+    enter_margin: float = Field(default=0.1, ge=0, le=1, description="traffic enters a scenario only this far "
+                                "(relative, each bound) inside its bounds")
+    exit_margin: float = Field(default=0.2, ge=0, le=4, description="traffic leaves the scenario in force only "
+                               "this far (relative, each bound) outside its bounds")
+    propose: bool = Field(default=False, description="traffic outside every scenario for dwell_s becomes a "
+                          "proposed scenario (its own study and champion) around what was observed")
+    propose_width: float = Field(default=2.0, gt=1, le=100, description="a proposed scenario spans the observed "
+                                 "statistic divided and multiplied by this factor")
+    refit_threshold: float = Field(default=0.3, gt=0, description="a scenario's study keeps the workload it was "
+                                   "fitted on until the observed one differs by more than this (relative, any "
+                                   "statistic); then a new study, warm-started (tuner.study.lineage)")
+    cross_eval_runs: int = Field(default=0, ge=0, le=20, description="after a scenario's champion changes, "
+                                 "measure every champion and the baseline on every scenario's workload this many "
+                                 "times each (0: only `tuner scenarios evaluate`)")
+
+    @property
+    def hold_s(self) -> float:
+        return self.dwell_s if self.min_hold_s is None else self.min_hold_s
+
+
 class TargetSpec(BaseModel):
     """`kind` plus that kind's options (validated by the target's own options model)."""
 
@@ -404,6 +472,9 @@ class AgentSpec(_Strict):
     rollout: RolloutSpec | None = None
     gpus: list[int] | None = Field(default=None, min_length=1, description="GPU ids (default: all NVML sees)")
     parallel_trials: int = Field(default=1, ge=1)
+    scenarios: list[ScenarioSpec] = Field(default_factory=list, description="named regions of workload space, "
+                                          "each with its own study and champion (tuner.scenarios)")
+    switching: SwitchingSpec = SwitchingSpec()
 
     _s = field_validator("storage")(classmethod(lambda cls, v: _no_password(v, "storage")))
 
@@ -421,3 +492,13 @@ class AgentSpec(_Strict):
         if self.budget.trials is None and self.budget.wall_time_s is None:
             raise ValueError("budget needs trials or wall_time_s")
         return self
+
+    @field_validator("scenarios")
+    @classmethod
+    def _unique_scenarios(cls, v: list[ScenarioSpec]) -> list[ScenarioSpec]:
+        names = [s.name for s in v]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"scenario name(s) {', '.join(dup)} given twice")
+        return v
+

@@ -39,8 +39,8 @@ log = logging.getLogger(__name__)
 class DbChampionStore(ChampionStore):
     """ChampionStore whose truth is the shared study's database (see the module docstring)."""
 
-    def __init__(self, state_dir: Path, agent: str, study: Any) -> None:
-        super().__init__(state_dir, agent)
+    def __init__(self, state_dir: Path, agent: str, study: Any, scenario: str | None = None) -> None:
+        super().__init__(state_dir, agent, scenario)
         self.tuner_study = study
 
     # ------------------------------------------------------------ attributes
@@ -153,9 +153,10 @@ def _plain(value: Any) -> Any:
 
 def champion_store(session: Any) -> ChampionStore:
     """The champion store of a session: in the shared database, or files when the study is a local SQLite file."""
+    scenario = getattr(session, "scenario", None)  # a scenario's session keeps that scenario's champion
     if session.study.storage_url.startswith("sqlite"):
-        return ChampionStore(session.state_dir, session.agent.spec.name)
-    return DbChampionStore(session.state_dir, session.agent.spec.name, session.study)
+        return ChampionStore(session.state_dir, session.agent.spec.name, scenario)
+    return DbChampionStore(session.state_dir, session.agent.spec.name, session.study, scenario)
 
 
 def champion_store_for(agent: Any, state_dir: Path, study: Any = None) -> ChampionStore:

@@ -3,6 +3,7 @@
 Layout under <state-dir>/<agent>/:
 
     champion.yaml          the configuration in force (written atomically: temp file, fsync, rename)
+    scenarios/<name>/      a scenario's own champion: the same files (tuner.scenarios)
     champions/<seq>.yaml   every champion record ever promoted (rollback walks `previous_seq`)
     pending.yaml           a verified candidate waiting for an operator (manual policy)
     verifications.jsonl    one line per verification (candidate, verdict, reason, evidence run id)
@@ -21,6 +22,7 @@ import getpass
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -66,6 +68,16 @@ def current_user() -> str:
         return os.environ.get("USER", "unknown")
 
 
+def scenario_dir(state_dir: Path, agent: str, scenario: str) -> Path:
+    """Where a scenario's champion, lineage and fitted workload live: <state>/<agent>/scenarios/<scenario>."""
+    return Path(state_dir) / agent / "scenarios" / scenario
+
+
+def alias_part(name: str) -> str:
+    """A scenario name as MLflow takes it in an alias (letters, digits, _ and -)."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", name)
+
+
 @dataclass
 class ChampionRecord:
     """A configuration in force, with where it came from."""
@@ -98,10 +110,20 @@ class ChampionRecord:
 class ChampionStore:
     """Files of one agent's champion (see the module docstring)."""
 
-    def __init__(self, state_dir: Path, agent: str) -> None:
+    def __init__(self, state_dir: Path, agent: str, scenario: str | None = None) -> None:
         self.agent = agent
-        self.dir = Path(state_dir) / agent
+        self.scenario = scenario  # a scenario's own champion (tuner.scenarios), else the agent's in service
+        self.dir = Path(state_dir) / agent if scenario is None else scenario_dir(state_dir, agent, scenario)
         self.dir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def alias(self) -> str:
+        """The MLflow alias of this store's champion on the agent's registered model."""
+        return "champion" if self.scenario is None else f"scenario-{alias_part(self.scenario)}"
+
+    @property
+    def previous_alias(self) -> str:
+        return "previous" if self.scenario is None else f"{self.alias}-previous"
 
     # ------------------------------------------------------------ paths
     @property

@@ -42,6 +42,8 @@ class AgentState:
     watch: dict[str, Any] | None = None  # the watch in force
     watch_stop: threading.Event | None = None  # ends the running watch thread
     gpus: list[int] | None = None
+    observed: Any = None  # the latest ObservedWorkload of the watch's window (tuner.observe), or None
+    tune_scenario: str | None = None  # the scenario the switcher asked a cycle for (the next cycle tunes it)
 
 
 @dataclass

@@ -137,7 +137,7 @@ def _switch(store: ChampionStore, tracker: Tracker | None, rec: ChampionRecord, 
                 rec.model_version = tracker.register_config(
                     store.agent, rec.config, source_run_id=rec.evidence[0] if rec.evidence else None,
                     tags={"agent": store.agent, "trial": rec.trial, "study": rec.study, "seq": rec.seq,
-                          "verified": rec.verified})
+                          "verified": rec.verified, "scenario": store.scenario or ""})
             store.write_champion(rec)
         else:
             store.set_current(rec)
@@ -155,9 +155,9 @@ def _switch(store: ChampionStore, tracker: Tracker | None, rec: ChampionRecord, 
     store.commit()
     if tracker is not None and tracker.enabled:
         if rec.model_version is not None:
-            tracker.set_alias(store.agent, "champion", rec.model_version)
+            tracker.set_alias(store.agent, store.alias, rec.model_version)
         prev_version = previous_for_alias.model_version if previous_for_alias else None
-        tracker.set_alias(store.agent, "previous", prev_version)
+        tracker.set_alias(store.agent, store.previous_alias, prev_version)
 
 
 def promote_trial(session: Session, *, trial: int | None = None, skip_verify: bool = False,
@@ -234,7 +234,9 @@ def check_and_act(session: Session, *, stop_event: threading.Event | None = None
             if (champ.seq if champ else None) != verdict.champion_seq:
                 out["action"] = "stale"  # the champion changed meanwhile: judge again next cycle
                 return out
-            res = promote_config(store, session.tracker, config=config, apply_command=spec.promotion.apply_command,
+            # a scenario's champion is applied when the traffic is in that scenario (tuner.scenarios.act)
+            apply = spec.promotion.apply_command if session.scenario is None else None
+            res = promote_config(store, session.tracker, config=config, apply_command=apply,
                                  cwd=session.agent.path.parent, study=session.study.name, trial=cand.number,
                                  values=list(cand.values), evidence=[verdict.run_id or ""], verified=True,
                                  reason=f"auto: {verdict.reason}", _locked=True)

@@ -63,3 +63,14 @@ def token_agreement(reference: Sequence[Sequence[int]], other: Sequence[Sequence
         total += len(ref)
         matched += sum(1 for j, tok in enumerate(ref) if j < len(got) and got[j] == tok)
     return matched / total if total else 1.0
+
+
+def paired_interval(reference: Sequence[float], candidate: Sequence[float], *, direction: str,
+                    confidence: float) -> tuple[float, float, float]:
+    """The relative improvement of `candidate` over `reference` on paired runs (the geometric mean of the
+    ratios - 1) with its two-sided `confidence` interval: (estimate, low, high), from two one-sided tests."""
+    one_sided = (1 + confidence) / 2
+    up = paired_test(reference, candidate, direction=direction, min_improvement=0.0, confidence=one_sided)
+    down = paired_test(candidate, reference, direction=direction, min_improvement=0.0, confidence=one_sided)
+    high = 1.0 / (1.0 + down.improvement_low) - 1.0 if down.improvement_low > -1 else math.inf
+    return up.improvement, up.improvement_low, high

@@ -48,10 +48,11 @@ def current_study_name(state_dir: Path, agent_name: str) -> str:
     return agent_name
 
 
-def plan_study(agent_name: str, fp: str, state_dir: Path) -> tuple[str, str | None]:
+def plan_study(agent_name: str, fp: str, state_dir: Path, *, path: Path | None = None) -> tuple[str, str | None]:
     """The study this cycle continues given the conditions' fingerprint `fp`: (name, the former study's name
-    when the conditions changed). Records the lineage."""
-    path = lineage_path(state_dir, agent_name)
+    when the conditions changed). Records the lineage (in `path`: a scenario's own lineage file; default the
+    agent's)."""
+    path = path or lineage_path(state_dir, agent_name)
     known = json.loads(path.read_text()) if path.is_file() else None
     if known is None:
         atomic_write(path, json.dumps({"fingerprint": fp, "study": agent_name, "history": []}))
