@@ -81,3 +81,8 @@ class Interrupted(TrialError):
 
 class PromotionError(TunerError):
     """A promote or rollback could not complete; the old champion stays."""
+
+
+class ObservationError(ConfigError):
+    """Production signals do not give a workload: a series is missing or malformed, a window saw no request, a
+    trace row is bad. The message names the series (or the file, line and column) and what to fix."""

@@ -14,6 +14,7 @@ from tuner.base.redact import redact_text
 from tuner.base.textfmt import fmt
 from tuner.cli import bench
 from tuner.cli import fleet as cli_fleet
+from tuner.cli import observe as cli_observe
 from tuner.cli import ops as cli_ops
 from tuner.cli.common import AgentArg, StateDirOpt, _install_stop_handlers, app, console, err_console, fail
 from tuner.engine import cli as engine_cli
@@ -304,6 +305,7 @@ engine_cli.register(app)
 cli_ops.register(app)
 report_cli.register(app)
 cli_fleet.register(app)
+cli_observe.register(app)
 
 
 def main() -> None:  # pragma: no cover

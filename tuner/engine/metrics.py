@@ -1,7 +1,8 @@
 """The reference engine's Prometheus metrics, on a private registry.
 
 Series that mean what vLLM's mean carry vLLM's names (the tuner's scraper reads them the same way from either
-server): the queue, KV usage, TTFT/ITL/end-to-end and queue-time histograms, token counters, preemptions and
+server): the queue, KV usage, TTFT/ITL/end-to-end and queue-time histograms, the prompt and generation
+length histograms per finished request (vLLM's 1-2-5 buckets up to the context length), token counters, preemptions and
 prefix-cache queries/hits. The engine pre-allocates one KV slot per running sequence and has no prefix cache, so
 it never preempts and never hits: those counters stay at 0 and say so. The engine's own series are prefixed
 `tuner_engine_`. No `_created` series.
@@ -23,6 +24,8 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15
                0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 E2E_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
                50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+# vLLM's request-length buckets (vllm/v1/metrics/loggers.py build_1_2_5_buckets(max_model_len)): 1, 2, 5, 10, ...
+TOKEN_BUCKETS = tuple(float(m * 10**e) for e in range(6) for m in (1, 2, 5))
 QUEUE_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                  120.0, 300.0, 600.0)
 
@@ -30,7 +33,7 @@ QUEUE_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2
 class PromStats(EngineStats):
     """The engine's metrics in a private Prometheus registry."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, max_model_len: int | None = None) -> None:
         self.registry = CollectorRegistry()
         lab = ["model_name"]
         r = self.registry
@@ -45,6 +48,11 @@ class PromStats(EngineStats):
                                buckets=E2E_BUCKETS, registry=r)
         self.queue_h = Histogram("vllm:request_queue_time_seconds", "Time a request waited for a KV slot", lab,
                                  buckets=QUEUE_BUCKETS, registry=r)
+        len_buckets = tuple(b for b in TOKEN_BUCKETS if max_model_len is None or b <= max_model_len)
+        self.prompt_len_h = Histogram("vllm:request_prompt_tokens", "Prompt tokens per finished request", lab,
+                                      buckets=len_buckets, registry=r)
+        self.gen_len_h = Histogram("vllm:request_generation_tokens", "Generated tokens per finished request", lab,
+                                   buckets=len_buckets, registry=r)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens processed", lab, registry=r)
         self.gen_tokens = Counter("vllm:generation_tokens", "Generation tokens produced", lab, registry=r)
         self.success = Counter("vllm:request_success", "Finished requests", ["model_name", "finished_reason"],
@@ -81,4 +89,6 @@ class PromStats(EngineStats):
         self.e2e_h.labels(self.model_name).observe(e2e_s)
         self.prompt_tokens.labels(self.model_name).inc(len(req.prompt))
         self.gen_tokens.labels(self.model_name).inc(req.emitted)
+        self.prompt_len_h.labels(self.model_name).observe(len(req.prompt))
+        self.gen_len_h.labels(self.model_name).observe(req.emitted)
         self.success.labels(self.model_name, reason).inc()

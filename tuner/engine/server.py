@@ -28,7 +28,13 @@ from typing import Any
 from aiohttp import web
 
 from tuner.engine import chat
-from tuner.engine.config import EngineConfig, EngineConfigError, add_engine_arguments, config_from_namespace
+from tuner.engine.config import (
+    PRESETS,
+    EngineConfig,
+    EngineConfigError,
+    add_engine_arguments,
+    config_from_namespace,
+)
 from tuner.engine.metrics import PromStats
 from tuner.engine.schema import MAX_BODY_BYTES, ApiError, CompletionRequest, error_type, parse_body, parse_completion
 
@@ -69,7 +75,8 @@ class EngineServer:
 
         self.cfg = cfg
         self.model_name = model_name or f"torch-engine-{cfg.preset}"
-        self.stats = PromStats(self.model_name)
+        preset = PRESETS.get(cfg.preset)  # an unknown preset is the Engine's error to report, below
+        self.stats = PromStats(self.model_name, cfg.max_model_len or (preset.max_model_len if preset else None))
         self.engine = Engine(cfg, emit=self._emit, stats=self.stats)  # validates the knobs
         mc = self.engine.mc
         self.tokenizer = ByteTokenizer(mc.vocab_size, mc.eos_token_id)

@@ -40,7 +40,11 @@ _HISTOGRAMS = {
     "vllm:inter_token_latency_seconds": "itl_ms",
     "vllm:e2e_request_latency_seconds": "e2el_ms",
     "vllm:request_queue_time_seconds": "queue_time_ms",
+    # lengths per finished request (tokens, not times: telemetry() leaves them out; tuner.observe reads them)
+    "vllm:request_prompt_tokens": "request_prompt_tokens",
+    "vllm:request_generation_tokens": "request_generation_tokens",
 }
+_LATENCY_HISTS = ("ttft_ms", "itl_ms", "e2el_ms", "queue_time_ms")
 
 
 @dataclass
@@ -92,11 +96,16 @@ def parse(text: str) -> Snapshot:
     return snap
 
 
+def fetch(url: str, timeout_s: float = 5.0) -> Snapshot:
+    """Fetch and parse `url`; OSError when it cannot be read, ValueError when it is not the text format."""
+    with urllib.request.urlopen(url, timeout=timeout_s) as r:
+        return parse(r.read().decode("utf-8", "replace"))
+
+
 def scrape(url: str, timeout_s: float = 5.0) -> Snapshot | None:
     """Fetch and parse `url`; None (logged) when it cannot be read."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as r:
-            return parse(r.read().decode("utf-8", "replace"))
+        return fetch(url, timeout_s)
     except (OSError, ValueError) as exc:
         log.warning("could not scrape %s: %s", redact_url(url), redact_text(str(exc)))
         return None
@@ -143,6 +152,8 @@ def telemetry(before: Snapshot | None, after: Snapshot | None,
                 out["server_kv_cache_usage_frac"] = sum(vals) / len(vals)
             out[f"server_{key}_max"] = max(vals)
     for key, h in after.hists.items():
+        if key not in _LATENCY_HISTS:
+            continue
         b = base.hists.get(key, Hist())
         n = h.count - b.count
         if n <= 0:

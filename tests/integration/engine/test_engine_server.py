@@ -192,6 +192,10 @@ def test_metrics_use_vllm_names(server: str, client: Any) -> None:
     assert samples["vllm:prefix_cache_hits_total"] == 0
     assert samples["vllm:request_queue_time_seconds_count"] >= 1
     assert samples["tuner_engine_ready"] == 1
+    # the length histograms (vLLM's 1-2-5 buckets up to the context length, 256 here) tuner.observe reads
+    assert samples["vllm:request_generation_tokens_sum"] >= 3 and samples["vllm:request_prompt_tokens_count"] >= 1
+    les = {s.labels["le"] for s in fams["vllm:request_prompt_tokens"].samples if s.name.endswith("_bucket")}
+    assert les == {"1.0", "2.0", "5.0", "10.0", "20.0", "50.0", "100.0", "200.0", "+Inf"}
     assert not any(n.endswith("_created") for n in samples)
 
 
