@@ -91,29 +91,21 @@ _FRACTION = re.compile(r"(\.\d{6})\d+")
 
 
 def _time(value: Any, unit: str, where: dict[str, Any]) -> float:
-    if unit == "datetime" and isinstance(value, str) and not _is_number(value):
+    try:
+        t = float(value)
+    except (TypeError, ValueError):
+        if unit != "datetime" or not isinstance(value, str):
+            raise ObservationError(f"{value!r} is not a number of {'milliseconds' if unit == 'ms' else 'seconds'}",
+                                   **where) from None
         try:
             dt = datetime.fromisoformat(_FRACTION.sub(r"\1", value.strip()))
         except ValueError:
             raise ObservationError(f"{value!r} is not a date and time (expected e.g. 2023-11-16 18:15:46.680)",
                                    **where) from None
         return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
-    try:
-        t = float(value)
-    except (TypeError, ValueError):
-        raise ObservationError(f"{value!r} is not a number of {'seconds' if unit != 'ms' else 'milliseconds'}",
-                               **where) from None
     if not math.isfinite(t) or t < 0:
         raise ObservationError(f"{value!r}: a timestamp must be a finite number >= 0", **where)
     return t / 1000.0 if unit == "ms" else t
-
-
-def _is_number(s: str) -> bool:
-    try:
-        float(s)
-    except ValueError:
-        return False
-    return True
 
 
 def _tokens(value: Any, where: dict[str, Any]) -> int:
