@@ -23,6 +23,7 @@ from rich.table import Table
 
 from tuner.base.redact import redact_text, redact_url
 from tuner.errors import ConfigError, TunerError
+from tuner.measure import definitions
 from tuner.measure.measurement import Measurement
 from tuner.measure.metrics import GOODPUT_KEYS, LATENCY_METRICS, PERCENTILES, first_errors
 from tuner.spec import Arrival, LengthDist, WorkloadSpec
@@ -143,14 +144,6 @@ def build_workload(base: WorkloadSpec | None, *, endpoint: str | None, concurren
         raise ConfigError(f"{'.'.join(str(x) for x in e['loc']) or 'workload'}: {e['msg']}") from None
 
 
-# What the tuner calls each latency, for whoever compares it with another tool's figure.
-DEFINITIONS = {
-    "ttft": "time from sending the request to the first streamed token (not measured without streaming)",
-    "tpot": "per request: (latency - ttft) / (output_tokens - 1), vLLM's TPOT (guidellm calls this ITL)",
-    "itl": "token-gap ITL: gaps between consecutive tokens over all requests; a chunk of k tokens has its "
-           "gap split into k equal gaps (see multi_token_chunks)",
-    "e2el": "time from sending the request to the end of the answer",
-}
 _VLLM_INTS = ("completed", "failed", "total_input_tokens", "total_output_tokens", "max_concurrent_requests")
 
 
@@ -217,7 +210,8 @@ def vllm_result(m: Measurement, *, url: str, model: str, workload: WorkloadSpec,
     out["tuner"].update({
         "request": {"url": url, "endpoint": workload.endpoint, "stream": streamed, "ignore_eos": workload.ignore_eos,
                     "prompt_format": workload.prompt_format, "extra_body": dict(workload.extra_body)},
-        "definitions": DEFINITIONS,
+        "definitions": definitions.as_json(),
+        "prompt_lengths": dict(m.prompt_lengths),
         "not_measured": [] if streamed else ["ttft", "tpot", "itl"],
         "error_details": {k: {"count": n, "first_detail": d} for k, (n, d) in errors.items()},
         "scheduled_times": [r.scheduled_s for r in recs],
@@ -298,6 +292,17 @@ def summary_table(m: Measurement) -> Table:
     return t
 
 
+def prompt_length_line(info: dict[str, Any]) -> str:
+    """How the prompt lengths were made, and how far the server's counts were from the asked ones."""
+    line = f"prompt lengths: {info.get('method', 'unknown')}"
+    if info.get("probes"):
+        line += f" ({info['probes']} probes)"
+    if info.get("counted_by_server"):
+        line += (f"; asked {info['asked_median']:.0f} tokens (median), the server counted "
+                 f"{info['server_median']:.0f}, {info['within_2pct_frac'] * 100:.0f}% of requests within 2%")
+    return line
+
+
 def register(app: typer.Typer) -> None:
     """Add the `bench` command to `app`."""
 
@@ -323,7 +328,9 @@ def register(app: typer.Typer) -> None:
         workload_file: Annotated[Path | None, typer.Option("--workload", help="Workload YAML (WorkloadSpec, "
                                                            "or an agent spec's workload)")] = None,
         tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="byte, or a local HF tokenizer dir "
-                                                      "(default: approximate prompt lengths)")] = None,
+                                                      "(default: prompts fitted to the asked lengths with the "
+                                                      "server's /tokenize or its usage counts; approx: not "
+                                                      "fitted)")] = None,
         metrics_url: Annotated[str | None, typer.Option("--metrics-url", help="Prometheus /metrics to scrape")]
         = None,
         gpus: Annotated[str | None, typer.Option("--gpus", help="GPU indices to sample, e.g. 0,1")] = None,
@@ -380,7 +387,8 @@ def register(app: typer.Typer) -> None:
                 m = measure_endpoint(url, model=name, workload=w, goodput_ms=gp, seed=w.seed,
                                      base_dir=workload_file.parent if workload_file else Path.cwd(),
                                      tokenizer=tokenizer, metrics_url=metrics_url, gpu_indices=gpu_idx,
-                                     progress=progress, keep_text=json_path is not None)
+                                     progress=progress, keep_text=json_path is not None,
+                                     fit_prompt_lengths=True)
         except (TunerError, ValueError) as exc:
             err.print(f"[bold red]error:[/] {escape(redact_text(str(exc)))}", highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code if isinstance(exc, TunerError) else 2) from None
@@ -394,6 +402,7 @@ def register(app: typer.Typer) -> None:
             console.print(line, highlight=False, soft_wrap=True)
         for note in m.notes:
             console.print(f"note: {note}", highlight=False)
+        console.print(prompt_length_line(m.prompt_lengths), highlight=False, soft_wrap=True)
         if json_path is not None:
             res = vllm_result(m, url=redact_url(url), model=name, workload=w, tokenizer=tokenizer, goodput=gp)
             json_path.parent.mkdir(parents=True, exist_ok=True)

@@ -35,6 +35,7 @@ from tuner.base.redact import redact_text
 from tuner.errors import ConfigError
 from tuner.measure.measurement import Measurement
 from tuner.measure.metrics import prompt_length_check, summarise
+from tuner.measure.promptfit import FittedPrompts, fitted_for_server, residual, tokenize_counter, usage_counter
 from tuner.measure.records import RequestPlan, RequestRecord
 from tuner.measure.stream import StreamReader, spread, token_times
 from tuner.measure.tokenize import HFTokenizer, Tokenizer, load_tokenizer
@@ -226,8 +227,9 @@ class _Client:
         if self.cfg.stream and reader.chunk_times:
             total = n_out if n_out is not None else reader.output_tokens()
             times, multi = token_times(reader.chunk_times, spread(reader.chunk_tokens, total))
+        server_in: int | None = None
         if usage is not None and usage.get("prompt_tokens") is not None:
-            n_in = int(usage["prompt_tokens"])
+            n_in = server_in = int(usage["prompt_tokens"])
             exact = True
         else:
             n_in = plan.prompt_tokens
@@ -239,7 +241,8 @@ class _Client:
             prompt_tokens=n_in, output_tokens=n_out, token_times_s=times, status=status,
             error=error, error_detail=redact_text(detail), warmup=warmup, prompt_tokens_exact=exact,
             streamed=self.cfg.stream, chunks=len(reader.chunk_times), multi_token_chunks=multi,
-            stream_end=stream_end, requested_prompt_tokens=plan.prompt_tokens, generated_text=text,
+            stream_end=stream_end, requested_prompt_tokens=plan.prompt_tokens, server_prompt_tokens=server_in,
+            generated_text=text,
         )
 
 
@@ -582,6 +585,30 @@ def energy_per_output_token(energy_j: float, records: Sequence[RequestRecord]) -
     return energy_j / tokens if tokens > 0 else None
 
 
+def fit_prompts(cfg: RunConfig, lengths: Sequence[int], *, seed: int) -> tuple[FittedPrompts | None, list[str]]:
+    """Prompts fitted to `lengths` as the server at cfg.base_url counts them: with its /tokenize endpoint,
+    else with the usage of one-token probe requests (see tuner.measure.promptfit); (None, why) when it
+    cannot count."""
+    headers = dict(_HEADERS)
+    if cfg.api_key:
+        headers["Authorization"] = f"Bearer {cfg.api_key}"
+    chat = cfg.endpoint == "chat"
+    probe_cfg = replace(cfg, stream=False)
+    probe = RequestPlan(index=-1, arrival_s=0.0, prompt_tokens=0, output_tokens=1)
+    timeout_s = min(cfg.timeout_s, 60.0)
+
+    def body_for(text: str) -> bytes:
+        return _body(probe_cfg, probe, text, ignore_eos=False)
+
+    counters = [
+        ("server_tokenize", lambda: tokenize_counter(cfg.base_url, cfg.model, chat=chat, headers=headers,
+                                                     timeout_s=timeout_s), 256),
+        ("usage_calibration", lambda: usage_counter(cfg.url, body_for, headers=headers, timeout_s=timeout_s),
+         16),
+    ]
+    return fitted_for_server(lengths, counters, seed=seed)
+
+
 def config_for(spec: WorkloadSpec, base_url: str, model: str) -> RunConfig:
     a = spec.arrival
     closed = a.kind == "closed"
@@ -599,7 +626,8 @@ def measure_endpoint(base_url: str, *, model: str, workload: WorkloadSpec, goodp
                      metrics_url: str | None = None, gpu_indices: Sequence[int] = (),
                      progress: Callable[[int, int], None] | None = None,
                      max_in_flight: int | None = None,
-                     stop_event: threading.Event | None = None, keep_text: bool = False) -> Measurement:
+                     stop_event: threading.Event | None = None, keep_text: bool = False,
+                     fit_prompt_lengths: bool = False) -> Measurement:
     """Run `workload` against an OpenAI-compatible server at `base_url` and summarise it.
 
     Sync (own event loop; safe from worker threads). `base_dir` resolves relative dataset/trace paths;
@@ -609,6 +637,8 @@ def measure_endpoint(base_url: str, *, model: str, workload: WorkloadSpec, goodp
     duration-bound runs). cold_start_s is left 0 for the caller to fill in. `max_in_flight` stops an open
     loop that builds a larger backlog (summary `saturated` = 1); setting `stop_event` ends the run early
     (summary `interrupted` = 1, with a note). `keep_text` keeps each request's generated text.
+    `fit_prompt_lengths` (without a tokenizer) makes synthesised prompts the asked length as the server counts
+    them, before the run (tuner.measure.promptfit); the Measurement's `prompt_lengths` says how and how well.
     """
     from tuner.measure.datasets import plans_for
     from tuner.measure.gpu import GpuSampler
@@ -625,6 +655,20 @@ def measure_endpoint(base_url: str, *, model: str, workload: WorkloadSpec, goodp
         # a trace is replayed once: its own length bounds the run
         n_meas = sum(1 for p in plans if not p.warmup)
         cfg = replace(cfg, num_requests=n_meas, duration_s=None)
+    synthesised = [p.prompt_tokens for p in plans if p.prompt is None]
+    lengths: dict[str, Any] = {"method": "tokenizer", "tokenizer": tok.name}
+    if not synthesised:
+        lengths = {"method": "dataset"}
+    elif tokenizer in (None, "approx"):
+        lengths = {"method": "approximate"}
+        if fit_prompt_lengths and tokenizer is None and workload.prompt_format == "text":
+            fitted, why = fit_prompts(cfg, synthesised, seed=seed)
+            if fitted is not None:
+                tok = fitted
+                lengths = fitted.report()
+            else:
+                notes.append("the server counts no prompt tokens (" + "; ".join(why)[:300] + "): prompt lengths "
+                             "are approximate (give --tokenizer DIR for exact ones)")
     before = scrape(metrics_url) if metrics_url else None
     during: list[Any] = []
     stop_poll = threading.Event()
@@ -672,4 +716,6 @@ def measure_endpoint(base_url: str, *, model: str, workload: WorkloadSpec, goodp
     if summary.get("multi_token_chunks", 0) > 0:
         notes.append(f"{summary['multi_token_chunks']:.0f} streamed chunks carried several tokens: ITL splits "
                      "each such chunk's gap evenly over its tokens (TPOT is per request and unaffected)")
-    return Measurement(summary=summary, records=tuple(result.records), telemetry=tel, notes=tuple(notes))
+    lengths.update(residual(result.records))
+    return Measurement(summary=summary, records=tuple(result.records), telemetry=tel, notes=tuple(notes),
+                       prompt_lengths=lengths)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from tuner.measure.metrics import metric_key
 from tuner.measure.records import RequestRecord
@@ -13,7 +14,8 @@ from tuner.measure.records import RequestRecord
 class Measurement:
     """Summary (vllm bench serve keys), the per-request records, cold start and telemetry.
 
-    `telemetry` holds unit-suffixed extras: `gpu_*` (NVML), `server_*` (scraped /metrics).
+    `telemetry` holds unit-suffixed extras: `gpu_*` (NVML), `server_*` (scraped /metrics); `prompt_lengths`
+    says how the prompts were made to the asked lengths and how far the server's counts were from them.
     """
 
     summary: dict[str, float]
@@ -21,6 +23,7 @@ class Measurement:
     cold_start_s: float = 0.0
     telemetry: dict[str, float] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    prompt_lengths: dict[str, Any] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
         """Every number of this measurement, finite ones only (for tracking and constraints)."""

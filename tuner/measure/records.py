@@ -51,6 +51,7 @@ class RequestRecord:
     multi_token_chunks: int = 0  # of those, chunks that carried several tokens (their gap was split)
     stream_end: str = ""  # "done" ([DONE] seen), "eof_after_finish" (no [DONE]), "" (not streamed or broken)
     requested_prompt_tokens: int | None = None  # what the client meant to send (prompt_tokens: the server's)
+    server_prompt_tokens: int | None = None  # what the server reported in usage (None: not reported)
     generated_text: str | None = None  # kept only when asked (bench --json)
 
     @property

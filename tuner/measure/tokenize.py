@@ -2,7 +2,9 @@
 
 - `byte`: the reference engine's tokenizer, 1 token per UTF-8 byte, ids 0..255 (exact).
 - a local Hugging Face tokenizer directory (exact; loaded with local_files_only). Synthesised text prompts
-  are words that are one token each, checked with the tokenizer, so the text has exactly the asked count.
+  are words that are one token each, checked with the tokenizer, so the text has exactly the asked count; a
+  vocabulary without such words (byte-level, as `tuner make-model` writes) gets text cut to the count
+  (tuner.measure.promptfit, searched with the tokenizer).
 - none: an approximation (~1 token per common English word, 4 bytes per token for counting) that says so
   (`exact` is False; the records carry prompt_tokens_exact=False unless the server reports usage).
 """
@@ -20,7 +22,7 @@ from tuner.errors import ConfigError
 log = logging.getLogger(__name__)
 
 # Short common words: each is one token (with its leading space) in the usual BPE vocabularies.
-_WORDS = (
+COMMON_WORDS = (
     "the of and to in is was for on that with as by at from his her an be this are or which had not but "
     "it have one all were they new more has two first its also after who been time their year up other "
     "into she when would can out him over there about only some we so most these three many may use no "
@@ -30,7 +32,11 @@ _WORDS = (
 
 class Tokenizer(Protocol):
     name: str
-    exact: bool
+
+    @property
+    def exact(self) -> bool:
+        """Prompts it builds have exactly the asked count."""
+        ...
 
     def count(self, text: str) -> int: ...
 
@@ -86,7 +92,7 @@ class ApproxTokenizer:
 
     def __init__(self, seed: int = 0) -> None:
         rng = np.random.default_rng(seed)
-        self._base = [str(w) for w in rng.choice(_WORDS, size=1 << 15)]
+        self._base = [str(w) for w in rng.choice(COMMON_WORDS, size=1 << 15)]
 
     def count(self, text: str) -> int:
         return max(1, round(len(text.encode()) / 4))
@@ -128,11 +134,16 @@ class HFTokenizer:
         if special:
             ids = ids[~np.isin(ids, list(special))]
         self._base = ids.tolist()
-        self._words = self._one_token_words(vocab, rng)
         self._cache: dict[tuple[int, int], str] = {}
+        self._words = self._one_token_words(vocab, rng)
+        self._cut: Any = None  # FittedPrompts when the vocabulary has no plain one-token words
+        if not self._words:
+            from tuner.measure.promptfit import FittedPrompts
+
+            self._cut = FittedPrompts(self.count, "tokenizer", seed=seed, fit_missing=True)
 
     def _one_token_words(self, vocab: int, rng: np.random.Generator) -> list[str]:
-        """Lower-case ASCII words that are one token after a space (a sample of the vocabulary)."""
+        """Lower-case ASCII words that are one token after a space (a sample of the vocabulary; may be none)."""
         words: set[str] = set()
         for i in rng.permutation(vocab)[:20000].tolist():
             w = str(self._tok.decode([i])).strip()
@@ -141,8 +152,6 @@ class HFTokenizer:
                     words.add(w)
             if len(words) >= 4096:
                 break
-        if not words:
-            raise ConfigError(f"tokenizer {self.name!r}: its vocabulary has no plain words to build prompts from")
         out = sorted(words)
         rng.shuffle(out)
         return out
@@ -159,6 +168,8 @@ class HFTokenizer:
         return self._ids(n_tokens, key)
 
     def synth_text(self, n_tokens: int, key: int) -> str:
+        if self._cut is not None:
+            return str(self._cut.synth_text(n_tokens, key))
         off = (key * 7919) % len(self._words)
         hit = self._cache.get((n_tokens, off))
         if hit is not None:

@@ -82,6 +82,8 @@ def test_guidellm_mock_server_default_options(mock: Server, tmp_path: Path, endp
     check_ok(code, output, res, stream=stream)
     if stream:  # the mock waits 20 ms for the first token and 4 ms between tokens
         assert res["median_ttft_ms"] >= 15 and res["tuner"]["stream_ends"] == ["done"] * 4
+    # prompts fitted to the mock's own count (from usage) before the run
+    assert res["tuner"]["prompt_lengths"]["method"] == "usage_calibration" and res["input_lens"] == [24] * 4
 
 
 def test_guidellm_mock_server_variants_and_refusals(mock: Server, tmp_path: Path) -> None:
@@ -121,9 +123,18 @@ def test_transformers_serve_default_options_and_refusals_on_screen(hf: Server, t
     assert code == 1 and "prompt must be a string" in output
 
 
-def test_without_a_tokenizer_a_prompt_length_mismatch_is_a_warning(hf: Server, tmp_path: Path) -> None:
-    code, output, res = bench(hf, tmp_path, "--no-ignore-eos", requests=2)
+def test_default_prompts_are_the_asked_length_as_the_server_counts(hf: Server, tmp_path: Path) -> None:
+    # no tokenizer: fitted before the run to the usage this server reports (it has no /tokenize)
+    code, output, res = bench(hf, tmp_path, "--no-ignore-eos", "--prompt-tokens", "64", requests=3)
     assert code == 0, output
+    lengths = res["tuner"]["prompt_lengths"]
+    assert lengths["method"] == "usage_calibration" and lengths["probes"] >= 1, lengths
+    assert all(abs(n - 64) <= 0.02 * 64 for n in res["input_lens"]), res["input_lens"]
+    assert lengths["within_2pct_frac"] == 1.0 and "prompt lengths: usage_calibration" in output
+    # --tokenizer approx: not fitted; a count far off the asked one is a warning
+    code, output, res = bench(hf, tmp_path, "--no-ignore-eos", "--tokenizer", "approx", requests=2)
+    assert code == 0, output
+    assert res["tuner"]["prompt_lengths"]["method"] == "approximate"
     asked, counted = 24, res["input_lens"][0]
     if abs(counted - asked) / asked > 0.10:
         assert "prompt length mismatch" in output and any("mismatch" in n for n in res["tuner"]["notes"])
