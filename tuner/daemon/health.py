@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import socket
@@ -9,9 +10,11 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+
+from aiohttp import web
 
 from tuner.base.files import atomic_write
 from tuner.base.redact import redact_text
@@ -46,34 +49,88 @@ def heartbeat_loop(rt: Runtime, done: threading.Event) -> None:
         write_heartbeat(rt)
 
 
-def serve_endpoint(rt: Runtime, port: int) -> ThreadingHTTPServer:
-    """/health (JSON; 200 when the last cycles did not fail, else 503) and /metrics on 127.0.0.1."""
+ENDPOINT_TIMEOUT_S = 10.0  # a connection that has not sent a whole request this long after it opened (or after
+#                            its last answer) is closed: idle sockets and slow header writers alike
+ENDPOINT_MAX_CONNECTIONS = 512  # open connections beyond this are closed as soon as they are accepted
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server API
-            if self.path.startswith("/metrics"):
-                body = rt.metrics.render()
-                self._send(200, body, "text/plain; version=0.0.4; charset=utf-8")
-            elif self.path.startswith("/health"):
-                snap = rt.snapshot()
-                self._send(200 if snap["healthy"] else 503, json.dumps(snap).encode(), "application/json")
-            else:
-                self._send(404, b"not found\n", "text/plain")
 
-        def _send(self, code: int, body: bytes, ctype: str) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+class _Refused(asyncio.Protocol):
+    """A connection over the cap: closed at once, before it costs anything."""
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server API
-            log.debug("endpoint: " + format, *args)
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        cast(asyncio.Transport, transport).abort()
 
-    srv = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, name="tuner-endpoint", daemon=True).start()
-    return srv
+
+class Endpoint:
+    """/health (JSON; 200 when the last cycles did not fail, else 503) and /metrics on 127.0.0.1.
+
+    One asyncio loop in one thread (aiohttp's low-level server) serves every connection, so a connection costs
+    a socket, never a thread; each is closed after `timeout_s` without a whole request (aiohttp's keep-alive
+    timer runs from the moment a connection opens); connections beyond `max_connections` are closed on accept."""
+
+    def __init__(self, rt: Runtime, port: int, *, timeout_s: float = ENDPOINT_TIMEOUT_S,
+                 max_connections: int = ENDPOINT_MAX_CONNECTIONS) -> None:
+        self._rt, self._max = rt, max_connections
+        self._loop = asyncio.new_event_loop()
+        self._listener = self._loop.run_until_complete(self._listen(port, timeout_s))
+        self.port: int = self._listener.sockets[0].getsockname()[1]
+        self._thread = threading.Thread(target=self._loop.run_forever, name="tuner-endpoint", daemon=True)
+        self._thread.start()
+
+    async def _listen(self, port: int, timeout_s: float) -> asyncio.Server:
+        self._server = web.Server(self._handle, keepalive_timeout=timeout_s, access_log=None)
+        factory = cast(Callable[[], asyncio.Protocol], self._protocol)
+        return await self._loop.create_server(factory, "127.0.0.1", port, reuse_address=True)
+
+    @property
+    def server_address(self) -> tuple[str, int]:
+        return "127.0.0.1", self.port
+
+    def _protocol(self) -> asyncio.BaseProtocol:
+        if len(self._server.connections) >= self._max:
+            return _Refused()
+        return self._server()
+
+    async def _handle(self, request: web.BaseRequest) -> web.Response:
+        if request.method not in ("GET", "HEAD"):
+            return web.Response(status=405, text="method not allowed\n", headers={"Allow": "GET, HEAD"})
+        if request.path.startswith("/metrics"):
+            return web.Response(body=self._rt.metrics.render(),
+                                headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+        if request.path.startswith("/health"):
+            snap = self._rt.snapshot()
+            return web.Response(status=200 if snap["healthy"] else 503, body=json.dumps(snap).encode(),
+                                content_type="application/json")
+        return web.Response(status=404, text="not found\n")
+
+    def connections(self) -> int:
+        """Connections open now (read from the loop's thread)."""
+        return asyncio.run_coroutine_threadsafe(self._count(), self._loop).result(timeout=10)
+
+    async def _count(self) -> int:
+        return len(self._server.connections)
+
+    def shutdown(self) -> None:
+        """Stop listening, close every connection, end the loop's thread."""
+        async def stop() -> None:
+            self._listener.close()
+            await self._server.shutdown(1.0)
+
+        if self._loop.is_closed():
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(stop(), self._loop).result(timeout=10)
+        except Exception as exc:  # noqa: BLE001 - a slow close never keeps the daemon from stopping
+            log.debug("endpoint shutdown: %s", exc)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+
+def serve_endpoint(rt: Runtime, port: int, **limits: Any) -> Endpoint:
+    """Start the daemon's /health and /metrics endpoint (see Endpoint) in the background."""
+    return Endpoint(rt, port, **limits)
 
 
 def _daemon_gone(snap: dict[str, Any]) -> str | None:

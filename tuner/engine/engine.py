@@ -91,6 +91,8 @@ class EngineStats:
 
     def finished(self, req: Request, reason: str, e2e_s: float) -> None: ...
 
+    def aborted(self, req: Request) -> None: ...
+
 
 class Engine:
     def __init__(self, cfg: EngineConfig, *, emit: Callable[[list[Output]], None],
@@ -248,6 +250,7 @@ class Engine:
             return
         req.aborted = True
         req.finished = True
+        self.stats.aborted(req)
         if req in self.waiting:
             self.waiting.remove(req)
         if req in self.running:

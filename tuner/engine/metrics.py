@@ -63,11 +63,13 @@ class PromStats(EngineStats):
                                       "cache", lab, registry=r)
         self.prefix_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache (none: "
                                    "the engine has no prefix cache)", lab, registry=r)
+        self.aborted_reqs = Counter("tuner_engine_aborted_requests", "Sequences aborted before they finished "
+                                    "(their client went away)", lab, registry=r)
         self.phase = Gauge("tuner_engine_startup_phase_seconds", "Seconds spent in each start-up phase",
                            ["model_name", "phase"], registry=r)
         self.ready = Gauge("tuner_engine_ready", "1 once the engine serves", lab, registry=r)
         self.model_name = model_name
-        for c in (self.preemptions, self.prefix_queries, self.prefix_hits):
+        for c in (self.preemptions, self.prefix_queries, self.prefix_hits, self.aborted_reqs):
             c.labels(model_name)  # exported at 0 from the start, as vLLM does
 
     def queue(self, running: int, waiting: int, kv_usage: float) -> None:
@@ -92,3 +94,6 @@ class PromStats(EngineStats):
         self.prompt_len_h.labels(self.model_name).observe(len(req.prompt))
         self.gen_len_h.labels(self.model_name).observe(req.emitted)
         self.success.labels(self.model_name, reason).inc()
+
+    def aborted(self, req: Any) -> None:
+        self.aborted_reqs.labels(self.model_name).inc()

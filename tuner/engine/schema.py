@@ -86,11 +86,39 @@ def parse_body(raw: bytes) -> Any:
     if json_depth(text) > MAX_JSON_DEPTH:
         raise ApiError(400, f"the request body is nested deeper than {MAX_JSON_DEPTH} levels")
     try:
-        return json.loads(text, parse_constant=_no_constant)
+        body = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise ApiError(400, f"the request body is not valid JSON: {exc.msg} at character {exc.pos}") from None
     except RecursionError:  # pragma: no cover - the depth check comes first
         raise ApiError(400, "the request body is nested too deeply") from None
+    check_unicode(body)
+    return body
+
+
+def check_unicode(body: Any) -> None:
+    """Refuse a body with a string (a value or a key, anywhere) that is not valid Unicode: JSON's `\\ud800`
+    escapes decode to lone surrogates, which no tokenizer, encoder or log line can take."""
+    stack: list[tuple[str, Any]] = [("", body)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, dict):
+            for k, item in v.items():
+                where = f"{path}.{k}" if path else str(k)
+                _valid_text(k, f"a key in {path or 'the body'}", path.split(".")[0].split("[")[0] or None)
+                stack.append((where, item))
+        elif isinstance(v, list):
+            stack.extend((f"{path}[{i}]", item) for i, item in enumerate(v))
+        elif isinstance(v, str):
+            _valid_text(v, path or "the body", path.split(".")[0].split("[")[0] or None)
+
+
+def _valid_text(text: str, where: str, param: str | None) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        raise ApiError(400, f"{_short(where)} is not valid Unicode: a lone surrogate U+{code:04X} at character "
+                            f"{exc.start} (a \\u escape of half a surrogate pair)", param=param) from None
 
 
 # ---------------------------------------------------------------------------- fields

@@ -6,7 +6,9 @@ Endpoints: POST /v1/completions and /v1/chat/completions (streaming SSE or not; 
 the checkpoint's chat template or the preset's, tuner/engine/chat.py), GET /v1/models, GET /health (200 when ready,
 503 while starting or after a fatal error), GET /metrics (Prometheus, vLLM's names where they mean the
 same thing, plus `tuner_engine_startup_phase_seconds{phase}`). The server binds 127.0.0.1 unless told
-otherwise and listens while the engine starts, so /health answers 503 until the engine is ready.
+otherwise and listens while the engine starts, so /health answers 503 until the engine is ready. A client that
+goes away aborts its request's sequences, whatever the kind (`tuner_engine_aborted_requests_total` counts them);
+a string that is not valid Unicode anywhere in a body (a lone surrogate) is a 400 (tuner/engine/schema.py).
 
 Exit codes: 0 after SIGINT/SIGTERM, 2 for a knob that is invalid or cannot apply on the device (the
 message is logged), 1 when the engine fails while starting.
@@ -190,9 +192,11 @@ class EngineServer:
         """The next output of a request; an error output if the engine fails meanwhile (a request never
         waits on a dead engine)."""
         while True:
-            try:
-                return await asyncio.wait_for(q.get(), timeout=1.0)
-            except asyncio.TimeoutError:
+            try:  # asyncio.timeout, not wait_for: Python 3.11's wait_for drops a cancellation (a client that went
+                # away) that arrives while the queue's item is ready, and the request would generate on for nobody
+                async with asyncio.timeout(1.0):
+                    return await q.get()
+            except TimeoutError:
                 if self.engine.fatal is not None and q.empty():
                     return 0, [], f"error:engine failed: {self.engine.fatal}"
 
@@ -268,7 +272,9 @@ class EngineServer:
                             "choices": [], "usage": self._usage(reqs, completion)})
             await send("[DONE]")
             await resp.write_eof()
-        except (ConnectionResetError, asyncio.CancelledError):
+        except ConnectionResetError:  # the client went away while we wrote: the caller's `finally` aborts the rest
+            log.debug("client went away during %s", cid)
+        except asyncio.CancelledError:
             log.debug("client went away during %s", cid)
             raise
         return resp
@@ -308,7 +314,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 async def _serve(server: EngineServer, host: str, port: int) -> int:
-    runner = web.AppRunner(server.app(), access_log=None)
+    # a client that goes away cancels its handler, whose `finally` aborts the request's sequences: without it a
+    # non-streamed request would generate to the end for nobody (aiohttp leaves handlers running by default)
+    runner = web.AppRunner(server.app(), access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

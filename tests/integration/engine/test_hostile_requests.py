@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,9 +34,14 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def server_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("engine") / "server.log"
+
+
+@pytest.fixture(scope="module")
+def base(server_log: Path) -> Iterator[str]:
     port = _free_port()
-    log = tmp_path_factory.mktemp("engine") / "server.log"
+    log = server_log
     with open(log, "wb") as f:
         proc = subprocess.Popen([sys.executable, "-m", "tuner.engine.server", "--port", str(port), "--cpu-threads",
                                  "1", "--max-model-len", str(MAX_LEN), "--max-batch-size", "4", "--kv-pool-mb", "8"],
@@ -140,16 +146,51 @@ def test_every_status_has_a_json_body(client: Any) -> None:
     _json_error(client.post("/v1/completions", json={"prompt": "x", "model": "other"}), 404)
 
 
+def _post_raw(client: Any, path: str, body: Any) -> Any:
+    """JSON with \\u escapes (json.dumps' ASCII form), so a lone surrogate reaches the server as JSON sends it."""
+    return client.post(path, content=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+
+
+_CHAT = "/v1/chat/completions"
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/completions", {"prompt": "a\ud800b"}, "prompt"),
+    ("/v1/completions", {"prompt": ["ok", "\udfff"]}, "prompt"),
+    ("/v1/completions", {"prompt": "hi", "stop": "\udbff"}, "stop"),
+    ("/v1/completions", {"prompt": "hi", "model": "m\ud800"}, "model"),
+    ("/v1/completions", {"prompt": "hi", "user": {"name": "\ud834"}}, "user"),
+    ("/v1/completions", {"prompt": "hi", "x\ud800": 1}, None),
+    (_CHAT, {"messages": [{"role": "user", "content": "\ud800"}]}, "messages"),
+    (_CHAT, {"messages": [{"role": "user\udc00", "content": "hi"}]}, "messages"),
+    (_CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": "\ud83d"}]}]}, "messages"),
+])
+def test_invalid_unicode_anywhere_is_a_400(client: Any, server_log: Path, path: str, body: dict[str, Any],
+                                           param: str | None) -> None:
+    err = _json_error(_post_raw(client, path, body), 400)
+    assert "not valid Unicode" in err["message"] and err["param"] == param
+    _alive(client)
+    assert "Traceback" not in server_log.read_text()
+
+
+def test_a_valid_surrogate_pair_is_text(client: Any) -> None:
+    r = _post_raw(client, "/v1/completions", {"prompt": "\ud83d\ude00", "max_tokens": 2})
+    assert r.status_code == 200, r.text
+
+
 # ---------------------------------------------------------------------------- fuzzing
+# text with lone surrogates too (JSON's \\ud800 escapes), sent as json.dumps writes it (see _post_raw)
+_text = st.one_of(st.text(max_size=20), st.text(st.characters(codec=None, categories=["Cs", "L", "N", "P", "Zs"]),
+                                                min_size=1, max_size=12))
 _scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
-                     st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=20))
+                     st.floats(allow_nan=False, allow_infinity=False), _text)
 _json = st.recursive(_scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
                                                        st.dictionaries(st.text(max_size=8), inner, max_size=4)),
                      max_leaves=12)
 _small_floats = st.one_of(st.floats(min_value=-2, max_value=3, allow_nan=False), st.just(1e-320), st.just(5e-324),
                           st.just(1e308), st.integers(-3, 3))
-_prompt = st.one_of(st.text(max_size=40), st.lists(st.integers(-5, 300), max_size=20),
-                    st.lists(st.one_of(st.text(max_size=10), st.lists(st.integers(0, 255), max_size=5)), max_size=3),
+_prompt = st.one_of(st.text(max_size=40), _text, st.lists(st.integers(-5, 300), max_size=20),
+                    st.lists(st.one_of(_text, st.lists(st.integers(0, 255), max_size=5)), max_size=3),
                     _json)
 _requests = st.fixed_dictionaries({}, optional={
     "model": st.one_of(st.just(MODEL), _json), "prompt": _prompt,
@@ -161,6 +202,15 @@ _requests = st.fixed_dictionaries({}, optional={
     "stream": st.one_of(st.booleans(), _json), "stream_options": _json, "ignore_eos": st.one_of(st.booleans(), _json),
     "priority": st.one_of(st.integers(-(2**40), 2**40), _json), "return_token_ids": _json,
     "extra": _json})
+_message = st.fixed_dictionaries({}, optional={
+    "role": st.one_of(st.sampled_from(["user", "system", "assistant", "tool"]), _text, _json),
+    "content": st.one_of(_text, st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": _text}),
+                                         max_size=2), _json),
+    "name": _text})
+_chat_requests = st.fixed_dictionaries({}, optional={
+    "model": st.one_of(st.just(MODEL), _json), "messages": st.one_of(st.lists(_message, max_size=3), _json),
+    "max_tokens": st.one_of(st.integers(-2, 8), _json), "stream": st.one_of(st.booleans(), _json),
+    "stop": _json, "extra": _json})
 
 _FUZZ = settings(max_examples=250, deadline=None, derandomize=True, database=None,
                  suppress_health_check=list(HealthCheck))
@@ -176,7 +226,13 @@ def _no_harm(r: Any) -> None:
 @_FUZZ
 @given(body=_requests)
 def test_fuzzed_requests_never_hurt_the_engine(client: Any, body: dict[str, Any]) -> None:
-    _no_harm(client.post("/v1/completions", json=body))
+    _no_harm(_post_raw(client, "/v1/completions", body))
+
+
+@settings(_FUZZ, max_examples=120)
+@given(body=_chat_requests)
+def test_fuzzed_chat_requests_never_hurt_the_engine(client: Any, body: dict[str, Any]) -> None:
+    _no_harm(_post_raw(client, _CHAT, body))
 
 
 @settings(_FUZZ, max_examples=120)
@@ -186,5 +242,6 @@ def test_fuzzed_raw_bodies_never_hurt_the_engine(client: Any, raw: bytes) -> Non
     _no_harm(client.post("/v1/completions", content=raw))
 
 
-def test_after_the_fuzzing_the_engine_still_serves(client: Any) -> None:
+def test_after_the_fuzzing_the_engine_still_serves(client: Any, server_log: Path) -> None:
     _alive(client)
+    assert "Traceback" not in server_log.read_text(), server_log.read_text()[-3000:]
