@@ -9,31 +9,21 @@ pytest imports at module level: experiments/canary/ uses it as a plain script.
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
 import socket
 import subprocess
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.support.sysprog import debian_program, group_process
 
 HAPROXY = "/usr/sbin/haproxy"
 
 
 def haproxy_binary() -> str:
     """The haproxy program, or skip (fail under CI) saying how to install it."""
-    exe = HAPROXY if os.path.exists(HAPROXY) else shutil.which("haproxy")
-    if exe is None:
-        import pytest
-
-        msg = "HAPROXY MISSING: install Debian's package (`apt-get install haproxy`; .ci/run does) to run this test"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
-    return exe
+    return debian_program(HAPROXY, "haproxy", "haproxy")
 
 
 def free_port() -> int:
@@ -93,25 +83,8 @@ def running_haproxy(workdir: Path, servers: Mapping[str, str], *, backend: str =
     cfg = workdir / "haproxy.cfg"
     cfg.write_text(config_text(sock, port, servers, backend=backend))
     log = workdir / "haproxy.log"
-    with log.open("ab") as out:
-        proc = subprocess.Popen([exe, "-f", str(cfg), "-db"], stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    bal = Balancer(url=f"http://127.0.0.1:{port}", socket=sock, backend=backend, log=log, proc=proc)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while not _answers(sock):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"haproxy did not start (exit {proc.poll()}):\n{bal.log_tail()}")
-            time.sleep(0.1)
-        yield bal
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(5)
+    with group_process([exe, "-f", str(cfg), "-db"], log, lambda: _answers(sock), timeout_s=timeout_s) as proc:
+        yield Balancer(url=f"http://127.0.0.1:{port}", socket=sock, backend=backend, log=log, proc=proc)
 
 
 def _answers(sock: Path) -> bool:

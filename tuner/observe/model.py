@@ -78,6 +78,8 @@ class ObservedWorkload:
         dumped = self.workload.model_dump(mode="json", exclude_none=True)
         default = WorkloadSpec(num_requests=1).model_dump(mode="json", exclude_none=True)
         wl = {k: v for k, v in dumped.items() if k in _ALWAYS or default.get(k) != v}
+        if wl["arrival"].get("kind") != "gamma":
+            wl["arrival"].pop("burstiness", None)  # the gamma shape: of no other process
         return {
             "workload": wl,
             "observation": {
