@@ -68,6 +68,8 @@ class GpuSampler:
         self.sm_mhz: list[float] = []
         self.reasons: list[int] = []
         self.gpm: dict[str, list[float]] = {v: [] for v in _GPM.values()}
+        self.reasons_per_gpu: list[int] = []  # the last tick's reasons, one per GPU
+        self._unavailable = False  # read(): NVML failed once, do not ask again
 
     # ------------------------------------------------------------- lifecycle
     def start(self) -> GpuSampler:
@@ -180,6 +182,7 @@ class GpuSampler:
         nv = self._nv
         util, busy, mem, power, sm, gpm_vals = [], [], [], [], [], []
         reasons = 0
+        self.reasons_per_gpu = []
         for pos, h in enumerate(self._handles):
             try:
                 u = nv.nvmlDeviceGetUtilizationRates(h)
@@ -188,7 +191,9 @@ class GpuSampler:
                 mem.append(nv.nvmlDeviceGetMemoryInfo(h).used / 2**20)
                 power.append(nv.nvmlDeviceGetPowerUsage(h) / 1000.0)
                 sm.append(float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)))
-                reasons |= int(nv.nvmlDeviceGetCurrentClocksEventReasons(h))
+                r = int(nv.nvmlDeviceGetCurrentClocksEventReasons(h))
+                reasons |= r
+                self.reasons_per_gpu.append(r)
             except Exception as exc:  # noqa: BLE001
                 _warn_once("NVML read failed on GPU %d: %s", self.indices[pos], exc)
             if gpm_due:
@@ -214,6 +219,48 @@ class GpuSampler:
                 last_gpm = now
             self._tick(due)
 
+    # ------------------------------------------------------------- one sample (no thread)
+    def read(self) -> dict[str, float]:
+        """One sample now, on the caller's thread (the production monitor reads one per scrape):
+        gpu_util_pct and gpu_sm_clock_mhz (means over the GPUs), gpu_power_w and gpu_fb_used_mb (totals),
+        gpu_throttled (the share of GPUs with a power, thermal or hardware clocks-event reason) and, with GPM,
+        gpu_dram_active_frac (DRAM bandwidth utilisation, 0-1, since the previous read). {} without NVML."""
+        if not self._handles:
+            if self._unavailable or not self.indices or not self._init():
+                self._unavailable = True
+                return {}
+            for pos, h in enumerate(self._handles):
+                self._gpm_init(pos, h)
+        n = len(self.util)
+        self._tick(bool(self._gpm))
+        out: dict[str, float] = {}
+        if len(self.util) > n:
+            out = {"gpu_util_pct": self.util[-1], "gpu_power_w": self.power_w[-1],
+                   "gpu_sm_clock_mhz": self.sm_mhz[-1], "gpu_fb_used_mb": self.mem_mb[-1]}
+            m = self._throttle_mask()
+            out["gpu_throttled"] = sum(1 for r in self.reasons_per_gpu if r & m) / max(1, len(self.reasons_per_gpu))
+        if self.gpm["dram_bw_util_pct"]:
+            out["gpu_dram_active_frac"] = self.gpm["dram_bw_util_pct"][-1] / 100.0
+        for series in (self.util, self.mem_busy, self.mem_mb, self.power_w, self.sm_mhz, *self.gpm.values()):
+            series.clear()  # a monitor reads for days: keep nothing
+        self.reasons.clear()
+        return out
+
+    def _throttle_masks(self) -> dict[str, int]:
+        nv = self._nv
+        return {
+            "power": int(nv.nvmlClocksEventReasonSwPowerCap) | int(nv.nvmlClocksEventReasonHwPowerBrakeSlowdown),
+            "thermal": int(nv.nvmlClocksEventReasonSwThermalSlowdown)
+            | int(nv.nvmlClocksEventReasonHwThermalSlowdown),
+            "hw": int(nv.nvmlClocksEventReasonHwSlowdown),
+        }
+
+    def _throttle_mask(self) -> int:
+        m = 0
+        for v in self._throttle_masks().values():
+            m |= v
+        return m
+
     # ------------------------------------------------------------- result
     def result(self) -> dict[str, float]:
         if not self._handles:
@@ -231,14 +278,7 @@ class GpuSampler:
             out["gpu_power_w_max"] = max(self.power_w)
             out["gpu_sm_clock_mhz_mean"] = _mean(self.sm_mhz)
             out["gpu_sm_clock_mhz_min"] = min(self.sm_mhz)
-            nv = self._nv
-            masks = {
-                "power": int(nv.nvmlClocksEventReasonSwPowerCap) | int(nv.nvmlClocksEventReasonHwPowerBrakeSlowdown),
-                "thermal": int(nv.nvmlClocksEventReasonSwThermalSlowdown)
-                | int(nv.nvmlClocksEventReasonHwThermalSlowdown),
-                "hw": int(nv.nvmlClocksEventReasonHwSlowdown),
-            }
-            for name, m in masks.items():
+            for name, m in self._throttle_masks().items():
                 out[f"gpu_throttle_{name}_frac"] = sum(1 for r in self.reasons if r & m) / len(self.reasons)
             mask = 0
             for r in self.reasons:

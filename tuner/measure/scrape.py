@@ -6,6 +6,7 @@ Keys (unit-suffixed, `server_` prefix): server_kv_cache_usage_frac (mean), serve
 server_num_requests_running_max, server_num_requests_waiting_max, server_preemptions, server_prompt_tokens,
 server_generation_tokens, server_prefix_cache_hit_rate, server_ttft_ms_{mean,p50,p90,p99},
 server_itl_ms_{mean,p50,p90,p99}, server_e2el_ms_{mean,p99}, server_queue_time_ms_{mean,p99}.
+A Snapshot also counts `request_failed`: the finished requests whose reason was abort or error.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ _COUNTERS = {
     "vllm:prefix_cache_hits": "prefix_cache_hits",
     "vllm:request_success": "request_success",
 }
+_FAILED_REASONS = ("abort", "error")
 _HISTOGRAMS = {
     "vllm:time_to_first_token_seconds": "ttft_ms",
     "vllm:inter_token_latency_seconds": "itl_ms",
@@ -81,6 +83,9 @@ def parse(text: str) -> Snapshot:
             for s in fam.samples:
                 if s.name == base + "_total":
                     snap.counters[key] = snap.counters.get(key, 0.0) + float(s.value)
+                    if key == "request_success":  # the failed share: aborted or errored (vLLM's reasons)
+                        failed = float(s.value) if s.labels.get("finished_reason") in _FAILED_REASONS else 0.0
+                        snap.counters["request_failed"] = snap.counters.get("request_failed", 0.0) + failed
         elif name in _HISTOGRAMS:
             h = snap.hists.setdefault(_HISTOGRAMS[name], Hist())
             for s in fam.samples:

@@ -94,8 +94,12 @@ def reference_for(session: Session, store: ChampionStore) -> tuple[str, dict[str
 
 def verify(session: Session, candidate_config: Mapping[str, Any], *, candidate_trial: int | None = None,
            store: ChampionStore | None = None, runs: int | None = None, seed: int | None = None,
-           stop_event: threading.Event | None = None, method: str = "t", record: bool = True) -> Verdict:
-    """Interleaved A/B verification of `candidate_config` against the champion (or baseline)."""
+           stop_event: threading.Event | None = None, method: str = "t", record: bool = True,
+           against_baseline: bool = False) -> Verdict:
+    """Interleaved A/B verification of `candidate_config` against the champion (or baseline).
+
+    `against_baseline`: arm A is the baseline (all defaults) even with a champion (the monitor re-verifies
+    the champion itself this way after a performance anomaly)."""
     from tuner.targets.base import TrialContext
 
     spec = session.agent.spec
@@ -103,6 +107,8 @@ def verify(session: Session, candidate_config: Mapping[str, Any], *, candidate_t
     store = store or champion_store(session)
     stop = stop_event or threading.Event()
     ref_name, ref_config, champ = reference_for(session, store)
+    if against_baseline:
+        ref_name, ref_config = "baseline", session.agent.space.full_config(session.agent.space.defaults())
     n_pairs = runs or promo.verify_runs
     vid = len(store.verifications()) + 1
     base_seed = seed if seed is not None else spec.workload.seed + VERIFY_SEED_BASE + 1000 * vid

@@ -217,3 +217,32 @@ def latency_cdf(records: Sequence[RequestRecord], *, title: str = "") -> bytes |
     if title:
         fig.suptitle(title)
     return png(fig)
+
+
+def signal_plot(series: dict[str, tuple[list[float], list[float]]], *, event_time: float,
+                baselines: dict[str, float | None] | None = None, onsets: dict[str, float | None] | None = None,
+                title: str = "") -> bytes | None:
+    """The monitored signals around a change: one panel per signal (value per window against seconds from the
+    event), its baseline dashed, the located onset dotted, the event at 0. None without values."""
+    named = [(n, t, v) for n, (t, v) in series.items() if v]
+    if not named:
+        return None
+    fig = Figure(figsize=(8, 2.2 * len(named)))
+    for i, (name, times, vals) in enumerate(named):
+        ax = fig.add_subplot(len(named), 1, i + 1)
+        ax.plot([t - event_time for t in times], vals, marker=".", linewidth=1)
+        base = (baselines or {}).get(name)
+        if base is not None:
+            ax.axhline(base, linestyle="--", color="grey", label="baseline")
+        onset = (onsets or {}).get(name)
+        if onset is not None:
+            ax.axvline(onset - event_time, linestyle=":", color="tab:orange", label="onset")
+        ax.axvline(0.0, color="tab:red", label="event")
+        ax.set_ylabel(name, fontsize=8)
+        ax.grid(alpha=0.3)
+        if i == 0:
+            ax.legend(fontsize=7, loc="upper left")
+    fig.axes[-1].set_xlabel("seconds from the event")
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return png(fig)

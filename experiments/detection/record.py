@@ -1,0 +1,131 @@
+"""Record real /metrics streams of the reference engine (tuner serve-engine, CPU) under `tuner bench` load.
+
+One engine per `engine` group of phases (its per-step delay fixed at start); inside a group the phases follow
+each other on the same engine, each a `tuner bench` run of its own workload, while one thread scrapes /metrics
+every `--interval-s` seconds and appends {"t", "phase", "text"} to a gzipped JSONL file. The detection
+experiment (run.py) turns consecutive scrapes of one phase into windows and replays them.
+
+    nice -n 5 python experiments/detection/record.py --out experiments/detection/streams.jsonl.gz
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+BASE_RATE = 2.0
+BASE_STEP_DELAY_MS = 5.0
+SLOW_STEP_DELAY_MS = 7.0  # about +30 % of the base step time (measured: see the README)
+
+
+def workload(rate: float = BASE_RATE, prompt_mean: float = 100, prompt_max: int = 220, output_mean: float = 16,
+             output_max: int = 60) -> str:
+    return (f"arrival: {{kind: poisson, rate_per_s: {rate}}}\n"
+            f"prompt_tokens: {{dist: lognormal, mean: {prompt_mean}, sigma: 0.4, min: 8, max: {prompt_max}}}\n"
+            f"output_tokens: {{dist: lognormal, mean: {output_mean}, sigma: 0.4, min: 2, max: {output_max}}}\n"
+            "duration_s: 1\nignore_eos: true\n")
+
+
+# (engine step delay ms, [(phase, seconds, workload YAML)])
+PLAN: list[tuple[float, list[tuple[str, float, str]]]] = [
+    (BASE_STEP_DELAY_MS, [
+        ("base", 300, workload()),
+        ("rate_x2", 300, workload(rate=2 * BASE_RATE)),
+        ("prompt_x2", 300, workload(prompt_mean=200, prompt_max=440)),
+        ("output_x4", 300, workload(output_mean=64, output_max=240)),
+    ]),
+    (SLOW_STEP_DELAY_MS, [("slowdown", 300, workload())]),
+    (BASE_STEP_DELAY_MS, [("stationary", 1800, workload())]),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(url: str, timeout_s: float = 300) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        try:
+            with urllib.request.urlopen(url + "/v1/models", timeout=5):
+                return
+        except OSError:
+            time.sleep(1)
+    raise SystemExit(f"engine at {url} not ready in {timeout_s} s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--interval-s", type=float, default=15.0)
+    ap.add_argument("--scale", type=float, default=1.0, help="multiply every phase's duration (a smoke run)")
+    ap.add_argument("--only", default="", help="comma-separated phases to run (default: all)")
+    args = ap.parse_args()
+    only = {p for p in args.only.split(",") if p}
+    py = sys.executable
+    phase = {"name": ""}
+    out = gzip.open(args.out, "at", encoding="utf-8")
+    lock = threading.Lock()
+    for delay_ms, phases in PLAN:
+        phases = [p for p in phases if not only or p[0] in only]
+        if not phases:
+            continue
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        eng = subprocess.Popen([py, "-m", "tuner.cli", "serve-engine", "--preset", "tiny", "--port", str(port),
+                                "--cpu-threads", "1", "--step-delay-ms", str(delay_ms)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stop = threading.Event()
+        try:
+            wait_ready(url)
+
+            def scrape_loop(url: str = url, stop: threading.Event = stop, delay_ms: float = delay_ms) -> None:
+                nxt = time.monotonic()
+                while not stop.is_set():
+                    nxt += args.interval_s
+                    try:
+                        with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+                            text = r.read().decode()
+                    except OSError:
+                        text = ""
+                    with lock:
+                        out.write(json.dumps({"t": time.time(), "phase": phase["name"], "step_delay_ms": delay_ms,
+                                              "text": text}) + "\n")
+                        out.flush()
+                    stop.wait(max(0.0, nxt - time.monotonic()))
+
+            th = threading.Thread(target=scrape_loop, daemon=True)
+            th.start()
+            for name, seconds, wl in phases:
+                with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+                    f.write(wl)
+                phase["name"] = name
+                print(f"{time.strftime('%H:%M:%S')} phase {name} ({seconds * args.scale:.0f} s, "
+                      f"step delay {delay_ms} ms)", flush=True)
+                subprocess.run([py, "-m", "tuner.cli", "bench", "--url", url, "--workload", f.name,
+                                "--duration-s", str(seconds * args.scale), "--tokenizer", "byte"],
+                               stdout=subprocess.DEVNULL, check=False)
+                Path(f.name).unlink()
+            phase["name"] = ""
+            stop.set()
+            th.join(args.interval_s + 10)
+        finally:
+            stop.set()
+            eng.terminate()
+            eng.wait(30)
+    out.close()
+
+
+if __name__ == "__main__":
+    main()

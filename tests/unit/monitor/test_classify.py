@@ -1,0 +1,107 @@
+"""Each event class from synthetic windows: drift, anomaly (latency; GPU throttle), saturation (KV cache,
+queue, bandwidth) and recovery; and no event on stationary noise."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from tuner.monitor.classify import Event, Monitor, MonitorConfig
+
+NORMAL = {"rate_per_s": (4.0, 0.4), "prompt_tokens_mean": (100.0, 5.0), "output_tokens_mean": (16.0, 1.0),
+          "itl_ms_mean": (8.0, 0.3), "ttft_ms_p50": (50.0, 3.0), "e2el_ms_p50": (200.0, 10.0),
+          "running": (2.0, 0.5), "waiting": (0.0, 0.0), "kv_cache_usage_frac": (0.05, 0.01),
+          "gpu_util_pct": (60.0, 2.0), "gpu_power_w": (450.0, 8.0), "gpu_sm_clock_mhz": (1980.0, 10.0),
+          "gpu_throttled": (0.0, 0.0), "gpu_dram_active_frac": (0.5, 0.02)}
+
+Change = Callable[[dict[str, float], int], None]
+
+
+def stream(change: Change | None = None, *, at: int = 40, n: int = 80, seed: int = 0,
+           config: MonitorConfig | None = None) -> tuple[Monitor, list[tuple[int, Event]]]:
+    rng = random.Random(seed)
+    m = Monitor(config or MonitorConfig(interval_s=15.0))
+    out = []
+    for i in range(n):
+        w = {k: rng.gauss(mu, sd) for k, (mu, sd) in NORMAL.items()}
+        if change is not None and i >= at:
+            change(w, i)
+        out.extend((i, e) for e in m.observe(1000.0 + 15.0 * i, w))
+    return m, out
+
+
+def kinds(events: list[tuple[int, Event]]) -> list[str]:
+    return [e.kind for _, e in events]
+
+
+def test_stationary_noise_raises_nothing() -> None:
+    for seed in range(5):
+        _, ev = stream(n=300, seed=seed)
+        assert ev == []
+
+
+def test_rate_doubling_is_drift_even_though_latency_moved_with_it() -> None:
+    def double(w: dict[str, float], i: int) -> None:
+        w["rate_per_s"] *= 2
+        w["ttft_ms_p50"] *= 1.5
+        w["running"] *= 2
+
+    m, ev = stream(double)
+    assert kinds(ev) == ["drift"]
+    i, e = ev[0]
+    assert i - 40 <= 1 and e.cause == "inputs" and "rate_per_s" in e.signals
+    assert abs(e.observed["rate_per_s"] - 8.0) < 1.0  # the new load, for the next cycle to tune for
+    assert m.learning or m.tracks["rate_per_s"].baseline.centre > 6  # learning the new normal
+
+
+def test_a_slowdown_at_the_same_load_is_an_anomaly_then_recovers() -> None:
+    def slow(w: dict[str, float], i: int) -> None:
+        if i < 60:
+            w["itl_ms_mean"] *= 1.3
+            w["e2el_ms_p50"] *= 1.3
+
+    _, ev = stream(slow)
+    assert kinds(ev) == ["anomaly", "recovery"]
+    (i, a), (j, r) = ev
+    assert a.cause == "latency" and "itl_ms_mean" in a.signals and i - 40 <= 2
+    assert r.cause == "anomaly" and 60 <= j <= 64
+
+
+def test_a_power_throttle_is_an_anomaly_named_gpu_throttle() -> None:
+    def throttle(w: dict[str, float], i: int) -> None:
+        w["gpu_throttled"], w["gpu_sm_clock_mhz"], w["gpu_power_w"] = 1.0, 0.7 * w["gpu_sm_clock_mhz"], 350.0
+
+    _, ev = stream(throttle)
+    assert kinds(ev)[:1] == ["anomaly"] and ev[0][1].cause == "gpu_throttle"
+
+
+def test_kv_cache_full_queue_growth_and_bandwidth_are_saturation() -> None:
+    def kv(w: dict[str, float], i: int) -> None:
+        w["kv_cache_usage_frac"] = 0.99 if i < 60 else 0.05
+
+    _, ev = stream(kv)
+    sat = [e for _, e in ev if e.kind == "saturation"]
+    assert [e.cause for e in sat] == ["kv_full"]
+    assert any(e.kind == "recovery" and e.cause == "saturation" for _, e in ev)
+
+    def queue(w: dict[str, float], i: int) -> None:
+        w["waiting"] = float(i - 39)  # grows every window
+
+    _, ev = stream(queue)
+    assert "queue_growing" in [e.cause for _, e in ev if e.kind == "saturation"]
+
+    def bandwidth(w: dict[str, float], i: int) -> None:
+        w["gpu_dram_active_frac"] = 0.92
+
+    _, ev = stream(bandwidth)
+    assert "bandwidth" in [e.cause for _, e in ev if e.kind == "saturation"]
+
+
+def test_no_detection_while_learning_and_signals_may_be_missing() -> None:
+    m = Monitor(MonitorConfig(interval_s=15.0, learn_windows=10))
+    for i in range(9):
+        assert m.observe(float(i), {"rate_per_s": 4.0 + 0.1 * (i % 2)}) == []
+    assert m.learning
+    m.observe(9.0, {"rate_per_s": 4.0})
+    assert not m.learning and m.tracks["itl_ms_mean"].baseline is None  # never seen: not watched
+    assert m.observe(10.0, {"itl_ms_mean": 1e6}) == []  # a signal without a baseline raises nothing

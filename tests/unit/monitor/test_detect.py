@@ -1,0 +1,64 @@
+"""The CUSUM, its threshold from a false-alarm rate, the baseline and the change's location."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tuner.monitor.detect import Baseline, Cusum, arl0, change_index, threshold
+
+
+def run_length(h: float, k: float, rng: random.Random, cap: int = 100_000) -> int:
+    c = Cusum(h, k, "up")
+    for n in range(1, cap + 1):
+        if c.update(rng.gauss(0, 1)):
+            return n
+    return cap
+
+
+def test_threshold_gives_the_chosen_false_alarm_rate_by_simulation() -> None:
+    # 24 windows a day, one test, 0.1 false alarms a day: ARL0 = 240 windows; simulate the real run length
+    h = threshold(0.1, 3600.0, 1, k=1.0)
+    assert arl0(h, 1.0) == pytest.approx(240, rel=1e-6)
+    rng = random.Random(7)
+    mean = sum(run_length(h, 1.0, rng) for _ in range(400)) / 400
+    assert 0.75 * 240 < mean < 1.35 * 240  # Siegmund's approximation is within a few percent for k = 1
+
+
+def test_threshold_rises_with_more_tests_and_fewer_alarms() -> None:
+    base = threshold(1.0, 60.0, 10, k=1.0)
+    assert threshold(1.0, 60.0, 40, k=1.0) > base
+    assert threshold(0.1, 60.0, 10, k=1.0) > base
+    assert threshold(1.0, 10.0, 10, k=1.0) > base  # more windows a day
+    with pytest.raises(ValueError):
+        threshold(0.0, 60.0, 10, k=1.0)
+
+
+def test_cusum_finds_a_shift_of_two_sigma_in_a_few_windows_and_resets() -> None:
+    h = threshold(1.0, 60.0, 30, k=1.0)
+    c = Cusum(h, 1.0, "both")
+    rng = random.Random(1)
+    assert all(c.update(rng.gauss(0, 1)) is None for _ in range(50))
+    n = next(i for i in range(1, 50) if c.update(rng.gauss(-4, 1)) == "down")
+    assert n <= 3 and c.statistic == 0.0
+
+
+def test_one_sided_cusum_ignores_the_other_direction() -> None:
+    c = Cusum(3.0, 1.0, "up")
+    assert all(c.update(-10.0) is None for _ in range(10))
+    assert c.update(10.0) == "up"
+
+
+def test_baseline_is_robust_and_floored() -> None:
+    b = Baseline.learn([10, 10.5, 9.5, 10, 1000], floor=0.1)  # one outlier: the median holds
+    assert b.centre == 10
+    assert Baseline.learn([0.0] * 10, floor=0.5).scale == pytest.approx(0.5 * 1.1 ** 0.5)  # the resolution
+    with pytest.raises(ValueError):
+        Baseline.learn([], floor=1)
+
+
+def test_change_index_locates_the_step() -> None:
+    vals = [1.0, 1.1, 0.9, 1.0, 1.05, 3.0, 3.1, 2.9]
+    assert change_index(vals) == 5
+    assert change_index([1.0, 2.0]) is None

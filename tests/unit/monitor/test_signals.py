@@ -1,0 +1,93 @@
+"""Window signals from two scrapes of vLLM-named series (written by prometheus_client, parsed by the scraper)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from tuner.measure.scrape import parse
+from tuner.monitor.signals import MissingSeries, window_signals
+
+
+class Server:
+    """vLLM's series on a private registry (names as vLLM 0.32 exports them)."""
+
+    def __init__(self, histograms: bool = True) -> None:
+        r = self.registry = CollectorRegistry()
+        lab = ["model_name"]
+        self.running = Gauge("vllm:num_requests_running", "", lab, registry=r).labels("m")
+        self.waiting = Gauge("vllm:num_requests_waiting", "", lab, registry=r).labels("m")
+        self.kv = Gauge("vllm:kv_cache_usage_perc", "", lab, registry=r).labels("m")
+        self.prompt = Counter("vllm:prompt_tokens", "", lab, registry=r).labels("m")
+        self.gen = Counter("vllm:generation_tokens", "", lab, registry=r).labels("m")
+        self.ok = Counter("vllm:request_success", "", ["model_name", "finished_reason"], registry=r)
+        self.pre = Counter("vllm:num_preemptions", "", lab, registry=r).labels("m")
+        self.ttft = self.itl = None
+        if histograms:
+            self.ttft = Histogram("vllm:time_to_first_token_seconds", "", lab, registry=r,
+                                  buckets=(0.01, 0.05, 0.1, 0.5, 1.0)).labels("m")
+            self.itl = Histogram("vllm:inter_token_latency_seconds", "", lab, registry=r,
+                                 buckets=(0.005, 0.01, 0.02, 0.05)).labels("m")
+
+    def finish(self, n: int, prompt: int, out: int, ttft_s: float = 0.04, itl_s: float = 0.008,
+               reason: str = "length") -> None:
+        for _ in range(n):
+            self.prompt.inc(prompt)
+            self.gen.inc(out)
+            self.ok.labels("m", reason).inc()
+            if self.ttft is not None and self.itl is not None:
+                self.ttft.observe(ttft_s)
+                for _ in range(out - 1):
+                    self.itl.observe(itl_s)
+
+    def text(self) -> str:
+        return generate_latest(self.registry).decode()
+
+
+def test_window_signals_from_two_scrapes() -> None:
+    s = Server()
+    s.finish(10, 100, 20)
+    a = parse(s.text())
+    s.finish(30, 200, 10)
+    s.finish(10, 200, 10, reason="abort")
+    s.running.set(4)
+    s.waiting.set(2)
+    s.kv.set(0.5)
+    b = parse(s.text())
+    sig = window_signals(a, b, 10.0)
+    assert sig is not None
+    assert sig["rate_per_s"] == pytest.approx((40 + 6) / 10)  # 40 finished, 6 more inside the server
+    assert sig["prompt_tokens_mean"] == pytest.approx(200)
+    assert sig["output_tokens_mean"] == pytest.approx(10)
+    assert sig["token_throughput_per_s"] == pytest.approx(40)
+    assert sig["error_frac"] == pytest.approx(10 / 40)
+    assert sig["itl_ms_mean"] == pytest.approx(8.0)
+    assert 5.0 < sig["itl_ms_p90"] <= 10.0 and 10.0 < sig["ttft_ms_p50"] <= 50.0
+    assert (sig["running"], sig["waiting"], sig["kv_cache_usage_frac"]) == (4, 2, 0.5)
+    assert sig["preemptions_per_s"] == 0
+
+
+def test_a_counter_reset_skips_the_window() -> None:
+    s = Server()
+    s.finish(10, 100, 20)
+    before = parse(s.text())
+    after = parse(Server().text())
+    assert window_signals(before, after, 10.0) is None
+    with pytest.raises(ValueError):
+        window_signals(before, before, 0.0)
+
+
+def test_missing_series_are_named_once_and_left_out(caplog: pytest.LogCaptureFixture) -> None:
+    s = Server(histograms=False)
+    missing = MissingSeries()
+    a = parse(s.text())
+    s.finish(5, 100, 20)
+    with caplog.at_level(logging.WARNING, logger="tuner.monitor.signals"):
+        first = window_signals(a, parse(s.text()), 10.0, missing)
+        window_signals(a, parse(s.text()), 10.0, missing)
+    assert first is not None and "ttft_ms_p50" not in first and "rate_per_s" in first
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("ttft_ms" in m for m in lines) == 1  # named once, not every window
+    assert any("ttft_ms" in m for m in missing.named)

@@ -1,0 +1,316 @@
+"""Alarms -> events. `Monitor` keeps a track per signal (tuner.monitor.detect), learns its baseline, runs the
+CUSUMs and says what kind of change it saw:
+
+- **drift** (the workload moved): an input signal (rate, prompt or output length) alarmed. Outputs that moved
+  with it are part of the same event (more load is slower: no anomaly). The monitor then learns the new normal;
+  the event carries the observed inputs for the next cycle to tune for.
+- **anomaly** (the server got worse at the same load): an output, state or GPU signal alarmed and no input
+  alarmed within `settle_windows` windows after it. A GPU throttle (throttle reasons, SM clock down) is an
+  anomaly whose cause says so. Answer: tuner.monitor.respond.
+- **saturation**: a limit is reached (KV cache usage >= `kv_full_frac`, DRAM active >= `dram_limit_frac`, for
+  `sat_windows` windows) or the queue grows (Mann-Kendall trend test over the last `trend_windows` windows,
+  one-sided p < `trend_p`, with at least one request waiting).
+- **recovery**: after an anomaly, every signal that alarmed stayed within 2 standard deviations of its
+  baseline for `recovery_windows` windows; after a saturation, its condition was false that long.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from scipy.stats import kendalltau
+
+from tuner.measure.scrape import Snapshot
+from tuner.monitor.detect import Baseline, Cusum, Direction, SignalTrack, change_index, threshold
+from tuner.monitor.signals import GPU, INPUTS, SIGNALS, MissingSeries, window_signals
+
+log = logging.getLogger(__name__)
+
+EventKind = Literal["drift", "anomaly", "saturation", "recovery"]
+KINDS: tuple[EventKind, ...] = ("drift", "anomaly", "saturation", "recovery")
+
+
+@dataclass(frozen=True)
+class SignalRule:
+    direction: Direction  # which way a change matters
+    floor_abs: float  # the resolution of the signal, in its unit (the baseline's smallest scale)
+
+
+RULES: dict[str, SignalRule] = {
+    "rate_per_s": SignalRule("both", 0.01), "prompt_tokens_mean": SignalRule("both", 1.0),
+    "output_tokens_mean": SignalRule("both", 1.0),
+    "ttft_ms_p50": SignalRule("up", 0.1), "ttft_ms_p90": SignalRule("up", 0.1),
+    "itl_ms_mean": SignalRule("up", 0.05), "itl_ms_p90": SignalRule("up", 0.05),
+    "e2el_ms_p50": SignalRule("up", 0.5), "e2el_ms_p90": SignalRule("up", 0.5),
+    "token_throughput_per_s": SignalRule("both", 1.0), "error_frac": SignalRule("up", 0.01),
+    "running": SignalRule("both", 0.5), "waiting": SignalRule("up", 0.5),
+    "kv_cache_usage_frac": SignalRule("up", 0.02), "preemptions_per_s": SignalRule("up", 0.01),
+    "gpu_util_pct": SignalRule("both", 2.0), "gpu_power_w": SignalRule("both", 5.0),
+    "gpu_sm_clock_mhz": SignalRule("down", 15.0), "gpu_dram_active_frac": SignalRule("both", 0.02),
+    "gpu_fb_used_mb": SignalRule("up", 256.0), "gpu_throttled": SignalRule("up", 0.05),
+}
+assert set(RULES) == set(SIGNALS)
+TESTS = sum(2 if r.direction == "both" else 1 for r in RULES.values())  # one-sided tests per window
+GPU_THROTTLE = ("gpu_throttled", "gpu_sm_clock_mhz")
+
+
+@dataclass(frozen=True)
+class MonitorConfig:
+    interval_s: float = 60.0  # the scrape interval: one window
+    false_alarms_per_day: float = 1.0  # over all signals; sets the CUSUM threshold
+    k: float = 1.0  # CUSUM allowance: tuned to shifts of 2 standard deviations of one window
+    rel_floor: float = 0.02  # a baseline's scale is at least this share of its centre
+    learn_windows: int = 20  # windows that make a baseline (after a start or a drift)
+    settle_windows: int = 1  # an output alarm waits this long for an input alarm before it is an anomaly
+    recovery_windows: int = 3
+    kv_full_frac: float = 0.95
+    dram_limit_frac: float = 0.85
+    sat_windows: int = 2
+    trend_windows: int = 6
+    trend_p: float = 0.01
+
+    @property
+    def h(self) -> float:
+        return threshold(self.false_alarms_per_day, self.interval_s, TESTS, self.k)
+
+
+@dataclass
+class Event:
+    kind: EventKind
+    time: float  # the end of the window that raised it (seconds since the epoch)
+    window: int  # its index in the monitor's stream
+    cause: str  # "inputs" | "latency" | "gpu_throttle" | ... | for a recovery, the kind it ends
+    detail: str  # one line for logs and `tuner history`
+    signals: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> direction, baseline, value, onset
+    observed: dict[str, float] = field(default_factory=dict)  # a drift's new inputs (since its onset)
+    series: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)  # for the plot
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready, without the series."""
+        return {"kind": self.kind, "time": self.time, "window": self.window, "cause": self.cause,
+                "detail": self.detail, "signals": self.signals, "observed": self.observed}
+
+
+@dataclass
+class _Open:
+    """An anomaly or a saturation the monitor waits to see recover."""
+
+    kind: EventKind
+    cause: str
+    signals: dict[str, Direction]
+    calm: int = 0
+
+
+class Monitor:
+    """The stateful monitor of one server: feed it a window at a time (`observe`) or scrapes (`scrape`)."""
+
+    def __init__(self, config: MonitorConfig | None = None) -> None:
+        self.config = config or MonitorConfig()
+        self.h = self.config.h
+        self.tracks = {name: SignalTrack(name, Cusum(self.config.h, self.config.k, RULES[name].direction),
+                                         RULES[name].floor_abs) for name in SIGNALS}
+        self.missing = MissingSeries()
+        self.windows = 0
+        self._learned = 0  # windows into the current baseline's learning
+        self._pending: dict[str, tuple[int, Literal["up", "down"]]] = {}  # output alarms awaiting inputs
+        self._open: list[_Open] = []
+        self._sat_run: dict[str, int] = {}
+        self._last: tuple[float, Snapshot] | None = None
+        self.last_signals: dict[str, float] = {}
+
+    # ---------------------------------------------------------------- feeding
+    def scrape(self, t: float, snap: Snapshot, gpu: Mapping[str, float] | None = None) -> list[Event]:
+        """One scrape of the server's /metrics at time `t` (and the GPU signals read then): the window since
+        the previous scrape, observed. The first scrape, or one after a server restart, opens no window."""
+        last, self._last = self._last, (t, snap)
+        if last is None or t <= last[0]:
+            return []
+        sig = window_signals(last[1], snap, t - last[0], self.missing)
+        if sig is None:
+            return []
+        return self.observe(t, {**sig, **(gpu or {})})
+
+    @property
+    def learning(self) -> bool:
+        return self._learned < self.config.learn_windows
+
+    def observe(self, t: float, signals: Mapping[str, float]) -> list[Event]:
+        """One window's signal values (any subset of tuner.monitor.signals.SIGNALS) ending at time `t`."""
+        self.windows += 1
+        self.last_signals = {k: float(v) for k, v in signals.items() if k in self.tracks and math.isfinite(v)}
+        for name, x in self.last_signals.items():
+            self.tracks[name].add(t, x)
+        events = self._saturation(t)
+        if self.learning:
+            self._learned += 1
+            if not self.learning:
+                self._learn()
+            return events
+        alarms: dict[str, Literal["up", "down"]] = {}
+        for name, x in self.last_signals.items():
+            tr = self.tracks[name]
+            if tr.baseline is None:
+                continue
+            side = tr.cusum.update(tr.baseline.z(x))
+            if side is not None:
+                alarms[name] = side
+        inputs = {n: s for n, s in alarms.items() if n in INPUTS}
+        for n, s in alarms.items():
+            if n not in INPUTS and not self._is_open(n):
+                self._pending.setdefault(n, (self.windows, s))
+        if inputs:
+            events.append(self._drift(t, inputs))
+            return events
+        due = {n: s for n, (w, s) in self._pending.items() if self.windows - w >= self.config.settle_windows}
+        if due:
+            for n in due:
+                del self._pending[n]
+            events.append(self._anomaly(t, due))
+        events.extend(self._recoveries(t))
+        return events
+
+    # ---------------------------------------------------------------- baselines
+    def _learn(self) -> None:
+        n = self.config.learn_windows
+        for tr in self.tracks.values():
+            vals = tr.values[-n:]
+            if len(vals) < max(3, n // 2):
+                tr.baseline = None  # too few windows carried it (a signal that came and went)
+                continue
+            floor = max(RULES[tr.name].floor_abs, self.config.rel_floor * abs(_median(vals)))
+            tr.baseline = Baseline.learn(vals, floor)
+            tr.cusum.reset()
+
+    def relearn(self) -> None:
+        """Start a new baseline from the next window on (after a drift, or a new champion)."""
+        self._learned = 0
+        self._pending.clear()
+        self._open = [o for o in self._open if o.kind == "saturation"]
+        for tr in self.tracks.values():
+            tr.baseline = None
+            tr.cusum.reset()
+
+    # ---------------------------------------------------------------- events
+    def _signal_entry(self, name: str, side: str) -> dict[str, Any]:
+        tr = self.tracks[name]
+        b = tr.baseline
+        onset = change_index(tr.values[-60:])
+        start = len(tr.values[-60:])
+        return {"direction": side, "baseline": b.centre if b else None, "scale": b.scale if b else None,
+                "value": tr.values[-1] if tr.values else None,
+                "onset_time": tr.times[-start + onset] if onset is not None else None}
+
+    def _event(self, kind: EventKind, t: float, cause: str, sides: Mapping[str, str], detail: str) -> Event:
+        ev = Event(kind=kind, time=t, window=self.windows, cause=cause, detail=detail)
+        for name, side in sides.items():
+            ev.signals[name] = self._signal_entry(name, side)
+            tr = self.tracks[name]
+            ev.series[name] = (list(tr.times), list(tr.values))
+        return ev
+
+    def _describe(self, sides: Mapping[str, str]) -> str:
+        parts = []
+        for name, side in sides.items():
+            tr = self.tracks[name]
+            b = tr.baseline
+            now = tr.values[-1] if tr.values else math.nan
+            parts.append(f"{name} {side} ({b.centre:.4g} -> {now:.4g})" if b else f"{name} {side}")
+        return ", ".join(parts)
+
+    def _drift(self, t: float, inputs: Mapping[str, Literal["up", "down"]]) -> Event:
+        sides: dict[str, str] = dict(inputs)
+        sides.update({n: s for n, (_, s) in self._pending.items()})
+        ev = self._event("drift", t, "inputs", sides, "workload drift: " + self._describe(sides))
+        for name in INPUTS:
+            tr = self.tracks[name]
+            onset = ev.signals.get(name, {}).get("onset_time")
+            vals = [v for tt, v in zip(tr.times, tr.values, strict=True) if onset is None or tt >= onset]
+            if vals:
+                ev.observed[name] = sum(vals[-self.config.learn_windows:]) / len(vals[-self.config.learn_windows:])
+        self.relearn()
+        return ev
+
+    def _anomaly(self, t: float, sides: Mapping[str, Literal["up", "down"]]) -> Event:
+        gpu = [n for n in sides if n in GPU_THROTTLE]
+        cause = "gpu_throttle" if gpu else ("gpu" if any(n in GPU for n in sides) else "latency")
+        ev = self._event("anomaly", t, cause, sides, f"performance anomaly ({cause}) at unchanged load: "
+                         + self._describe(sides))
+        self._open.append(_Open("anomaly", cause, dict(sides)))
+        return ev
+
+    def _is_open(self, name: str) -> bool:
+        return any(o.kind == "anomaly" and name in o.signals for o in self._open)
+
+    def _recoveries(self, t: float) -> list[Event]:
+        out: list[Event] = []
+        for o in list(self._open):
+            if o.kind != "anomaly":
+                continue
+            calm = True
+            for name, side in o.signals.items():
+                tr = self.tracks[name]
+                x = self.last_signals.get(name)
+                if tr.baseline is None or x is None:
+                    continue
+                z = tr.baseline.z(x)
+                if (side == "up" and z > 2) or (side == "down" and z < -2):
+                    calm = False
+            o.calm = o.calm + 1 if calm else 0
+            if o.calm >= self.config.recovery_windows:
+                self._open.remove(o)
+                for name in o.signals:
+                    self.tracks[name].cusum.reset()
+                out.append(self._event("recovery", t, "anomaly", o.signals,
+                                       f"back to normal after the {o.cause} anomaly: " + ", ".join(o.signals)))
+        return out
+
+    def _saturation(self, t: float) -> list[Event]:
+        c = self.config
+        s = self.last_signals
+        now: dict[str, bool] = {
+            "kv_full": s.get("kv_cache_usage_frac", 0.0) >= c.kv_full_frac,
+            "bandwidth": s.get("gpu_dram_active_frac", 0.0) >= c.dram_limit_frac,
+            "queue_growing": self._queue_growing(),
+        }
+        signal_of = {"kv_full": "kv_cache_usage_frac", "bandwidth": "gpu_dram_active_frac",
+                     "queue_growing": "waiting"}
+        out: list[Event] = []
+        for cause, on in now.items():
+            self._sat_run[cause] = self._sat_run.get(cause, 0) + 1 if on else 0
+            opened = next((o for o in self._open if o.kind == "saturation" and o.cause == cause), None)
+            need = 1 if cause == "queue_growing" else c.sat_windows
+            if opened is None and self._sat_run[cause] >= need:
+                self._open.append(_Open("saturation", cause, {signal_of[cause]: "up"}))
+                limit = {"kv_full": f">= {c.kv_full_frac}", "bandwidth": f">= {c.dram_limit_frac}",
+                         "queue_growing": "growing (Mann-Kendall)"}[cause]
+                val = s.get(signal_of[cause], math.nan)
+                out.append(self._event("saturation", t, cause, {signal_of[cause]: "up"},
+                                       f"saturation ({cause}): {signal_of[cause]} {val:.4g} {limit}"))
+            elif opened is not None:
+                opened.calm = opened.calm + 1 if not on else 0
+                if opened.calm >= c.recovery_windows:
+                    self._open.remove(opened)
+                    out.append(self._event("recovery", t, "saturation", opened.signals,
+                                           f"back to normal after the {cause} saturation"))
+        return out
+
+    def _queue_growing(self) -> bool:
+        tr = self.tracks["waiting"]
+        n = self.config.trend_windows
+        if len(tr.values) < n or tr.values[-1] < 1:
+            return False
+        vals = tr.values[-n:]
+        if len(set(vals)) < 2:
+            return False
+        res = kendalltau(range(n), vals, alternative="greater")
+        return bool(res.pvalue < self.config.trend_p)
+
+
+def _median(vals: list[float]) -> float:
+    s = sorted(vals)
+    m = len(s) // 2
+    return s[m] if len(s) % 2 else (s[m - 1] + s[m]) / 2

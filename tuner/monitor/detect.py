@@ -1,0 +1,139 @@
+"""Change detection: a two-sided CUSUM (Page 1954) on standardised residuals, one per signal and direction.
+
+Each signal's window value x is standardised against its baseline (the champion's own behaviour: the
+median and spread of the first `learn_windows` windows after a (re)start), z = (x - centre) / scale, and fed to
+
+    S+ = max(0, S+ + z - k)      (an increase)      S- = max(0, S- - z - k)      (a decrease)
+
+which alarms when S > h and then starts again from 0. `k` is half the shift (in standard deviations of one
+window) the test is tuned to find fastest. The threshold h is not set by hand: it is the smallest h whose
+in-control average run length (windows between false alarms, Siegmund's approximation for Gaussian residuals,
+ARL0 = (exp(2kb) - 2kb - 1) / (2k^2) with b = h + 1.166) gives at most `false_alarms_per_day` false alarms
+per day over all the tests the monitor runs at its scrape interval. experiments/detection measures how close
+the real streams come to that.
+
+After an alarm, `ruptures` (binary segmentation, least-squares cost) places the change inside the buffered
+series: the window where the signal moved, for the record and its plot.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from scipy.optimize import brentq
+from scipy.stats import chi2
+
+Direction = Literal["up", "down", "both"]
+SECONDS_PER_DAY = 86400.0
+
+
+def arl0(h: float, k: float) -> float:
+    """In-control average run length (windows) of a one-sided CUSUM on N(0, 1) residuals (Siegmund)."""
+    b = h + 1.166
+    return (math.exp(2 * k * b) - 2 * k * b - 1) / (2 * k * k)
+
+
+def threshold(false_alarms_per_day: float, interval_s: float, tests: int, k: float) -> float:
+    """The CUSUM threshold h for at most `false_alarms_per_day` over `tests` one-sided tests, each run once per
+    `interval_s` window: every test gets ARL0 = windows per day x tests / false alarms per day."""
+    if false_alarms_per_day <= 0 or interval_s <= 0 or tests < 1 or k <= 0:
+        raise ValueError("false_alarms_per_day, interval_s and k must be > 0 and tests >= 1")
+    target = SECONDS_PER_DAY / interval_s * tests / false_alarms_per_day
+    if target <= arl0(0.0, k):
+        return 0.0
+    return float(brentq(lambda h: arl0(h, k) - target, 0.0, 200.0))
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A signal's normal value and the spread of one window around it."""
+
+    centre: float
+    scale: float
+
+    @classmethod
+    def learn(cls, values: Sequence[float], floor: float, confidence: float = 0.9) -> Baseline:
+        """The median, and as scale the larger of the MAD's normal-consistent scale and the upper `confidence`
+        bound of the standard deviation (chi-square), times sqrt(1 + 1/n) for the centre's own error: a
+        baseline learnt from n windows misjudges both, and a CUSUM fed a scale too small alarms far more often
+        than its threshold promises. At least `floor` (the resolution below which a change means nothing: a
+        queue of 0.5 requests, 1 % errors)."""
+        vals = [v for v in values if math.isfinite(v)]
+        if not vals:
+            raise ValueError("no values to learn a baseline from")
+        n = len(vals)
+        centre = statistics.median(vals)
+        mad = statistics.median(abs(v - centre) for v in vals) * 1.4826
+        sd = statistics.stdev(vals) * math.sqrt((n - 1) / chi2.ppf(1 - confidence, n - 1)) if n > 1 else 0.0
+        return cls(centre=centre, scale=max(sd, mad, floor) * math.sqrt(1 + 1 / n))
+
+    def z(self, x: float) -> float:
+        return (x - self.centre) / self.scale
+
+
+@dataclass
+class Cusum:
+    """One signal's two one-sided CUSUMs."""
+
+    h: float
+    k: float
+    direction: Direction = "both"
+    up: float = 0.0
+    down: float = 0.0
+
+    def update(self, z: float) -> Literal["up", "down"] | None:
+        """Feed one standardised residual; the side that alarmed (and was reset), else None."""
+        if self.direction in ("up", "both"):
+            self.up = max(0.0, self.up + z - self.k)
+            if self.up > self.h:
+                self.reset()
+                return "up"
+        if self.direction in ("down", "both"):
+            self.down = max(0.0, self.down - z - self.k)
+            if self.down > self.h:
+                self.reset()
+                return "down"
+        return None
+
+    def reset(self) -> None:
+        self.up = self.down = 0.0
+
+    @property
+    def statistic(self) -> float:
+        return max(self.up, self.down)
+
+
+@dataclass
+class SignalTrack:
+    """A signal's recent values (for the plot and the change's location), its baseline and its CUSUM."""
+
+    name: str
+    cusum: Cusum
+    floor: float
+    baseline: Baseline | None = None
+    times: list[float] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+    keep: int = 360
+
+    def add(self, t: float, x: float) -> None:
+        self.times.append(t)
+        self.values.append(x)
+        if len(self.values) > self.keep:
+            del self.times[0], self.values[0]
+
+
+def change_index(values: Sequence[float]) -> int | None:
+    """Where the mean of `values` moved (ruptures' binary segmentation, one breakpoint, l2 cost): the index of
+    the first value after the change, or None with too few values."""
+    if len(values) < 4:
+        return None
+    import numpy as np
+    import ruptures
+
+    sig = np.asarray(values, dtype=float).reshape(-1, 1)
+    bkps = ruptures.Binseg(model="l2", min_size=1, jump=1).fit(sig).predict(n_bkps=1)
+    return int(bkps[0]) if bkps and bkps[0] < len(values) else None
