@@ -129,7 +129,7 @@ def _check_files(agent: Agent, lines: dict[Loc, int]) -> None:
 def bind_target(agent: Agent, target: Target) -> SearchSpace:
     """The agent's space bound to the target's host facts and accepted by the target (its knobs, its command
     template): the checks `run` makes before its first trial. Raises a located ConfigError."""
-    space = agent.space.bind_facts(target.facts())
+    space = agent.space.bind_facts(target.facts()).bind_resources(target.resource_violations)
     try:
         target.check_space(space)  # also tells the target the space's defaults (flags left out at them)
         if agent.spec.sampler.screen is not None:

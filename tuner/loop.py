@@ -26,7 +26,7 @@ from tuner.errors import InfeasibleConfig, Interrupted, TrialError
 from tuner.measure.failures import error_rate_slo, request_failure
 from tuner.measure.measurement import Measurement
 from tuner.study.objectives import FAILURE_CONSTRAINT, Evaluation, evaluate, failed_evaluation, goodput_thresholds_ms
-from tuner.study.study import LeaseLost, TunerStudy, default_storage
+from tuner.study.study import LeaseLost, SearchExhausted, TunerStudy, default_storage
 from tuner.targets.base import Target, TrialContext
 from tuner.targets.process import reap_orphans
 from tuner.targets.registry import make_target
@@ -47,6 +47,7 @@ class TrialOutcome:
     error: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     overhead_s: float = 0.0  # the tuner's own time (ask, tell, tracking, bookkeeping)
+    repeat_of: int | None = None  # a re-proposed configuration measured as a repeat of that trial (no budget)
     duration_s: float = 0.0
     gpus: tuple[int, ...] = ()
     interrupted: bool = False
@@ -59,6 +60,7 @@ class CycleResult:
     outcomes: list[TrialOutcome]
     interrupted: bool
     wall_s: float
+    repeats: list[TrialOutcome] = field(default_factory=list)  # re-proposals measured as repeats (no budget)
 
 
 @dataclass
@@ -216,6 +218,7 @@ def run_cycle(
     workers = parallel or spec.parallel_trials
     t0 = time.monotonic()
     outcomes: list[TrialOutcome] = []
+    repeats: list[TrialOutcome] = []
     lock = threading.Lock()
     budget = {"left": n_trials}
 
@@ -233,8 +236,19 @@ def run_cycle(
 
     def worker() -> None:
         while take():
-            outcome = run_trial(session, run_id, stop, gpu_pool, cycle=cycle)
+            try:
+                outcome = run_trial(session, run_id, stop, gpu_pool, cycle=cycle)
+            except SearchExhausted as exc:
+                log.warning("%s: the cycle ends after %d trial(s)", exc, len(outcomes))
+                with lock:
+                    budget["left"] = 0
+                return
             with lock:
+                if outcome.repeat_of is not None:  # a noise sample of an earlier trial: no budget trial
+                    repeats.append(outcome)
+                    if budget["left"] is not None:
+                        budget["left"] += 1
+                    continue
                 outcomes.append(outcome)
             if on_trial is not None:
                 on_trial(outcome)
@@ -253,7 +267,7 @@ def run_cycle(
     interrupted = stop.is_set()
     wall_s = time.monotonic() - t0
     best = session.study.best()
-    summary: dict[str, float] = {"trials_run": len(outcomes),
+    summary: dict[str, float] = {"trials_run": len(outcomes), "trials_repeated": len(repeats),
                                  "trials_feasible": sum(o.feasible for o in outcomes),
                                  "trials_failed": sum(o.cause is not None for o in outcomes),
                                  "cycle_wall_s": wall_s}
@@ -280,7 +294,7 @@ def run_cycle(
                                        "interrupted": interrupted, "wall_s": round(wall_s, 3),
                                        "ended_at": time.time()})
     return CycleResult(cycle=cycle, run_id=run_id, outcomes=sorted(outcomes, key=lambda o: o.number),
-                       interrupted=interrupted, wall_s=wall_s)
+                       interrupted=interrupted, wall_s=wall_s, repeats=repeats)
 
 
 def measure_config(session: Session, config: dict[str, Any], ctx: TrialContext, *,
@@ -321,7 +335,8 @@ def run_trial(session: Session, parent_run_id: str | None, stop: threading.Event
     t_run = time.monotonic()
     started_at = time.time()
     try:
-        bad = space.violations(params)
+        # the baseline is the user's: the target's own start judges its resources
+        bad = space.violations(params, resources=not baseline)
         if bad:
             raise InfeasibleConfig(f"violates constraint(s): {'; '.join(bad)}")
         need = session.target.gpus_needed(config)
@@ -363,12 +378,14 @@ def run_trial(session: Session, parent_run_id: str | None, stop: threading.Event
         if failed is not None:  # measured, but the server refused or broke the requests: say why
             cause, error = failed[0], redact_text(failed[1])
             # infeasible whatever the SLOs: nothing was served (the constraint of trials never measured)
-            ev = Evaluation(values=ev.values, constraints={**ev.constraints, FAILURE_CONSTRAINT: 1.0})
+            ev = Evaluation(values=ev.values, constraints={**ev.constraints,
+                                                           FAILURE_CONSTRAINT: failed_evaluation(spec, cause)
+                                                           .constraints[FAILURE_CONSTRAINT]})
             attrs["cause"] = cause
             attrs["error"] = error[:2000]
             log.info("trial %d failed (%s): %s", number, cause, error)
     else:
-        ev = failed_evaluation(spec)
+        ev = failed_evaluation(spec, cause)
         metrics = {}
         attrs["cause"] = cause
         attrs["error"] = (error or "")[:2000]
@@ -379,10 +396,14 @@ def run_trial(session: Session, parent_run_id: str | None, stop: threading.Event
     if gpus:
         attrs["gpus"] = list(gpus)
     attrs["duration_s"] = round(run_s, 4)
-    if spec.noise.repeats and m is not None and not stop.is_set() and (
-            baseline or (ev.feasible and _beats_best(session, ev))):
+    repeat_of = trial.user_attrs.get("repeat_of")
+    n_repeats = spec.noise.repeats if repeat_of is None and (baseline or (ev.feasible and _beats_best(session, ev))) \
+        else 0
+    if baseline:
+        n_repeats = max(n_repeats, spec.noise.baseline_repeats)
+    if n_repeats and m is not None and cause is None and not stop.is_set():
         overhead += time.monotonic() - ts
-        attrs["repeats"] = repeat_trial(session, number, config, stop, gpu_pool)
+        attrs["repeats"] = repeat_trial(session, number, config, stop, gpu_pool, n_repeats)
         ts = time.monotonic()
     rec = TrialRecord(number=number, baseline=baseline, config=config, evaluation=ev, metrics=metrics,
                       measurement=m, cause=cause, error=error, log_path=log_path, gpus=gpus, cycle=cycle,
@@ -404,7 +425,8 @@ def run_trial(session: Session, parent_run_id: str | None, stop: threading.Event
                  ", ".join(f"{o.metric}={v:.4g}" for o, v in zip(spec.objectives, ev.values, strict=True)),
                  "" if ev.feasible else " (violates an SLO)")
     return TrialOutcome(number, params, ev.values, ev.feasible, cause=cause, error=error, metrics=metrics,
-                        overhead_s=overhead, duration_s=run_s, gpus=gpus)
+                        overhead_s=overhead, duration_s=run_s, gpus=gpus,
+                        repeat_of=repeat_of if isinstance(repeat_of, int) else None)
 
 
 def _beats_best(session: Session, ev: Evaluation) -> bool:
@@ -417,13 +439,13 @@ def _beats_best(session: Session, ev: Evaluation) -> bool:
 
 
 def repeat_trial(session: Session, number: int, config: dict[str, Any], stop: threading.Event,
-                 gpu_pool: Any) -> list[float]:
-    """Measure trial `number`'s configuration `noise.repeats` more times (new seeds): the first objective's
-    values, recorded as the trial's `repeats` (tuner.search.noise reads them). A failed repeat is logged and
-    skipped: the trial's own measurement stands."""
+                 gpu_pool: Any, n: int | None = None) -> list[float]:
+    """Measure trial `number`'s configuration `n` (default `noise.repeats`) more times (new seeds): the first
+    objective's values, recorded as the trial's `repeats` (tuner.search.noise reads them). A failed repeat is
+    logged and skipped: the trial's own measurement stands."""
     spec = session.agent.spec
     values: list[float] = []
-    for i in range(1, spec.noise.repeats + 1):
+    for i in range(1, (spec.noise.repeats if n is None else n) + 1):
         if stop.is_set():
             break
         label = f"trial-{number}-repeat-{i}"

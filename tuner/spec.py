@@ -181,7 +181,9 @@ class ScreenSpec(_Strict):
 
 
 class SamplerSpec(_Strict):
-    name: str = Field(default="tpe", description="a name of tuner.search.samplers.SAMPLERS (checked by the loader)")
+    name: str = Field(default="auto", description=(
+        "a name of tuner.search.samplers.SAMPLERS (checked by the loader); auto: the default chosen on "
+        "experiments/search-suite"))
     seed: int | None = Field(default=0, ge=0, le=SEED_MAX, description="a later cycle reseeds with seed + trials run")
     n_startup_trials: int | None = Field(default=None, ge=0,
                                          description="proposals before the model takes over (baseline excluded "
@@ -197,9 +199,10 @@ class SamplerSpec(_Strict):
                                         description="tpe: candidates drawn per proposal (Optuna's default 24)")
     multivariate: bool = Field(default=False, description="tpe: model the parameters jointly, in groups of "
                                                           "parameters that occur together (conditional knobs)")
-    resample_violations: int = Field(default=0, ge=0, le=10_000, description=(
-        "a proposal that breaks a declared constraint is recorded as rejected (not deployed, no budget trial) "
-        "and the sampler asked again, up to this many times per trial; 0: it is spent as an infeasible trial"))
+    resample_violations: int | None = Field(default=None, ge=0, le=10_000, description=(
+        "a proposal that breaks a declared constraint or the target's resources is recorded as rejected (not "
+        "deployed, no budget trial) and the sampler asked again, up to this many times per trial; 0: it is spent "
+        "as an infeasible trial; default: the sampler's own (tuner.search.samplers.default_resample)"))
     screen: ScreenSpec | None = Field(default=None, description=(
         "torch_engine: the calibrated simulator predicts each proposal; one predicted far outside the SLOs or far "
         "worse than the best is told to Optuna as screened (a prediction, never deployed, no budget trial)"))
@@ -212,6 +215,9 @@ class NoiseSpec(_Strict):
         "extra measurements of the baseline and of each new best trial (0: off); each is a deployment, "
         "not charged to the trial budget"))
     confidence: float = Field(default=0.95, gt=0.5, lt=1, description="of the interval on the best")
+    baseline_repeats: int = Field(default=1, ge=0, le=10, description=(
+        "extra measurements of the baseline even with repeats off, so that the run-to-run noise is known and "
+        "a best within it is said to be (each is a deployment, not charged to the trial budget)"))
 
 
 _URL_PASSWORD_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@]*:[^/@]*@")

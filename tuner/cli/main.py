@@ -124,11 +124,19 @@ def _print_best(session: Any) -> None:
     from tuner.study.objectives import improvement
 
     rows = ([base] if base else []) + [b for b in best if not base or b.number != base.number]
+    noise = study.noise_report()
+    from tuner.study.study import same_as_baseline
+
     for t in rows[:8]:
         vs = ""
         base_measured = base is not None and base.values and "cause" not in base.user_attrs
         if base_measured and t.values and t is not base:
-            vs = f"{improvement(t.values[0], base.values[0], spec.objectives[0].direction):+.1%}"
+            if same_as_baseline(t, base):
+                vs = "none (the baseline's configuration)"
+            else:
+                vs = f"{improvement(t.values[0], base.values[0], spec.objectives[0].direction):+.1%}"
+                if noise and noise.get("within_noise") and noise.get("best", {}).get("number") == t.number:
+                    vs += " (within the noise)"
         label = f"{t.number}{' (baseline)' if t.user_attrs.get('baseline') else ''}"
         if base is not None and t is not base:  # only what differs from the baseline
             params = ", ".join(f"{k}={v}" for k, v in t.params.items() if base.params.get(k) != v)
@@ -148,7 +156,7 @@ def _print_best(session: Any) -> None:
     if not best:
         console.print("[yellow]no feasible trial yet (every trial failed or broke an SLO)[/]")
     console.print(table)
-    _print_noise(study.noise_report())
+    _print_noise(noise)
 
 
 def _print_noise(noise: dict[str, Any] | None) -> None:

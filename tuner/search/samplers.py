@@ -46,6 +46,32 @@ def _tpe(spec: SamplerSpec, space: SearchSpace) -> optuna.samplers.BaseSampler:
     return _with_design(spec, space, lambda kw: optuna.samplers.TPESampler(seed=spec.seed, **kw, **extra))
 
 
+def _auto(spec: SamplerSpec, space: SearchSpace) -> optuna.samplers.BaseSampler:
+    """The default: every allowed joint choice of the constraint-tied categorical knobs (the parallel layout) at
+    the defaults, then Sobol points around the defaults, then multivariate group TPE; chosen on the scenario
+    suite of experiments/search-suite (the options an agent gives override these)."""
+    import optuna
+
+    n = 10 if spec.n_startup_trials is None else spec.n_startup_trials
+    design = "group-sweep" if spec.initial_design == "sampler" else spec.initial_design
+    extra: dict[str, Any] = {}
+    if spec.n_ei_candidates is not None:
+        extra["n_ei_candidates"] = spec.n_ei_candidates
+    tpe = optuna.samplers.TPESampler(seed=spec.seed, n_startup_trials=0, multivariate=True, group=True, **extra)
+    from tuner.search.design import DesignThenSampler
+
+    return DesignThenSampler(space, tpe, n_design=n, seed=spec.seed, around_defaults=design != "sobol",
+                             sweep_groups=design == "group-sweep")
+
+
+def default_resample(spec: SamplerSpec) -> int:
+    """How many constraint-breaking proposals per trial are resampled when the agent does not say."""
+    return AUTO_RESAMPLE if spec.name == "auto" else 0
+
+
+AUTO_RESAMPLE = 50
+
+
 def _nsga2(spec: SamplerSpec, space: SearchSpace) -> optuna.samplers.BaseSampler:
     import optuna
 
@@ -83,6 +109,7 @@ SAMPLERS: dict[str, SamplerBuilder] = {
     "random": _random,
     "qmc": _qmc,
     "grid": _grid,
+    "auto": _auto,
 }
 SAMPLER_NAMES: tuple[str, ...] = tuple(SAMPLERS)
 

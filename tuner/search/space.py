@@ -22,7 +22,7 @@ applies). A sample that violates a constraint is never deployed: the study recor
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -148,12 +148,17 @@ class Param:
         return [float(v) for v in vals]
 
 
+# a resource check: the full configuration -> what it needs beyond the target (e.g. "needs 16 GPUs, has 8")
+ResourceCheck = Callable[[Mapping[str, Any]], list[str]]
+RESOURCES_PREFIX = "target resources: "
+
+
 class SearchSpace:
     """Ordered parameters, constraints and fixed values. Conditions may only read earlier params."""
 
     def __init__(self, params: list[Param], constraints: list[Expr], fixed: Mapping[str, Any],
                  target: str | None = None, source: str = "<inline>",
-                 facts: Mapping[str, Any] | None = None) -> None:
+                 facts: Mapping[str, Any] | None = None, resources: ResourceCheck | None = None) -> None:
         self.params = params
         self.facts = dict(facts or {})
         self.by_name = {p.name: p for p in params}
@@ -161,11 +166,19 @@ class SearchSpace:
         self.fixed = dict(fixed)
         self.target = target
         self.source = source
+        # the target's real resources (Target.resource_violations): what a configuration needs beyond what the
+        # target has (GPUs, memory), checked with the declared constraints wherever a configuration is judged
+        self.resources = resources
 
     def bind_facts(self, facts: Mapping[str, Any]) -> SearchSpace:
         """A copy whose facts take the target's real values (only declared facts are taken)."""
         merged = {**self.facts, **{k: v for k, v in facts.items() if k in self.facts}}
-        return SearchSpace(self.params, self.constraints, self.fixed, self.target, self.source, merged)
+        return SearchSpace(self.params, self.constraints, self.fixed, self.target, self.source, merged,
+                           self.resources)
+
+    def bind_resources(self, check: ResourceCheck | None) -> SearchSpace:
+        """A copy whose `violations` also lists what `check(full config)` says exceeds the target's resources."""
+        return SearchSpace(self.params, self.constraints, self.fixed, self.target, self.source, self.facts, check)
 
     def _env(self, chosen: Mapping[str, Any]) -> dict[str, Any]:
         return {**self.facts, **self.fixed, **_missing(self, chosen), **chosen}
@@ -200,8 +213,9 @@ class SearchSpace:
         except ExprError:
             return False
 
-    def violations(self, params: Mapping[str, Any]) -> list[str]:
-        """Constraints that `params` violate (by source text)."""
+    def violations(self, params: Mapping[str, Any], *, resources: bool = True) -> list[str]:
+        """Constraints that `params` violate (by source text), then (with `resources`) what they need beyond the
+        target's resources (each prefixed RESOURCES_PREFIX)."""
         env = self._env(params)
         bad = []
         for c in self.constraints:
@@ -211,6 +225,8 @@ class SearchSpace:
                 ok = False
             if not ok:
                 bad.append(c.source)
+        if resources and self.resources is not None:
+            bad += [RESOURCES_PREFIX + r for r in self.resources(self.full_config(params))]
         return bad
 
     def full_config(self, params: Mapping[str, Any]) -> dict[str, Any]:

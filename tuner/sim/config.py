@@ -231,6 +231,11 @@ def resolve_config(params: Mapping[str, Any], *, hardware: HardwareProfile, mode
     )
 
 
+def min_bytes_per_gpu(model: ModelProfile, tp: int) -> int:
+    """What a GPU holds before any KV cache or activation: its share of the weights, the CUDA context, NCCL."""
+    return model.weight_bytes // tp + cal.CUDA_CONTEXT_BYTES + (cal.NCCL_BYTES if tp > 1 else 0)
+
+
 def plan_memory(hw: HardwareProfile, model: ModelProfile, *, tp: int, gmu: float, max_num_seqs: int,
                 max_num_batched_tokens: int, kv_dtype_bytes: int, block_size: int, cudagraph_mode: str,
                 n_sizes: int) -> MemoryPlan:
@@ -238,7 +243,7 @@ def plan_memory(hw: HardwareProfile, model: ModelProfile, *, tp: int, gmu: float
     budget = int(hw.memory_bytes * gmu)
     weights = model.weight_bytes // tp  # layers, embedding and lm head are all sharded (vocab-parallel)
     other = cal.CUDA_CONTEXT_BYTES + (cal.NCCL_BYTES if tp > 1 else 0)
-    if weights + other > hw.memory_bytes:
+    if min_bytes_per_gpu(model, tp) > hw.memory_bytes:
         raise OutOfMemoryError(
             f"CUDA out of memory loading weights: {model.name} needs {weights / cal.GIB:.1f} GiB per GPU at "
             f"tensor_parallel_size={tp}, but a {hw.name} has {hw.memory_gib:.1f} GiB")

@@ -10,10 +10,21 @@ from tuner import catalog
 from tuner.measure.measurement import Measurement
 from tuner.spec import SLO, AgentSpec, Objective
 
-# A value for a constraint whose metric is missing or undefined (NaN): clearly infeasible.
+# One scale of violation for every cause, so that while nothing is feasible the sampler (Optuna ranks infeasible
+# trials by the sum of their positive constraint values) prefers the nearest miss: a measured SLO miss counts its
+# relative excess, capped at MEASURED_CAP; a metric missing or undefined (NaN) counts MISSING_VIOLATION; a
+# configuration that produced no measurement (refused, out of memory, never deployed because it breaks a
+# declared constraint or the target's resources) counts MISSING_VIOLATION for every SLO plus its cause's rank
+# (FAILURE_RANK), so it ranks below every measured miss whatever its cause.
 MISSING_VIOLATION = 1e6
+MEASURED_CAP = 1e4
 # Constraint key recorded on trials that never produced a measurement.
 FAILURE_CONSTRAINT = "deployed_and_measured"
+# the failure constraint's value by cause: a configuration that started but ran out of memory is nearer to a
+# feasible one than one the engine refuses, which is nearer than one that was never deployed
+FAILURE_RANK: dict[str, float] = {"out_of_memory": 1.0, "constraint": 3.0, "resources": 3.0,
+                                  "infeasible_config": 3.0}
+FAILURE_RANK_DEFAULT = 2.0
 
 
 @dataclass(frozen=True)
@@ -31,9 +42,16 @@ def violation(slo: SLO, value: float) -> float:
     if math.isnan(value):
         return MISSING_VIOLATION
     if slo.max is not None:
-        return (value - slo.max) / abs(slo.max) if slo.max else value
-    assert slo.min is not None
-    return (slo.min - value) / abs(slo.min) if slo.min else -value
+        v = (value - slo.max) / abs(slo.max) if slo.max else value
+    else:
+        assert slo.min is not None
+        v = (slo.min - value) / abs(slo.min) if slo.min else -value
+    return min(v, MEASURED_CAP)
+
+
+def total_violation(constraints: dict[str, float]) -> float:
+    """The sum of the positive constraint values: how Optuna's samplers rank infeasible trials (0: feasible)."""
+    return sum(v for v in constraints.values() if v > 0)
 
 
 def goodput_thresholds_ms(slos: Sequence[SLO]) -> dict[str, float]:
@@ -67,9 +85,11 @@ def pessimistic(obj: Objective) -> float:
     return 0.0 if obj.direction == "maximize" else 1e9
 
 
-def failed_evaluation(spec: AgentSpec) -> Evaluation:
+def failed_evaluation(spec: AgentSpec, cause: str | None = None) -> Evaluation:
+    """What a trial that produced no measurement scores: pessimistic values, every SLO missing, and the failure
+    constraint at its cause's rank (FAILURE_RANK)."""
     cons = {f"slo:{slo.metric}": MISSING_VIOLATION for slo in spec.slos}
-    cons[FAILURE_CONSTRAINT] = 1.0
+    cons[FAILURE_CONSTRAINT] = FAILURE_RANK.get(cause or "", FAILURE_RANK_DEFAULT)
     return Evaluation(values=[pessimistic(o) for o in spec.objectives], constraints=cons)
 
 

@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import socket
+import statistics
 import threading
 import time
 import warnings
@@ -31,7 +32,7 @@ from tuner.errors import ConfigError, TunerError
 from tuner.search.samplers import make_sampler
 from tuner.search.space import SearchSpace
 from tuner.spec import AgentSpec
-from tuner.study.objectives import Evaluation, pessimistic
+from tuner.study.objectives import Evaluation, failed_evaluation, pessimistic
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,21 @@ T = TypeVar("T")
 DB_RETRY_S = 120.0  # how long a worker waits for an unreachable database before it gives up
 # causes of trials that were not measured because their process went away (not counted in a fleet's budget)
 LOST_CAUSES = ("interrupted", "worker_lost")
+# re-proposals of configurations already run, answered in a row, before ask() draws one no trial ran
+DUPLICATE_LIMIT = 20
+
+
+def not_budget(t: FrozenTrial) -> bool:
+    """Whether `t` is no budget trial: never deployed (rejected, screened, a copy) or a repeat."""
+    u = t.user_attrs
+    return bool(u.get("rejected") or u.get("screened")) or u.get("repeat_of") is not None \
+        or u.get("duplicate_of") is not None
+
+
+def _ran(t: FrozenTrial) -> bool:
+    """Whether `t` stands for a run of its configuration (not a prediction, a rejection or a copy)."""
+    u = t.user_attrs
+    return not (u.get("rejected") or u.get("screened") or u.get("duplicate_of") is not None) and "config" in u
 
 
 # system attribute of a trial: the process that asked it (reap_stale spares the trials of live owners)
@@ -128,6 +144,11 @@ def open_storage(url: str, *, heartbeat_s: int | None = None, lease_s: int | Non
                 raise
             time.sleep(0.5)
     raise AssertionError("unreachable")
+
+
+class SearchExhausted(TunerError):
+    """Every configuration the sampler proposes ran already and no configuration that did not can be found:
+    another trial would spend one twice, so the cycle ends."""
 
 
 class LeaseLost(TunerError):
@@ -298,8 +319,8 @@ class TunerStudy:
                 continue
             if t.state == TrialState.FAIL and t.user_attrs.get("cause") in LOST_CAUSES:
                 continue
-            if t.user_attrs.get("rejected") or t.user_attrs.get("screened"):  # proposals never deployed
-                continue
+            if not_budget(t):
+                continue  # never deployed, or a repeat of an earlier trial's configuration
             n += 1
         return n
 
@@ -307,27 +328,47 @@ class TunerStudy:
     def ask(self) -> tuple[Trial, dict[str, Any]]:
         """A new trial and its sampled active parameters (define-by-run, conditions applied).
 
-        With `sampler.resample_violations` > 0, a proposal that breaks a declared constraint is told as a
-        rejected trial (COMPLETE, infeasible, user attribute `rejected`: the sampler learns from it; nothing is
-        deployed and the loop's budget is not charged) and the sampler is asked again, up to that many times.
-        With a screener (`sampler.screen`, tuner.study.screen), a proposal within the constraints that the
-        simulator predicts far outside the SLOs or far worse than the best is told as screened (the prediction,
-        infeasible, user attribute `screened`; never deployed, no budget trial), up to `max_per_trial` times.
-        An enqueued trial (the baseline, `tuner` A/B points) is returned as it is.
+        A proposal that breaks a declared constraint or the target's resources (SearchSpace.violations) is told
+        as a rejected trial (COMPLETE, infeasible at the failure tier of tuner.study.objectives, user attribute
+        `rejected`: the sampler learns from it; nothing is deployed and the loop's budget is not charged) and the
+        sampler is asked again, up to `sampler.resample_violations` times (after that it is spent as an
+        infeasible trial). A proposal whose configuration an earlier trial already ran is never a second budget
+        trial: while that configuration has fewer than `max_repeats()` repeats it is returned as a repeat (user
+        attribute `repeat_of`: the loop measures it as a noise sample of the earlier trial, no budget trial);
+        after that it is told at once with the earlier trial's result (`duplicate_of`, never deployed) and the
+        sampler is asked again; after DUPLICATE_LIMIT such answers in a row a configuration no trial ran is
+        drawn from the space's design instead. With a screener (`sampler.screen`, tuner.study.screen), a
+        proposal the simulator predicts far outside the SLOs or far worse than the best is told as screened (the
+        prediction, infeasible, `screened`; never deployed, no budget trial), up to `max_per_trial` times. An
+        enqueued trial (the baseline, `tuner` A/B points) is returned as it is.
         """
-        limit = self.spec.sampler.resample_violations
+        limit = self.resample_limit()
         screen = self.spec.sampler.screen
-        rejected = screened = 0
+        rejected = screened = duplicates = 0
         while True:
             trial, chosen = self._ask_once()
-            if self._enqueued(trial):
+            if self._enqueued(trial) and not trial.user_attrs.get("unseen"):
                 return trial, chosen
             bad = self.space.violations(chosen)
             if bad:
-                if rejected >= limit:
+                if rejected >= limit and (limit == 0 or not self._enqueue_unseen()):
                     return trial, chosen  # spent as an infeasible trial
                 rejected += 1
                 self._reject(trial, chosen, bad)
+                continue
+            earlier = self.same_config(self.space.full_config(chosen), told=True)
+            if earlier is not None:
+                if _ran(earlier) and earlier.values and "cause" not in earlier.user_attrs and \
+                        self.repeats_of(earlier) < self.max_repeats():
+                    trial.set_user_attr("repeat_of", earlier.number)
+                    log.info("proposal %d is trial %d's configuration again: measured as its repeat",
+                             trial.number, earlier.number)
+                    return trial, chosen
+                duplicates += 1
+                self._duplicate(trial, earlier)
+                if duplicates >= DUPLICATE_LIMIT and not self._enqueue_unseen():
+                    raise SearchExhausted(f"study {self.name!r}: every configuration the sampler proposes ran "
+                                          "already and the space's design finds none that did not")
                 continue
             if self.screener is None or screen is None or screened >= screen.max_per_trial:
                 return trial, chosen
@@ -336,6 +377,73 @@ class TunerStudy:
                 return trial, chosen
             screened += 1
             self._screen(trial, chosen, verdict)
+
+    def resample_limit(self) -> int:
+        """How many constraint-breaking proposals a trial may reject before one is spent."""
+        from tuner.search.samplers import default_resample
+
+        n = self.spec.sampler.resample_violations
+        return default_resample(self.spec.sampler) if n is None else n
+
+    def max_repeats(self) -> int:
+        """How many times a re-proposed configuration is measured again (as noise samples) before a
+        re-proposal is answered from what was measured."""
+        return max(1, self.spec.noise.repeats)
+
+    def same_config(self, config: Mapping[str, Any], *, told: bool = False) -> FrozenTrial | None:
+        """The first earlier trial (finished, measured or failed) that ran exactly `config`, or None; with
+        `told`, also one that was only told (rejected, screened: a prediction)."""
+        for t in self.trials():
+            if t.state not in (TrialState.COMPLETE, TrialState.FAIL) or "config" not in t.user_attrs:
+                continue
+            if not told and not _ran(t):
+                continue
+            if t.user_attrs.get("cause") in LOST_CAUSES:
+                continue
+            if t.user_attrs.get("config") == _jsonable(dict(config)):
+                return t
+        return None
+
+    def repeats_of(self, t: FrozenTrial) -> int:
+        """Repeat trials (`repeat_of`) of trial `t`, finished or running."""
+        return sum(1 for r in self.trials() if r.user_attrs.get("repeat_of") == t.number
+                   and r.state in (TrialState.COMPLETE, TrialState.RUNNING))
+
+    def _duplicate(self, trial: Trial, earlier: FrozenTrial) -> None:
+        """Tell `trial` with `earlier`'s result: its configuration ran already (never deployed, no budget)."""
+        values = list(earlier.values) if earlier.values else [pessimistic(o) for o in self.spec.objectives]
+        ev = Evaluation(values=values, constraints=dict(earlier.constraints) or
+                        failed_evaluation(self.spec, earlier.user_attrs.get("cause")).constraints)
+        attrs = {"duplicate_of": earlier.number, "cause": "duplicate", "config": earlier.user_attrs.get("config"),
+                 "error": f"trial {earlier.number} had this configuration already"}
+        self.tell(trial, ev, attrs=attrs)
+
+    def _enqueue_unseen(self) -> bool:
+        """Queue the first configuration of the space's design (around the defaults) that no trial ran and
+        that breaks nothing; False when none is found."""
+        from tuner.search.design import SpaceDesign
+
+        design = SpaceDesign(self.space, seed=len(self.trials()), around_defaults=True)
+        for i in range(200):
+            try:
+                cfg = design.config(i)
+            except ValueError:
+                return False
+            if self._seen(self.space.full_config(cfg)):
+                continue
+            self.study.enqueue_trial(cfg, user_attrs={"unseen": True}, skip_if_exists=False)
+            return True
+        return False
+
+    def _seen(self, config: Mapping[str, Any]) -> bool:
+        """Whether any trial (run, rejected, screened or waiting) holds `config`."""
+        want = _jsonable(dict(config))
+        for t in self.trials():
+            if t.user_attrs.get("config") == want:
+                return True
+            if t.state == TrialState.WAITING and self.space.full_config(t.params) == want:
+                return True
+        return False
 
     def _incumbent(self) -> float | None:
         best = self.best() if len(self.spec.objectives) == 1 else []
@@ -352,11 +460,13 @@ class TunerStudy:
         return "fixed_params" in self.study._storage.get_trial(trial._trial_id).system_attrs
 
     def _reject(self, trial: Trial, chosen: Mapping[str, Any], bad: list[str]) -> None:
-        values = [pessimistic(o) for o in self.spec.objectives]
-        constraints = {f"space:{c}": 1.0 for c in bad}
+        """Tell a proposal never deployed: it ranks with the trials that produced no measurement (the failure
+        tier, cause `constraint`), plus 1 per broken constraint, below every measured SLO miss."""
+        ev = failed_evaluation(self.spec, "constraint")
+        constraints = {**ev.constraints, **{f"space:{c}": 1.0 for c in bad}}
         attrs = {"rejected": True, "cause": "constraint", "config": self.space.full_config(chosen),
                  "error": f"violates constraint(s): {'; '.join(bad)}"}
-        self.tell(trial, Evaluation(values=values, constraints=constraints), attrs=attrs)
+        self.tell(trial, Evaluation(values=ev.values, constraints=constraints), attrs=attrs)
 
     def _owning_lock(self) -> contextlib.AbstractContextManager[None]:
         """On a SQLite study (one host), the lock under which a trial is asked and its owner recorded: a reaper
@@ -448,9 +558,13 @@ class TunerStudy:
         c = Counter(t.state.name for t in self.trials())
         done = [t for t in self.trials() if t.state == TrialState.COMPLETE]
         out = {state.name: c.get(state.name, 0) for state in TrialState}
+        copies = [t for t in done if t.user_attrs.get("repeat_of") is not None
+                  or t.user_attrs.get("duplicate_of") is not None]
+        done = [t for t in done if t not in copies]
         out["FEASIBLE"] = sum(1 for t in done if t.user_attrs.get("feasible"))
         out["REJECTED"] = sum(1 for t in done if t.user_attrs.get("rejected"))  # never deployed, no budget
         out["SCREENED"] = sum(1 for t in done if t.user_attrs.get("screened"))  # predicted only, no budget
+        out["REPEATS"] = len(copies)  # a configuration proposed again: a noise sample or a copy, no budget
         out["INFEASIBLE"] = len(done) - out["FEASIBLE"] - out["REJECTED"] - out["SCREENED"]
         return out
 
@@ -463,58 +577,84 @@ class TunerStudy:
     def best(self) -> list[FrozenTrial]:
         """Best feasible trial(s): one for a single objective, the Pareto front for several.
 
-        With noise repeats on and a noise estimate, a single objective ranks by the lower confidence bound
-        (tuner.search.noise): a trial measured once is not preferred to a repeated one on a lucky run.
+        A single objective ranks a configuration by the mean of its measurements (the trial's own, its
+        `repeats` and the trials that repeated it); with noise repeats on and a noise estimate, by the lower
+        confidence bound (tuner.search.noise): a trial measured once is not preferred to a repeated one on a
+        lucky run. A repeat trial is never the best itself: the trial it repeats stands for the configuration.
         """
-        feasible = [t for t in self.trials() if t.state == TrialState.COMPLETE and t.user_attrs.get("feasible")]
+        feasible = [t for t in self.trials() if t.state == TrialState.COMPLETE and t.user_attrs.get("feasible")
+                    and t.user_attrs.get("repeat_of") is None and t.user_attrs.get("duplicate_of") is None]
         if not feasible:
             return []
         if len(self.spec.objectives) == 1:
             sign = 1 if self.spec.objectives[0].direction == "maximize" else -1
+            pooled = self.pooled()
             cv = self.noise_cv() if self.spec.noise.repeats else None
             if cv:
                 from tuner.search.noise import lcb
 
                 maximize = sign > 0
                 conf = self.spec.noise.confidence
-                return [max(feasible, key=lambda t: (sign * lcb(measurements(t), cv, conf, maximize=maximize),
+                return [max(feasible, key=lambda t: (sign * lcb(pooled[t.number], cv, conf, maximize=maximize),
                                                      -t.number))]
-            return [max(feasible, key=lambda t: (sign * t.values[0], -t.number))]
-        return [t for t in self.study.best_trials if t.user_attrs.get("feasible")]
+            return [max(feasible, key=lambda t: (sign * statistics.fmean(pooled[t.number]), -t.number))]
+        return [t for t in self.study.best_trials if t.user_attrs.get("feasible")
+                and t.user_attrs.get("repeat_of") is None]
 
     # ------------------------------------------------------------ noise
+    def pooled(self) -> dict[int, list[float]]:
+        """Each measured trial's first-objective measurements: its own (measurements()), then those of the
+        trials that repeated its configuration (`repeat_of`); repeat trials are not keys."""
+        trials = self.trials()
+        out: dict[int, list[float]] = {t.number: measurements(t) for t in trials
+                                       if t.state == TrialState.COMPLETE and t.user_attrs.get("repeat_of") is None}
+        for t in trials:
+            of = t.user_attrs.get("repeat_of")
+            if of is not None and t.state == TrialState.COMPLETE and "cause" not in t.user_attrs and of in out:
+                out[of] += measurements(t)
+        return out
+
     def noise_cv(self) -> float | None:
-        """The pooled run-to-run coefficient of variation of the first objective over repeated trials."""
+        """The pooled run-to-run coefficient of variation of the first objective over configurations measured
+        more than once (noise repeats, repeat trials)."""
         from tuner.search.noise import pooled_cv
 
-        return pooled_cv([measurements(t) for t in self.trials()
-                          if t.state == TrialState.COMPLETE and t.user_attrs.get("repeats")])
+        return pooled_cv([xs for xs in self.pooled().values() if len(xs) > 1])
 
     def estimate(self, t: FrozenTrial) -> Any:
         """The first objective of `t` over its measurements, with its interval (tuner.search.noise.Estimate)."""
         from tuner.search.noise import estimate
 
-        return estimate(measurements(t), self.noise_cv(), self.spec.noise.confidence)
+        xs = self.pooled().get(t.number) or measurements(t)
+        return estimate(xs, self.noise_cv(), self.spec.noise.confidence)
 
     def noise_report(self) -> dict[str, Any] | None:
-        """With noise repeats on and one objective: the noise CV, the best's and the baseline's mean and
-        interval, and whether the best's gain is within the noise (their intervals overlap). None otherwise."""
-        if not self.spec.noise.repeats or len(self.spec.objectives) != 1:
+        """With one objective and noise repeats on or a configuration measured more than once: the noise CV,
+        the best's and the baseline's mean and interval, whether the best's gain is within the noise (their
+        intervals overlap), and whether the best changes any parameter of the baseline (`same_as_baseline`).
+        None otherwise."""
+        if len(self.spec.objectives) != 1:
+            return None
+        pooled = self.pooled()
+        repeated = sum(1 for xs in pooled.values() if len(xs) > 1)
+        if not self.spec.noise.repeats and not repeated:
             return None
         from tuner.search.noise import within_noise
 
         best, base = self.best(), self.baseline()
         out: dict[str, Any] = {"cv": self.noise_cv(), "confidence": self.spec.noise.confidence,
-                               "repeated_trials": sum(1 for t in self.trials() if t.user_attrs.get("repeats"))}
+                               "repeated_trials": repeated}
         if best:
             e = self.estimate(best[0])
             out["best"] = {"number": best[0].number, "mean": e.mean, "n": e.n, "low": e.low, "high": e.high}
         if base is not None and base.values:
             b = self.estimate(base)
             out["baseline"] = {"number": base.number, "mean": b.mean, "n": b.n, "low": b.low, "high": b.high}
-            if best and out["cv"] is not None and best[0].number != base.number:
-                out["within_noise"] = within_noise(
-                    e, b, maximize=self.spec.objectives[0].direction == "maximize")
+            if best and best[0].number != base.number:
+                out["same_as_baseline"] = same_as_baseline(best[0], base)
+                if out["cv"] is not None:
+                    out["within_noise"] = out["same_as_baseline"] or within_noise(
+                        e, b, maximize=self.spec.objectives[0].direction == "maximize")
         return out
 
     def trial(self, number: int) -> FrozenTrial:
@@ -522,6 +662,12 @@ class TunerStudy:
             if t.number == number:
                 return t
         raise ConfigError(f"study {self.name!r} has no trial {number}")
+
+
+def same_as_baseline(t: FrozenTrial, base: FrozenTrial) -> bool:
+    """Whether `t` ran the baseline's configuration (no parameter changed): its difference is noise."""
+    config = t.user_attrs.get("config")
+    return config is not None and config == base.user_attrs.get("config")
 
 
 def measurements(t: FrozenTrial) -> list[float]:

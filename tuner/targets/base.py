@@ -81,6 +81,20 @@ class Target(ABC):
         """How many GPUs of the pool a trial with these params claims (0: none)."""
         return 0
 
+    def gpus_available(self) -> int | None:
+        """How many GPUs a single trial can be given at most (None: not known; nothing is bounded)."""
+        return None
+
+    def resource_violations(self, params: Mapping[str, Any]) -> list[str]:
+        """What the full configuration `params` needs beyond this target's real resources (GPUs, memory), one
+        sentence each; [] when it fits. The search space checks it wherever it checks the declared constraints
+        (SearchSpace.bind_resources), so no design point or proposal asks for more than the target has."""
+        have = self.gpus_available()
+        need = self.gpus_needed(params)
+        if have is not None and need > have:
+            return [f"needs {need} GPUs, the target has {have}"]
+        return []
+
     def check_space(self, space: SearchSpace) -> None:
         """Raise ConfigError if the search space names a knob this target cannot apply."""
 

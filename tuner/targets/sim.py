@@ -16,7 +16,15 @@ from tuner.errors import ConfigError, Interrupted
 from tuner.measure.measurement import Measurement
 from tuner.measure.metrics import summarise
 from tuner.search.space import SearchSpace
-from tuner.sim.config import BATCHING_MODES, CUDAGRAPH_MODES, KNOBS, KV_CACHE_DTYPES, EngineConfig, resolve_config
+from tuner.sim.config import (
+    BATCHING_MODES,
+    CUDAGRAPH_MODES,
+    KNOBS,
+    KV_CACHE_DTYPES,
+    EngineConfig,
+    min_bytes_per_gpu,
+    resolve_config,
+)
 from tuner.sim.engine import simulate
 from tuner.sim.profiles import HARDWARE, MODELS
 from tuner.spec import WorkloadSpec
@@ -202,6 +210,21 @@ class SimTarget(Target):
         tp = params.get("tensor_parallel_size") or 1
         dp = params.get("data_parallel_size") or 1
         return int(tp) * int(dp)
+
+    def gpus_available(self) -> int:
+        return self.options.num_gpus
+
+    def resource_violations(self, params: Mapping[str, Any]) -> list[str]:
+        """GPUs beyond num_gpus, and weights that do not fit a GPU's memory at any utilisation."""
+        out = super().resource_violations(params)
+        tp = params.get("tensor_parallel_size") or 1
+        if _count(tp):
+            hw, model = HARDWARE[self.options.hardware], MODELS[self.options.model]
+            need = min_bytes_per_gpu(model, int(tp))
+            if need > hw.memory_bytes:
+                out.append(f"{model.name} needs {need / 2**30:.1f} GiB per GPU at tensor_parallel_size={tp}, "
+                           f"a {hw.name} has {hw.memory_gib:.1f} GiB")
+        return out
 
     def check_space(self, space: SearchSpace) -> None:
         names = [p.name for p in getattr(space, "params", [])] + list(getattr(space, "fixed", {}))

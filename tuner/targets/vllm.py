@@ -638,6 +638,12 @@ class VllmTarget(ProcessTarget):
             n *= v
         return n
 
+    def gpus_available(self) -> int | None:
+        if self.options.device == "cpu":
+            return None
+        n = self.node_gpus()
+        return n if n > 0 else None  # NVML sees none here: the trial's own start says
+
     def node_gpus(self) -> int:
         if self.options.gpus_per_node:
             return self.options.gpus_per_node

@@ -45,9 +45,23 @@ def test_repeats_give_the_best_an_interval(tmp_path: Path) -> None:
     assert best["number"] == study.best()[0].number
 
 
-def test_without_repeats_nothing_is_measured_twice(tmp_path: Path) -> None:
+def test_without_repeats_only_the_baseline_is_measured_twice(tmp_path: Path) -> None:
+    # issue 26 changed this: by default the baseline is measured once more (noise.baseline_repeats: 1), so the
+    # run-to-run noise is known; a new best is not repeated
     p = tmp_path / "agent.yaml"
     p.write_text(AGENT.replace("noise: {repeats: 2}\n", ""))
+    session = open_session(load_agent(p), tmp_path / "state")
+    run_cycle(session, trials=3)
+    repeated = [t for t in session.study.trials() if t.user_attrs.get("repeats")]
+    assert [t.user_attrs.get("baseline") for t in repeated] == [True]
+    assert len(repeated[0].user_attrs["repeats"]) == 1
+    report = session.study.noise_report()
+    assert report is not None and report["repeated_trials"] == 1 and report["cv"] > 0
+
+
+def test_with_baseline_repeats_off_nothing_is_measured_twice(tmp_path: Path) -> None:
+    p = tmp_path / "agent.yaml"
+    p.write_text(AGENT.replace("noise: {repeats: 2}\n", "noise: {baseline_repeats: 0}\n"))
     session = open_session(load_agent(p), tmp_path / "state")
     run_cycle(session, trials=3)
     assert not any(t.user_attrs.get("repeats") for t in session.study.trials())

@@ -36,7 +36,7 @@ objectives:
 slos:
   - {metric: ttft_ms.p99, max: 5000}
 sampler: {name: random, seed: 1, screen: {model: model.json, worse_than_best: null}}
-budget: {trials: 3}
+budget: {trials: 2}
 tracking: {enabled: false}
 """
 
@@ -45,10 +45,12 @@ def test_a_cycle_deploys_only_proposals_the_screen_passes(tmp_path: Path) -> Non
     StepModel(coef={"float32": CHEAP, "bfloat16": SLOW}).save(tmp_path / "model.json")
     (tmp_path / "agent.yaml").write_text(AGENT)
     session = open_session(load_agent(tmp_path / "agent.yaml"), tmp_path / "state")
+    # the space holds two configurations the screen passes: a third trial would spend one twice (issue 26), so
+    # a budget of 3 ends after 2 trials
     result = run_cycle(session, trials=3)
-    assert len(result.outcomes) == 3 and all(o.cause is None for o in result.outcomes), result.outcomes
+    assert len(result.outcomes) == 2 and all(o.cause is None for o in result.outcomes), result.outcomes
     assert all(o.params["dtype"] == "float32" for o in result.outcomes)  # deployed and measured
     screened = [t for t in session.study.trials() if t.user_attrs.get("screened")]
     assert screened and all(t.params["dtype"] == "bfloat16" for t in screened)
     assert all("metrics" not in t.user_attrs for t in screened)
-    assert session.study.counts()["SCREENED"] == len(screened) and session.study.counted() == 3
+    assert session.study.counts()["SCREENED"] == len(screened) and session.study.counted() == 2

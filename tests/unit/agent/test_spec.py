@@ -39,7 +39,7 @@ def test_valid(tmp_path: Path) -> None:
     agent = load_agent(write(tmp_path, BASE))
     assert agent.name == "t"
     assert agent.space.defaults() == {"max_num_seqs": 256}
-    assert agent.spec.sampler.name == "tpe"
+    assert agent.spec.sampler.name == "auto"  # issue 26: the default sampler chosen on experiments/search-suite
 
 
 CASES = [
