@@ -1,4 +1,4 @@
-"""Operator commands: `tuner daemon`, `check`, `promote`, `rollback`, `history`.
+"""Operator commands: `tuner daemon`, `check`, `promote`, `rollout`, `rollback`, `history`.
 
 `register(app)` adds them to the lead's typer app. `python -m tuner.cli.ops ...` runs them alone.
 """
@@ -76,7 +76,9 @@ def promote(agent: Path | None = typer.Argument(None, help=AGENT_HELP, show_defa
             reverify: bool = typer.Option(False, "--reverify", help="verify even a verified pending candidate"),
             reason: str = typer.Option("", "--reason", help="recorded in the audit log"),
             state_dir: Path | None = typer.Option(None, "--state-dir"),
-            as_json: bool = typer.Option(False, "--json", help="the new champion as JSON (needs --yes)")) -> None:
+            as_json: bool = typer.Option(False, "--json", help="the new champion as JSON (needs --yes)"),
+            canary: bool = typer.Option(False, "--canary", help="promote through a canary rollout on live traffic "
+                                        "(the agent's rollout: section; same as `tuner rollout`)")) -> None:
     """Verify a candidate against the champion, then make it the champion (file, apply, MLflow, audit)."""
     from tuner.context import open_context
     from tuner.loop import finish_tracking
@@ -85,6 +87,12 @@ def promote(agent: Path | None = typer.Argument(None, help=AGENT_HELP, show_defa
     _logging()
     try:
         session = open_context(agent, state_dir).session()  # the study the lineage names
+        promote_via = None
+        if canary:
+            from tuner.rollout.rollout import canary_promoter, recover_agent
+
+            recover_agent(session)  # a rollout a killed command left: reverted first
+            promote_via = canary_promoter(session)
         if skip_verify:
             typer.secho("WARNING: promoting WITHOUT verification (--skip-verify); this is recorded in the audit "
                         "log", fg=typer.colors.RED, err=True, bold=True)
@@ -100,10 +108,16 @@ def promote(agent: Path | None = typer.Argument(None, help=AGENT_HELP, show_defa
 
         try:
             res = promote_trial(session, trial=trial, skip_verify=skip_verify, reverify=reverify, confirm=confirm,
-                                reason=reason)
+                                reason=reason, promote=promote_via)
         finally:  # a verification MLflow missed is written now if it answers again, else at the next start
             finish_tracking(session)
+            if canary and not as_json:
+                _print_rollout(session)
     except TunerError as exc:
+        result = getattr(exc, "result", None)
+        if canary and as_json and result is not None:  # a canary rolled back
+            typer.echo(json.dumps({"action": "rolled_back", **result.summary()}, default=str))
+            raise typer.Exit(1) from None
         raise _fail(exc) from None
     r = res.record
     if as_json:
@@ -116,6 +130,50 @@ def promote(agent: Path | None = typer.Argument(None, help=AGENT_HELP, show_defa
     typer.echo(f"promoted trial {r.trial} of {r.agent} as champion #{r.seq}"
                + (f" (MLflow {r.model_name} v{r.model_version})" if r.model_version else "")
                + f": {session.state_dir / r.agent / 'champion.yaml'}")
+
+
+def _print_rollout(session: object) -> None:
+    """The stages of the agent's latest rollout, one line each (from the audit log)."""
+    from tuner.champions.db import champion_store
+    from tuner.rollout.rollout import last_rollout
+
+    for e in last_rollout(champion_store(session)):
+        if e.get("action") == "rollout_stage":
+            figs = "  ".join(f"{k.split(':')[0]} {v:+.1%}" for k, v in (e.get("figures") or {}).items())
+            typer.echo(f"  stage {e.get('stage')} {e.get('percent'):g}%  {e.get('outcome')}  "
+                       f"{e.get('duration_s', 0):.0f}s  canary {e.get('canary_requests', 0):.0f} req "
+                       f"({e.get('canary_slo_breaking', 0):.0f} over an SLO)  {figs}")
+        elif str(e.get("action")).startswith(("rollout_promoted", "rollout_rolled_back")):
+            typer.echo(f"  {e['action'].removeprefix('rollout_')}: {e.get('reason')}")
+
+
+def rollout(agent: Path | None = typer.Argument(None, help=AGENT_HELP, show_default=False),
+            trial: int | None = typer.Option(None, "--trial", help="trial number (default: pending, else best)"),
+            yes: bool = typer.Option(False, "--yes", "-y", help="do not ask for confirmation"),
+            skip_verify: bool = typer.Option(False, "--skip-verify", help="roll out without A/B verification"),
+            reverify: bool = typer.Option(False, "--reverify", help="verify even a verified pending candidate"),
+            reason: str = typer.Option("", "--reason", help="recorded in the audit log"),
+            state_dir: Path | None = typer.Option(None, "--state-dir"),
+            recover: bool = typer.Option(False, "--recover", help="only revert a rollout a killed process left"),
+            as_json: bool = typer.Option(False, "--json", help="the outcome as JSON (needs --yes)")) -> None:
+    """Promote a candidate through a canary rollout: staged traffic through the load balancer, judged on live
+    traffic against the stable replicas, rolled back automatically (the agent's rollout: section)."""
+    if not recover:
+        promote(agent=agent, trial=trial, yes=yes, skip_verify=skip_verify, reverify=reverify, reason=reason,
+                state_dir=state_dir, as_json=as_json, canary=True)
+        return
+    from tuner.context import open_context
+    from tuner.rollout.rollout import recover_agent
+
+    _logging()
+    try:
+        entry = recover_agent(open_context(agent, state_dir).session())
+    except TunerError as exc:
+        raise _fail(exc) from None
+    if as_json:
+        typer.echo(json.dumps({"recovered": entry}, default=str))
+    else:
+        typer.echo(entry["reason"] if entry else "no interrupted rollout")
 
 
 def rollback(agent: Path | None = typer.Argument(None, help=AGENT_HELP, show_default=False),
@@ -192,6 +250,7 @@ def register(app: typer.Typer) -> None:
     app.command("daemon")(daemon)
     app.command("check")(check)
     app.command("promote")(promote)
+    app.command("rollout")(rollout)
     app.command("rollback")(rollback)
     app.command("history")(history)
 

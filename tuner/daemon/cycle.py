@@ -44,7 +44,12 @@ def run_agent_cycle(agent_path: Path | str, state_dir: Path | str, *, stop: thre
                                "interrupted": result.interrupted, "warm_started": warmed}
         try:
             if not result.interrupted and not stop.is_set():
-                out["check"] = check_and_act(session, stop_event=stop)
+                promote = None
+                if spec.rollout is not None:  # Act through a canary rollout on live traffic
+                    from tuner.rollout.rollout import canary_promoter
+
+                    promote = canary_promoter(session, stop_event=stop)
+                out["check"] = check_and_act(session, stop_event=stop, promote=promote)
         finally:  # one probe of a store that went down covers the cycle and its verification
             finish_tracking(session, interrupted=result.interrupted)
         if metrics is not None:

@@ -95,7 +95,11 @@ def _run_locked(agents: list[Agent], state: Path, single: IO[str], triggers: dic
     # resume after a SIGKILL: orphan servers and stale RUNNING trials of every agent, before anything new
     for a in agents:
         try:
-            open_context(a.path, state).session()  # reaps; records the agent's file in the state dir
+            session = open_context(a.path, state).session()  # reaps; records the agent's file in the state dir
+            if a.spec.rollout is not None:  # a rollout the killed daemon left: revert it before anything new
+                from tuner.rollout.rollout import recover_agent
+
+                recover_agent(session)
         except Exception as exc:  # noqa: BLE001 - a broken agent must not keep the others from running
             rt.agents[a.name].last_ok = False
             rt.agents[a.name].last_error = f"start-up: {type(exc).__name__}: {exc}"

@@ -163,8 +163,10 @@ def _switch(store: ChampionStore, tracker: Tracker | None, rec: ChampionRecord, 
 def promote_trial(session: Session, *, trial: int | None = None, skip_verify: bool = False,
                   reverify: bool = False, confirm: Callable[[str], bool] | None = None,
                   stop_event: threading.Event | None = None, reason: str = "",
-                  verify_seed: int | None = None) -> PromoteResult:
-    """`tuner promote`: pick the trial (given, pending, else the best candidate), verify, confirm, promote."""
+                  verify_seed: int | None = None, promote: Callable[..., PromoteResult] | None = None
+                  ) -> PromoteResult:
+    """`tuner promote`: pick the trial (given, pending, else the best candidate), verify, confirm, promote
+    (through `promote`, promote_config's signature: e.g. tuner.rollout's canary rollout; default promote_config)."""
     spec = session.agent.spec
     store = champion_store(session)
     with store.lock():
@@ -207,17 +209,20 @@ def promote_trial(session: Session, *, trial: int | None = None, skip_verify: bo
         if confirm is not None and not confirm(
                 f"Promote trial {trial} of {spec.name} ({why})?\n{yaml.safe_dump(config, sort_keys=True)}"):
             raise PromotionError("promotion cancelled")
-        res = promote_config(store, session.tracker, config=config, apply_command=spec.promotion.apply_command,
-                             cwd=session.agent.path.parent, study=session.study.name, trial=trial,
-                             values=list(t.values), evidence=evidence, verified=not skip_verify,
-                             reason=(reason + ": " if reason else "") + why, _locked=True)
+        res = (promote or promote_config)(
+            store, session.tracker, config=config, apply_command=spec.promotion.apply_command,
+            cwd=session.agent.path.parent, study=session.study.name, trial=trial, values=list(t.values),
+            evidence=evidence, verified=not skip_verify, reason=(reason + ": " if reason else "") + why,
+            _locked=True)
         res.verdict = verdict
         return res
 
 
 def check_and_act(session: Session, *, stop_event: threading.Event | None = None,
-                  seed: int | None = None) -> dict[str, Any]:
-    """Check (verify the best unjudged candidate) and Act (auto: promote; manual: leave it pending)."""
+                  seed: int | None = None, promote: Callable[..., PromoteResult] | None = None) -> dict[str, Any]:
+    """Check (verify the best unjudged candidate) and Act (auto: promote through `promote`, promote_config by
+    default; manual: leave it pending). A promote that declines with an `action` (a canary rolled back) is an
+    outcome, not a failure."""
     spec = session.agent.spec
     store = champion_store(session)
     cand = select_candidate(session, store)
@@ -236,10 +241,17 @@ def check_and_act(session: Session, *, stop_event: threading.Event | None = None
                 return out
             # a scenario's champion is applied when the traffic is in that scenario (tuner.scenarios.act)
             apply = spec.promotion.apply_command if session.scenario is None else None
-            res = promote_config(store, session.tracker, config=config, apply_command=apply,
-                                 cwd=session.agent.path.parent, study=session.study.name, trial=cand.number,
-                                 values=list(cand.values), evidence=[verdict.run_id or ""], verified=True,
-                                 reason=f"auto: {verdict.reason}", _locked=True)
+            try:
+                res = (promote or promote_config)(
+                    store, session.tracker, config=config, apply_command=apply,
+                    cwd=session.agent.path.parent, study=session.study.name, trial=cand.number,
+                    values=list(cand.values), evidence=[verdict.run_id or ""], verified=True,
+                    reason=f"auto: {verdict.reason}", _locked=True)
+            except PromotionError as exc:
+                if not getattr(exc, "action", None):
+                    raise
+                out["action"], out["reason"] = exc.action, str(exc)  # type: ignore[attr-defined]
+                return out
         out["action"] = "promoted"
         out["seq"] = res.record.seq
     else:

@@ -58,5 +58,5 @@ def history(state_dir: Path | str, agent_name: str, tracker: Tracker | None = No
         cycles = [c for c in read_jsonl(store.dir / "cycles.jsonl")]
     cycles.sort(key=lambda c: (c.get("start_time") or 0, c.get("cycle") or 0))
     promotions = [e for e in store.audit_log() if str(e.get("action", "")).startswith(("promote", "rollback",
-                                                                                     "recovered"))]
+                                                                                     "recovered", "rollout"))]
     return {"cycles": cycles, "verifications": store.verifications(), "promotions": promotions}

@@ -61,7 +61,9 @@ class RolloutRefused(PromotionError):
 
 
 class RolledBack(PromotionError):
-    """The canary was rolled back; the champion is unchanged."""
+    """The canary was rolled back; the champion is unchanged (the daemon's Act records it as this action)."""
+
+    action = "rolled_back"
 
     def __init__(self, msg: str, result: RolloutResult) -> None:
         super().__init__(msg)
@@ -472,3 +474,13 @@ def recover_agent(session: Session) -> dict[str, Any] | None:
         return None
     with store.lock():
         return journal.recover(store, session.state_dir)
+
+
+def last_rollout(store: ChampionStore) -> list[dict[str, Any]]:
+    """The audit entries of the agent's latest rollout (started, stages, outcome), oldest first."""
+    log_ = store.audit_log()
+    start = max((i for i, e in enumerate(log_) if e.get("action") == "rollout_started"), default=None)
+    if start is None:
+        return []
+    rid = log_[start].get("rollout")
+    return [e for e in log_[start:] if e.get("rollout") == rid]

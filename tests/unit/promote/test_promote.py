@@ -212,3 +212,24 @@ def test_atomic_write_leaves_no_temp_files(tmp_path: Path) -> None:
     atomic_write(p, json.dumps({"a": 1}))
     atomic_write(p, json.dumps({"a": 2}))
     assert json.loads(p.read_text()) == {"a": 2} and [x.name for x in tmp_path.iterdir()] == ["f.json"]
+
+
+def test_act_through_an_injected_promote_records_a_rolled_back_canary(tmp_path: Path) -> None:
+    """The daemon's Act with a rollout: check_and_act promotes through the promote it is given (tuner.rollout's
+    canary promoter); one that declines with an action (a canary rolled back) is an outcome, the champion stays."""
+    from tuner.rollout.rollout import RolledBack, RolloutResult
+
+    session, _ = _session(tmp_path, policy="auto", verify_runs=2)
+    session.study.study.enqueue_trial({"speed": 1.5, "ttft_ms": 100.0, "error_rate": 0.0, "flip": 0})
+    run_cycle(session, trials=2)
+    calls: list[dict[str, object]] = []
+
+    def rolled_back(store: ChampionStore, tracker: object, **kw: object) -> object:
+        calls.append(kw)
+        raise RolledBack("canary rolled back: stage 1 (5%) regressed", RolloutResult("x", "rolled_back", "r"))
+
+    out = check_and_act(session, promote=rolled_back)
+    assert out["action"] == "rolled_back" and "regressed" in out["reason"]
+    assert calls and calls[0]["config"]["speed"] == 1.5 and calls[0]["_locked"] is True
+    assert ChampionStore(session.state_dir, "noisy").champion() is None
+    assert check_and_act(session, promote=rolled_back)["action"] == "none"  # judged: not rolled out again
