@@ -211,9 +211,10 @@ def rollback(agent: Path | None = typer.Argument(None, help=AGENT_HELP, show_def
 
 
 def history(agent: Path | None = typer.Argument(None, help=AGENT_HELP, show_default=False),
-            as_json: bool = typer.Option(False, "--json", help="one JSON object: cycles, verifications, promotions"),
+            as_json: bool = typer.Option(False, "--json", help="one JSON object: cycles, verifications, promotions, "
+                                         "events"),
             state_dir: Path | None = typer.Option(None, "--state-dir")) -> None:
-    """List the agent's cycles, verifications and promotions."""
+    """List the agent's cycles, verifications, promotions and production monitor events."""
     from tuner.context import open_context
     from tuner.promotion.audit import history as get_history
 
@@ -224,13 +225,16 @@ def history(agent: Path | None = typer.Argument(None, help=AGENT_HELP, show_defa
 
         h = (get_history(sd, a.name, ctx.read_tracker(), champion_store_for(a, sd)) if ctx.has_state()
              else {"cycles": [], "verifications": [], "promotions": []})
+        from tuner.monitor.records import read_events
+
+        h["events"] = read_events(sd, a.name) if ctx.has_state() else []
     except TunerError as exc:
         raise _fail(exc) from None
     if as_json:
         typer.echo(json.dumps(h, indent=2, sort_keys=True, default=str))
         return
     typer.echo(f"{a.name}: {len(h['cycles'])} cycle(s), {len(h['verifications'])} verification(s), "
-               f"{len(h['promotions'])} promotion event(s)")
+               f"{len(h['promotions'])} promotion event(s), {len(h['events'])} monitor event(s)")
     typer.echo("cycles:")
     for c in h["cycles"]:
         typer.echo(f"  #{c.get('cycle')}  {_fmt_time(c.get('start_time'))}  {c.get('status', c.get('outcome'))}"
@@ -243,6 +247,11 @@ def history(agent: Path | None = typer.Argument(None, help=AGENT_HELP, show_defa
     for p in h["promotions"]:
         typer.echo(f"  {_fmt_time(p.get('time'))}  {p.get('action')}  #{p.get('seq')} trial {p.get('trial')} "
                    f"by {p.get('user')}: {p.get('reason')}")
+    typer.echo("monitor events:")
+    for e in h["events"]:
+        answer = (e.get("response") or {}).get("action")
+        typer.echo(f"  {_fmt_time(e.get('time'))}  {e.get('kind')} ({e.get('cause')}): {e.get('detail')}"
+                   + (f"  -> {answer}" if answer else ""))
 
 
 def register(app: typer.Typer) -> None:

@@ -21,6 +21,7 @@ from prometheus_client import (
 )
 
 from tuner import __version__
+from tuner.monitor.classify import OPEN_CAUSES
 
 disable_created_metrics()
 
@@ -67,6 +68,12 @@ class DaemonMetrics:
         self.anomalies = Counter("tuner_watch_anomalies", "Production anomalies seen by the watcher",
                                  ["agent", "kind"], registry=self.registry)
         self.promotions = Counter("tuner_promotions", "Automatic promotions", ["agent"], registry=self.registry)
+        self.monitor_events = Counter("tuner_monitor_events", "Events of the production monitor (tuner.monitor) "
+                                      "by kind (drift, anomaly, saturation, recovery) and cause",
+                                      ["agent", "kind", "cause"], registry=self.registry)
+        self.monitor_open = Gauge("tuner_monitor_open", "1 while the monitor sees an anomaly or a saturation of "
+                                  "this cause that has not recovered", ["agent", "kind", "cause"],
+                                  registry=self.registry)
 
     def set_trial_counts(self, agent: str, counts: Mapping[str, int]) -> None:
         """From TunerStudy.counts(): Optuna's states to tuner_trials, FEASIBLE/INFEASIBLE to their own metric."""
@@ -80,6 +87,14 @@ class DaemonMetrics:
         for cause in causes:
             if cause:
                 self.failures.labels(agent, cause).inc()
+
+    def monitor_event(self, agent: str, kind: str, cause: str, opened: Iterable[tuple[str, str]]) -> None:
+        """Count one monitor event; `opened`: the (kind, cause) pairs still open after it (the gauge)."""
+        self.monitor_events.labels(agent, kind, cause).inc()
+        now = set(opened)
+        for k in ("anomaly", "saturation"):
+            for c in OPEN_CAUSES[k]:
+                self.monitor_open.labels(agent, k, c).set(1.0 if (k, c) in now else 0.0)
 
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))

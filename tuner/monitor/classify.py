@@ -56,6 +56,8 @@ RULES: dict[str, SignalRule] = {
 assert set(RULES) == set(SIGNALS)
 TESTS = sum(2 if r.direction == "both" else 1 for r in RULES.values())  # one-sided tests per window
 GPU_THROTTLE = ("gpu_throttled", "gpu_sm_clock_mhz")
+OPEN_CAUSES = {"anomaly": ("latency", "gpu", "gpu_throttle"),  # the causes an open anomaly or saturation has
+               "saturation": ("kv_full", "bandwidth", "queue_growing")}
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,11 @@ class Monitor:
         if sig is None:
             return []
         return self.observe(t, {**sig, **(gpu or {})})
+
+    @property
+    def opened(self) -> list[tuple[str, str]]:
+        """(kind, cause) of every anomaly and saturation not yet recovered."""
+        return [(o.kind, o.cause) for o in self._open]
 
     @property
     def learning(self) -> bool:

@@ -50,6 +50,7 @@ class ReportData:
     promotions: list[dict[str, Any]]
     key_metrics: list[str]
     plots: dict[str, bytes] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)  # the production monitor's (tuner.monitor)
 
     def vs_baseline(self, row: TrialRow | None) -> str:
         """`+12.3%` on the first objective, or `-`."""
@@ -89,6 +90,7 @@ def _row(t: FrozenTrial) -> TrialRow:
 
 def gather(agent: Agent, state_dir: Path, study: Any, *, plots: bool = True) -> ReportData:
     """`study` is a TunerStudy already opened on the agent's storage."""
+    from tuner.monitor.records import read_events
     from tuner.promotion.audit import champion_summary, history
     from tuner.tracking.review import key_metrics
 
@@ -121,6 +123,7 @@ def gather(agent: Agent, state_dir: Path, study: Any, *, plots: bool = True) -> 
         verifications=list(hist["verifications"]),
         promotions=list(hist["promotions"]),
         key_metrics=list(key_metrics(spec, sample)),
+        events=read_events(state_dir, agent.name),
     )
     if plots:
         from tuner.tracking.plots import study_plots

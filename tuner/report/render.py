@@ -4,6 +4,7 @@ a short Markdown summary for a pull request or a ticket."""
 from __future__ import annotations
 
 import base64
+from collections import Counter
 from typing import Any
 
 import yaml
@@ -103,4 +104,9 @@ def markdown(d: ReportData) -> str:
         e = d.promotions[-1]
         lines += ["", f"Last promotion event ({when(e.get('time'))}): {e.get('action')} #{e.get('seq')} "
                       f"(trial {e.get('trial')}) by {e.get('user')}: {e.get('reason')}."]
+    if d.events:
+        kinds = Counter(str(e.get("kind")) for e in d.events)
+        e = d.events[-1]
+        lines += ["", "Production monitor: " + ", ".join(f"{n} {k}" for k, n in kinds.items())
+                  + f"; last ({when(e.get('time'))}): {e.get('detail')}."]
     return "\n".join(lines) + "\n"

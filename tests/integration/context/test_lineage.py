@@ -66,7 +66,7 @@ def test_read_only_commands_create_nothing(tmp_path: Path) -> None:
     status = json.loads(cli("status", str(agent), "--state-dir", str(sd), "--json"))
     assert status["study"] == "lin" and status["trials"]["COMPLETE"] == 0 and status["champion"] is None
     history = json.loads(cli("history", str(agent), "--state-dir", str(sd), "--json"))
-    assert history == {"cycles": [], "verifications": [], "promotions": []}
+    assert history == {"cycles": [], "verifications": [], "promotions": [], "events": []}
     r = CliRunner().invoke(app, ["check", "--state-dir", str(sd)])
     assert r.exit_code == 1 and "no heartbeat" in r.output
     cli("validate", str(agent))
