@@ -25,11 +25,12 @@ class Definition:
 DEFINITIONS: tuple[Definition, ...] = (
     Definition(
         tuner="ttft",
-        meaning="per request: from sending the request to the first streamed chunk with non-empty text "
-                "(not measured without streaming)",
-        vllm="ttft (the same: first chunk with non-empty text)",
-        guidellm="time_to_first_token (the same)",
-        aiperf="time_to_first_token (the same: empty first responses are skipped)",
+        meaning="per request: from sending the request to the first streamed chunk with a choice, its text "
+                "empty or not (a token whose bytes do not decode yet streams as empty text); a chat chunk with "
+                "only the role does not count (not measured without streaming)",
+        vllm="ttft (the same: the first chunk with a choice, empty text included)",
+        guidellm="time_to_first_token (its first token iteration)",
+        aiperf="time_to_first_token (skips responses with empty content: later when the first chunk is empty)",
     ),
     Definition(
         tuner="tpot",
@@ -50,7 +51,8 @@ DEFINITIONS: tuple[Definition, ...] = (
     ),
     Definition(
         tuner="e2el",
-        meaning="per request: from sending the request to the end of the answer",
+        meaning="per request: from sending the request to the last streamed token chunk (the usage chunk and "
+                "[DONE] after it do not count), or to the end of the answer when not streamed",
         vllm="e2el (the same)",
         guidellm="request_latency (the same)",
         aiperf="request_latency (the same)",

@@ -66,7 +66,10 @@ class RequestRecord:
 
     @property
     def e2el_ms(self) -> float:
-        return (self.done_s - self.sent_s) * 1000.0
+        """To the last streamed token (as vllm bench serve: the usage chunk and [DONE] after it do not count),
+        or to the end of the answer when not streamed."""
+        end = self.token_times_s[-1] if self.streamed and self.token_times_s else self.done_s
+        return (end - self.sent_s) * 1000.0
 
     @property
     def tpot_ms(self) -> float | None:

@@ -2,6 +2,10 @@
 
 - A stream ends on `data: [DONE]`, or on the end of the body after a chunk that carried a `finish_reason`
   or `usage` (some servers never send `[DONE]`); anything else that ends is a broken stream.
+- Every chunk with a choice is a token chunk, its text empty or not (vLLM streams one chunk per token and a
+  token whose bytes do not yet decode to text comes with empty text), as `vllm bench serve` counts them:
+  the first one stops the TTFT clock. A chat chunk that carries just the role is not; a last chunk with
+  empty text and a finish_reason is one only when `usage` counts a token more than the chunks before it.
 - A chunk may carry several tokens. Its token count comes from a `usage` delta when the server sends usage
   on every chunk, else from the tokenizer when one was given (`count_text`), else 1; the request's total
   comes from the final `usage.completion_tokens` when reported. `token_times` turns chunk arrivals into
@@ -36,6 +40,7 @@ class StreamReader:
     error: str | None = None
     detail: str = ""
     _usage_tokens: int | None = None  # completion_tokens of the last usage seen on a content chunk
+    _finish_s: float | None = None  # arrival of an empty-text chunk with a finish_reason (a token or not)
 
     @property
     def full_parse(self) -> bool:
@@ -53,26 +58,31 @@ class StreamReader:
         choices = d.get("choices")
         u = d.get("usage")
         text = None
+        token_chunk = False
         if choices:
             c = choices[0]
             if self.chat:
                 delta = c.get("delta") or {}
                 text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+                token_chunk = bool(text) or "role" not in delta  # a role-only chunk carries no token
             else:
                 text = c.get("text")
+                token_chunk = True
             if c.get("finish_reason") is not None:
                 self.finished = True
-        if text:
+                if not text and token_chunk:  # decided at the end, from usage
+                    self._finish_s, token_chunk = now, False
+        if token_chunk:
             n: int | None = None
             if u and u.get("completion_tokens") is not None:  # usage on every chunk: a delta
                 total = int(u["completion_tokens"])
                 n = max(1, total - (self._usage_tokens or 0))
                 self._usage_tokens = total
-            elif self.count_text is not None:
+            elif self.count_text is not None and text:
                 n = max(1, self.count_text(text))
             self.chunk_times.append(now)
             self.chunk_tokens.append(n)
-            if self.keep_text:
+            if self.keep_text and text:
                 self.texts.append(text)
         if u:
             self.usage = u
@@ -81,24 +91,25 @@ class StreamReader:
             self.detail = str(d["error"])[:300]
 
     def _fast(self, payload: bytes, now: float) -> bool:
-        """A plain content chunk (no usage, error or finish_reason) without parsing the JSON."""
+        """A plain token chunk (no usage, error, role or finish_reason) without parsing the JSON."""
         key = b'"content":' if self.chat else b'"text":'
-        i = payload.find(key)
-        if i < 0 or b'"usage"' in payload or b'"error"' in payload or b"reasoning" in payload:
+        if (payload.find(key) < 0 or b'"usage"' in payload or b'"error"' in payload or b"reasoning" in payload
+                or (self.chat and b'"role"' in payload)):
             return False
         if b'"finish_reason"' in payload and not (b'"finish_reason":null' in payload
                                                  or b'"finish_reason": null' in payload):
             return False
-        j = i + len(key)
-        while payload[j:j + 1] == b" ":
-            j += 1
-        if payload[j:j + 2] != b'""' and payload[j:j + 4] != b"null":
-            self.chunk_times.append(now)
-            self.chunk_tokens.append(None)
+        self.chunk_times.append(now)
+        self.chunk_tokens.append(None)
         return True
 
     def end(self) -> str:
         """At the end of the body: how the stream ended (sets error when it broke)."""
+        if self._finish_s is not None and self.usage is not None and self.usage.get("completion_tokens") is not None:
+            if int(self.usage["completion_tokens"]) > sum(n or 1 for n in self.chunk_tokens):
+                self.chunk_times.append(self._finish_s)  # the last token's text was empty
+                self.chunk_tokens.append(None)
+            self._finish_s = None
         if self.done:
             return STREAM_END_DONE
         if self.error is None and (self.finished or self.usage is not None):

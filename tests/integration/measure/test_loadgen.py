@@ -227,7 +227,9 @@ def sse_server(body: bytes):  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
 def test_stream_formats_other_servers_send(endpoint: str) -> None:
-    """Role-only and empty chunks are not tokens; spaced JSON, keep-alive comments and usage are understood."""
+    """Chunks with empty text are token chunks (as vllm bench serve counts them), a role-only chunk is not, nor an
+    empty last chunk with a finish_reason that usage does not count; spaced JSON, keep-alive comments and
+    usage are understood."""
     if endpoint == "chat":
         events = ['{"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}',
                   '{"choices": [{"index": 0, "delta": {"content": "He"}}]}',
@@ -249,7 +251,7 @@ def test_stream_formats_other_servers_send(endpoint: str) -> None:
         srv.shutdown()
     assert m.summary["completed"] == 3
     for r in m.records:
-        assert len(r.token_times_s) == (3 if endpoint == "chat" else 2)  # reasoning chunks count, as vllm's
+        assert len(r.token_times_s) == (4 if endpoint == "chat" else 3)  # reasoning chunks count, as vllm's
         assert r.output_tokens == 2 and r.prompt_tokens == 7  # usage wins
     srv = sse_server(b'data: {"choices":[{"index":0,"text":"a"}]}\n\ndata: {"error": {"message": "boom"}}\n\n'
                      b"data: [DONE]\n\n")

@@ -6,7 +6,10 @@ serving a tiny random Llama made by `tuner make-model`.
 - a real tuning cycle of three trials (enforce-eager, a few requests): the baseline, a valid proposal and an
   invalid combination that vLLM itself refuses (its own message is the trial's cause); real vLLM metrics
   are scraped into each measured trial;
-- SIGKILL of the tuner mid-trial leaves no vLLM process (API server, EngineCore, worker, resource tracker).
+- SIGKILL of the tuner mid-trial leaves no vLLM process (API server, EngineCore, worker, resource tracker);
+- `tuner bench` measures what `vllm bench serve` measures: on the same recorded streams it clocks TTFT at the
+  chunk vLLM's rule does, and on the same server and load (interleaved rounds) the medians agree within the
+  round-to-round noise; its default prompts are the asked length as the server's /tokenize counts them.
 
 Runs wherever .venv-vllm exists; CI (CI=true) builds it, and there a missing one fails instead of skipping.
 """
@@ -250,3 +253,28 @@ def test_real_failures_are_classified_from_vllms_output(tmp_path: Path, vllm_pyt
     assert ei2.value.cause == "startup_timeout"
     assert not list((tmp_path / "state" / "pids").glob("*.json"))
     assert not _processes_with(str(tiny_model)), "a vLLM process outlived its failed trial"
+
+
+def test_tuner_bench_measures_what_vllm_bench_serve_measures(tmp_path: Path, vllm_python: Path,
+                                                           tiny_model: Path) -> None:
+    from tests.support.thirdparty import free_port, running
+    from tests.support.vs_vllm_bench import METRICS, Load, first_chunk_rules, interleaved, record_streams, verdict
+
+    port = free_port()
+    argv = [str(vllm_python.parent / "vllm"), "serve", str(tiny_model), "--served-model-name", "tiny", "--host",
+            "127.0.0.1", "--port", str(port), "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager"]
+    with running(argv, port=port, model="tiny", log=tmp_path / "serve.log", env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+                 timeout_s=420) as srv:
+        # the same streams: the first chunk of a random byte-level model is often empty text (a token whose
+        # bytes do not decode yet); vLLM's benchmark stops the TTFT clock there, and so does the tuner
+        rec = first_chunk_rules(record_streams(srv.url, "tiny", requests=32))
+        assert rec["reader_equals_vllm_rule"], rec
+        load = Load(requests=60, concurrency=4, prompt_tokens=128, output_tokens=32)
+        rounds = interleaved(srv.url, "tiny", tiny_model, tmp_path / "rounds", load, rounds=3)
+    for metric in (*METRICS, "request_throughput"):
+        v = verdict(rounds, metric)
+        assert v["agree"], (metric, v, rounds.loads)
+    for res in rounds.tuner_raw:  # by default, prompts from the server's own /tokenize: the asked length
+        assert res["tuner"]["prompt_lengths"]["method"] == "server_tokenize"
+        assert all(abs(n - 128) <= 0.02 * 128 for n in res["input_lens"]), res["input_lens"]
+        assert res["tuner"]["prompt_lengths"]["within_2pct_frac"] == 1.0

@@ -82,3 +82,21 @@ def test_an_error_event_is_a_broken_stream() -> None:
     r.feed(json.dumps({"error": {"message": "boom"}}).encode(), 0.0)
     r.feed(b"[DONE]", 0.0)
     assert r.error == "stream_broken" and "boom" in r.detail
+
+
+def test_empty_text_chunks_are_tokens_as_vllm_bench_counts_them() -> None:
+    # vLLM streams one chunk per token; a token whose bytes do not decode yet comes with empty text, first
+    # chunk included: the TTFT stops there, and the empty last chunk counts when usage says it held a token
+    r = StreamReader(chat=False)
+    for i, t in enumerate(["", "a", "", "b"]):
+        r.feed(chunk(t), float(i))
+    r.feed(chunk("", finish="length"), 4.0)
+    r.feed(b'{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":5}}', 4.5)
+    r.feed(b"[DONE]", 4.6)
+    assert r.end() == "done" and r.chunk_times == [0.0, 1.0, 2.0, 3.0, 4.0] and r.output_tokens() == 5
+    # chat: the role-only chunk is no token
+    r = StreamReader(chat=True)
+    r.feed(b'{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}', 0.0)
+    r.feed(chunk("", chat=True), 1.0)
+    r.feed(chunk("x", chat=True), 2.0)
+    assert r.chunk_times == [1.0, 2.0]
