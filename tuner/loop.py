@@ -27,6 +27,7 @@ from tuner.measure.failures import error_rate_slo, request_failure
 from tuner.measure.measurement import Measurement
 from tuner.study.objectives import FAILURE_CONSTRAINT, Evaluation, evaluate, failed_evaluation, goodput_thresholds_ms
 from tuner.study.study import LeaseLost, SearchExhausted, TunerStudy, default_storage
+from tuner.study.summary import environment_failure
 from tuner.targets.base import Target, TrialContext
 from tuner.targets.process import reap_orphans
 from tuner.targets.registry import make_target
@@ -61,6 +62,7 @@ class CycleResult:
     interrupted: bool
     wall_s: float
     repeats: list[TrialOutcome] = field(default_factory=list)  # re-proposals measured as repeats (no budget)
+    environment_stop: str | None = None  # why the cycle stopped early (tuner.study.summary.environment_failure)
 
 
 @dataclass
@@ -219,6 +221,7 @@ def run_cycle(
     t0 = time.monotonic()
     outcomes: list[TrialOutcome] = []
     repeats: list[TrialOutcome] = []
+    env_stop: dict[str, str | None] = {"why": None}
     lock = threading.Lock()
     budget = {"left": n_trials}
 
@@ -250,6 +253,11 @@ def run_cycle(
                         budget["left"] += 1
                     continue
                 outcomes.append(outcome)
+                why = environment_failure(outcomes) if env_stop["why"] is None else None
+                if why is not None:
+                    env_stop["why"] = why
+                    log.warning("%s", why)
+                    budget["left"] = 0
             if on_trial is not None:
                 on_trial(outcome)
 
@@ -294,7 +302,7 @@ def run_cycle(
                                        "interrupted": interrupted, "wall_s": round(wall_s, 3),
                                        "ended_at": time.time()})
     return CycleResult(cycle=cycle, run_id=run_id, outcomes=sorted(outcomes, key=lambda o: o.number),
-                       interrupted=interrupted, wall_s=wall_s, repeats=repeats)
+                       interrupted=interrupted, wall_s=wall_s, repeats=repeats, environment_stop=env_stop["why"])
 
 
 def measure_config(session: Session, config: dict[str, Any], ctx: TrialContext, *,

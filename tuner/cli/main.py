@@ -36,7 +36,9 @@ def run(
 
     A workload with rate_per_s: auto is sized on the baseline first (once per study). Exit status: 0 when the
     study has a feasible trial, 3 when it has none (the nearest misses are printed), 2 for invalid input,
-    4 when an auto rate could not be sized."""
+    4 when an auto rate could not be sized, 5 when the cycle stopped early because the baseline and the next
+    two trials failed with one cause of the environment and one error (a port taken, a binary missing, a
+    client error): the budget is not spent on a run that cannot tell anything."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from tuner.context import open_context
@@ -74,11 +76,13 @@ def run(
 
             result = run_cycle(session, trials=trials, stop_event=stop, on_trial=on_trial,
                                on_sizing_step=on_sizing_step)
-        from tuner.study.summary import EXIT_NO_FEASIBLE, run_summary
+        from tuner.study.summary import EXIT_ENVIRONMENT, EXIT_NO_FEASIBLE, run_summary
 
         feasible = bool(session.study.best())
         if as_json:
             _print_run_json(session, result)
+            if result.environment_stop:
+                raise typer.Exit(EXIT_ENVIRONMENT)
             if not feasible:
                 raise typer.Exit(EXIT_NO_FEASIBLE)
             return
@@ -88,11 +92,15 @@ def run(
             console.print(line, highlight=False, soft_wrap=True)
         if result.interrupted:
             console.print("[yellow]stopped early: the running trial was recorded as interrupted[/]")
+        if result.environment_stop:
+            console.print(f"[red]{result.environment_stop}[/]", highlight=False, soft_wrap=True)
         if result.run_id:
             console.print(f"MLflow: experiment [cyan]{session.tracker.experiment_name}[/], "
                           f"cycle run {result.run_id} ({safe_url(session.tracker.uri)}); `tuner ui` to browse")
     except TunerError as exc:
         raise fail(exc) from None
+    if result.environment_stop:
+        raise typer.Exit(EXIT_ENVIRONMENT)
     if not feasible:
         raise typer.Exit(EXIT_NO_FEASIBLE)
 
@@ -103,6 +111,7 @@ def _print_run_json(session: Any, result: Any) -> None:
     study = session.study
     out = {"agent": session.agent.name, "study": study.name, "cycle": result.cycle, "run_id": result.run_id,
            "interrupted": result.interrupted, "wall_s": round(result.wall_s, 3),
+           "environment_stop": result.environment_stop,
            "trials": [{"number": o.number, "params": o.params, "values": o.values if o.cause is None else None,
                        "feasible": o.feasible, "cause": o.cause, "error": o.error, "metrics": o.metrics,
                        "duration_s": round(o.duration_s, 3)} for o in result.outcomes],

@@ -17,6 +17,43 @@ from tuner.study.objectives import violation
 
 # `tuner run` exit status when the study has no feasible trial (0: it has one; 2: invalid input).
 EXIT_NO_FEASIBLE = 3
+# `tuner run` exit status when the cycle stopped early: the baseline and the first trials failed for one cause of
+# the environment (a port taken, a binary missing, a client error), so no further trial could tell anything
+EXIT_ENVIRONMENT = 5
+# causes that the environment, not the configuration, may explain, and how many first trials (the baseline
+# included) failing with one of them and one error text stop the cycle
+ENVIRONMENT_CAUSES = ("deploy_failed", "crashed_at_startup", "startup_timeout", "all_requests_failed",
+                      "request_errors", "request_failed", "internal_error", "run_failed", "crashed_during_run")
+ENVIRONMENT_STOP_AFTER = 3
+
+
+def environment_failure(outcomes: Sequence[Any]) -> str | None:
+    """A sentence when the first ENVIRONMENT_STOP_AFTER trials (in trial order, the baseline first) all failed
+    with one environment cause and the same error text (its first and last lines, digits aside: the last line
+    of a server's log tail says why it went); None otherwise."""
+    first = sorted(outcomes, key=lambda o: o.number)[:ENVIRONMENT_STOP_AFTER]
+    if len(first) < ENVIRONMENT_STOP_AFTER:
+        return None
+    causes = {o.cause for o in first}
+    if len(causes) != 1 or next(iter(causes)) not in ENVIRONMENT_CAUSES:
+        return None
+    texts = {_signature(o.error) for o in first}
+    if len(texts) != 1:
+        return None
+    cause = next(iter(causes))
+    lines = [ln for ln in (first[0].error or "no detail").splitlines() if ln.strip()]
+    detail = lines[0][:200] + (f" ... {lines[-1][:200]}" if len(lines) > 1 else "")
+    return (f"stopped early: the baseline and the next {ENVIRONMENT_STOP_AFTER - 1} trials all failed with "
+            f"{cause} ({detail}): the environment, not the configuration, looks at fault; fix it and run again")
+
+
+def _signature(error: str | None) -> str:
+    import re
+
+    lines = [ln for ln in (error or "").splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    return re.sub(r"\d+", "#", f"{lines[0][:160]}|{lines[-1][:160]}")
 
 
 @dataclass(frozen=True)
