@@ -5,11 +5,13 @@ each is drawn by `tuner.measure.workload.sample_lengths` (what a trial sends) an
 cumulative distribution at the observed bucket bounds; the smallest largest difference (`bucket_ks`) wins, the
 fixed length when it is within `SIMPLER_WITHIN` of the best (a histogram cannot tell shapes inside a bucket).
 
-Arrivals: a closed loop when the requests in the server (running + waiting) stay near one level (coefficient of
-variation below `CLOSED_CV`); else an open loop at the observed rate whose process follows the burstiness
-(`dispersion`: the squared coefficient of variation of the gaps between arrivals for a trace, the index of
-dispersion of the finished requests per scrape interval for /metrics and Prometheus; 1 for Poisson):
-constant below `CONSTANT_BELOW`, Poisson inside `POISSON_BAND`, else gamma with shape 1/dispersion.
+Arrivals: a closed loop when the requests in the server (running + waiting) sit at a ceiling they never pass
+(at least `CLOSED_AT_MAX` of the samples at the maximum: the concurrency is that maximum, since the client's
+time between a request's end and the next one's start lowers the server's mean but not its ceiling) or stay
+near one level (coefficient of variation below `CLOSED_CV`: the rounded mean); else an open loop at the observed
+rate whose process follows the burstiness (`dispersion`: the squared coefficient of variation of the gaps
+between arrivals for a trace, the index of dispersion of the finished requests per scrape interval for /metrics
+and Prometheus; 1 for Poisson): constant below `CONSTANT_BELOW`, Poisson inside `POISSON_BAND`, else gamma with shape 1/dispersion.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from tuner.spec import Arrival, LengthDist, WorkloadSpec
 
 SIMPLER_WITHIN = 0.02
 CLOSED_CV = 0.2
+CLOSED_AT_MAX = 0.4
 CONSTANT_BELOW = 0.05
 POISSON_BAND = (0.5, 2.0)
 DRAWS = 8000
@@ -116,11 +119,15 @@ def fit_arrival(rate_per_s: float, disp: float | None, conc: Sequence[float], *,
     err: dict[str, float] = {}
     c_mean = float(np.mean(conc)) if len(conc) else math.nan
     c_cv = float(np.std(conc) / c_mean) if len(conc) > 1 and c_mean > 0 else math.inf
+    c_max = float(np.max(conc)) if len(conc) else 0.0
+    at_max = float(np.mean(np.asarray(conc) >= c_max)) if len(conc) else 0.0
+    ceiling = len(conc) >= 5 and c_max >= 1 and at_max >= CLOSED_AT_MAX
+    level = len(conc) > 1 and c_mean >= 0.9 and c_cv < CLOSED_CV
     if kind == "auto":
-        if len(conc) > 1 and c_mean >= 0.9 and c_cv < CLOSED_CV:
+        if ceiling or level:
             kind = "closed"
-            notes.append(f"closed loop: requests in the server stayed near {c_mean:.2f} (CV {c_cv:.2f} < "
-                         f"{CLOSED_CV})")
+            notes.append(f"closed loop: requests in the server at their maximum {c_max:g} in {100 * at_max:.0f}% "
+                         f"of the samples, mean {c_mean:.2f} (CV {c_cv:.2f})")
         elif disp is None:
             kind = "poisson"
             notes.append("poisson: too few intervals to measure the burstiness")
@@ -134,8 +141,8 @@ def fit_arrival(rate_per_s: float, disp: float | None, conc: Sequence[float], *,
         if not c_mean > 0:
             raise ObservationError("a closed loop needs the concurrency, but vllm:num_requests_running / "
                                    "vllm:num_requests_waiting gave no samples above 0 in the window")
-        n = max(1, round(c_mean))
-        err["concurrency_rel_err"] = abs(n - c_mean) / c_mean
+        n = max(1, round(c_max if ceiling or not level else c_mean))
+        err["concurrency_rel_err"] = abs(n - c_mean) / c_mean  # against the server's mean: see the module doc
         return Arrival(kind="closed", concurrency=n), err, notes
     if not rate_per_s > 0:
         raise ObservationError("no request arrived in the window: nothing to fit a rate to (send traffic or "

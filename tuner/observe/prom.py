@@ -1,12 +1,14 @@
 """A Prometheus server's HTTP API over a window: the same series as /metrics, replicas summed by PromQL.
 
-Instant queries at the window's end (`/api/v1/query`): `sum(increase(vllm:request_success_total{sel}[W]))`,
-`sum by (le) (increase(vllm:request_prompt_tokens_bucket{sel}[W]))` with its `_sum` and `_count` (and the same
-for vllm:request_generation_tokens), the prefix-cache counters. Range queries (`/api/v1/query_range`, one
-point per `step_s`): `sum(vllm:num_requests_running{sel})`, `sum(vllm:num_requests_waiting{sel})` and
-`sum(increase(vllm:request_success_total{sel}[step]))` for the burstiness. Prometheus' increase() handles
-counter resets and extrapolates to the window's edges, so counts may be fractional. An empty result is an
-ObservationError naming the query's series and selector.
+Instant queries at the window's end (`/api/v1/query`): `sum by (le) (increase(vllm:request_prompt_tokens_bucket
+{sel}[W]))` with its `_sum` and `_count` (and the same for vllm:request_generation_tokens), the prefix-cache
+counters (Prometheus' increase() handles counter resets and extrapolates to the window's edges: the counts may
+be fractional, their ratios are not skewed). Range queries (`/api/v1/query_range`, one point per `step_s`):
+`sum(vllm:num_requests_running{sel})`, `sum(vllm:num_requests_waiting{sel})`, and the raw
+`vllm:request_success_total{sel}` of every series, differenced step to step as /metrics windows are (a value
+that falls is a restart; a series first seen inside the window began at 0) and summed over the series: the
+finished requests, exactly, and per step for the burstiness. An empty result is an ObservationError naming the
+query's series and selector.
 """
 
 from __future__ import annotations
@@ -68,10 +70,25 @@ class Prometheus:
         data = self._get("/api/v1/query", {"query": query, "time": f"{at_s:.3f}"})
         return [(d["metric"], float(d["value"][1])) for d in data.get("result", [])]
 
-    def matrix(self, query: str, start_s: float, end_s: float, step_s: float) -> list[list[float]]:
+    def matrix(self, query: str, start_s: float, end_s: float, step_s: float) -> list[dict[float, float]]:
+        """One {timestamp: value} per series of the range query."""
         data = self._get("/api/v1/query_range", {"query": query, "start": f"{start_s:.3f}",
                                                  "end": f"{end_s:.3f}", "step": f"{step_s:g}"})
-        return [[float(v) for _, v in d["values"]] for d in data.get("result", [])]
+        return [{round(float(t), 3): float(v) for t, v in d["values"]} for d in data.get("result", [])]
+
+
+def step_increases(series: list[dict[float, float]], start_s: float) -> list[tuple[float, float]]:
+    """(seconds, increase) per step of the range-query grid, summed over the series (reset-aware)."""
+    t0 = round(start_s, 3)
+    grid = sorted({t0} | {t for s in series for t in s})
+    inc = dict.fromkeys(grid[1:], 0.0)
+    for s in series:
+        ts = sorted(s)
+        if ts and ts[0] > t0:  # first seen inside the window: it began at 0
+            inc[ts[0]] += s[ts[0]]
+        for a, b in zip(ts[:-1], ts[1:], strict=True):
+            inc[b] += s[b] - s[a] if s[b] >= s[a] else s[b]
+    return [(b - a, inc[b]) for a, b in zip(grid[:-1], grid[1:], strict=True)]
 
 
 def _window(seconds: float) -> str:
@@ -131,18 +148,18 @@ def observe_prometheus(url: str, window_s: float, *, selector: str = "", end_s: 
         res = prom.matrix(f"sum({series}{braces})", start, end, step)
         if not res:
             raise missing(series)
-        return res[0]
+        return [v for _, v in sorted(res[0].items())]
 
     try:
-        requests = scalar("vllm:request_success_total")
-        assert requests is not None
-        steps = prom.matrix(f"sum(increase(vllm:request_success_total{braces}[{_window(step)}]))",
-                            start + step, end, step)
+        finished = prom.matrix(f"vllm:request_success_total{braces}", start, end, step)
+        if not finished:
+            raise missing("vllm:request_success_total")
+        steps = step_increases(finished, start)
         counts = WindowCounts(
-            start_s=start, end_s=end, requests=requests,
+            start_s=start, end_s=end, requests=sum(c for _, c in steps),
             prompt=hist("vllm:request_prompt_tokens"), output=hist("vllm:request_generation_tokens"),
             running=gauge("vllm:num_requests_running"), waiting=gauge("vllm:num_requests_waiting"),
-            interval_counts=[(step, c) for c in steps[0]] if steps else [],
+            interval_counts=steps,
             prefix_queries=scalar("vllm:prefix_cache_queries_total", required=False),
             prefix_hits=scalar("vllm:prefix_cache_hits_total", required=False))
     finally:

@@ -147,3 +147,11 @@ def test_dispersion_of_regular_and_bursty_counts() -> None:
     assert dispersion([(1.0, 0.0), (1.0, 20.0)] * 5) == pytest.approx(100 / 9)  # each interval 10 off a mean of 10
     assert dispersion([(1.0, 5.0)] * 2) is None
     assert dispersion([(1.0, 3.0), (2.0, 6.0), (1.0, 3.0)]) == 0  # intervals of any length, one rate
+
+
+def test_prometheus_range_counts_are_differenced_per_series() -> None:
+    from tuner.observe.prom import step_increases
+
+    a = {100.0: 10.0, 102.0: 14.0, 104.0: 2.0, 106.0: 5.0}  # restarted between 102 and 104
+    b = {104.0: 3.0, 106.0: 4.0}  # first seen at 104: it began at 0 inside the window
+    assert step_increases([a, b], 100.0) == [(2.0, 4.0), (2.0, 5.0), (2.0, 4.0)]

