@@ -11,7 +11,8 @@ time between a request's end and the next one's start lowers the server's mean b
 near one level (coefficient of variation below `CLOSED_CV`: the rounded mean); else an open loop at the observed
 rate whose process follows the burstiness (`dispersion`: the squared coefficient of variation of the gaps
 between arrivals for a trace, the index of dispersion of the finished requests per scrape interval for /metrics
-and Prometheus; 1 for Poisson): constant below `CONSTANT_BELOW`, Poisson inside `POISSON_BAND`, else gamma with shape 1/dispersion.
+and Prometheus; 1 for Poisson): constant below `CONSTANT_BELOW`, Poisson inside `POISSON_BAND`, else gamma with
+shape 1/dispersion.
 """
 
 from __future__ import annotations
