@@ -5,13 +5,11 @@ the bench sent (Azure LLM trace columns). Prints (and writes) table.md.
     .venv/bin/python experiments/observation/run.py [--duration-s 20] [--out experiments/observation/table.md]
 
 Each setting runs one `tuner bench` of --duration-s seconds against one `tuner serve-engine` (tiny preset, one
-CPU thread). Its /metrics is scraped every 0.5 s from just before the bench starts to 2.5 s after it ends;
-Prometheus (1 s scrapes) is asked for the window from 1 s before the bench to 2.5 s after it; and the bench's
-own per-request records (send time, prompt and output tokens) are written as an Azure-format trace and fitted.
-Truth: what the bench sent (`--json`: per-request lengths, the requests completed, their rate from the first
-send to the last completion) and the arrival process it was told to use. The rate error of /metrics and
-Prometheus is against completed / their window (both include the bench's start-up and the idle seconds after
-it), that of the trace against the bench's own request rate.
+CPU thread). The window is the traffic's: from the bench's first finished request (seen on /metrics) to the
+bench's exit. /metrics is scraped every 0.5 s over it; Prometheus (1 s scrapes) is asked for it (plus 1 s) after
+the bench; and the bench's own per-request records (send time, prompt and output tokens) are written as an
+Azure-format trace and fitted. Truth: what the bench sent (`--json`: per-request lengths, its request rate from
+the first send to the last completion) and the arrival process it was told to use.
 """
 
 from __future__ import annotations
@@ -35,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.support.prometheus import running_prometheus  # noqa: E402
 from tests.support.thirdparty import free_port, running  # noqa: E402
+from tuner.measure.scrape import fetch  # noqa: E402
 from tuner.observe import ObservedWorkload, observe_metrics, observe_prometheus, observe_trace  # noqa: E402
 
 # name, bench arguments, workload file (or None), what was sent (kind, rate or concurrency, burstiness)
@@ -122,35 +121,37 @@ def run_setting(name: str, args: list[str], wl: dict[str, Any] | None, truth: di
     stop = threading.Event()
 
     def watch() -> None:
+        before = fetch(url + "/metrics").counters.get("request_success", 0.0)
+        while fetch(url + "/metrics").counters.get("request_success", 0.0) == before and not stop.is_set():
+            time.sleep(0.1)  # until the bench's first request has finished: the window is the traffic's
+        live["t_first"] = time.time()
         try:
             live["obs"] = observe_metrics(url + "/metrics", 3600, interval_s=0.5, stop=stop)
         except Exception as exc:  # noqa: BLE001 - recorded in the table
             live["error"] = exc
 
-    t0 = time.time()
     th = threading.Thread(target=watch)
     th.start()
     bench = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    if bench.wait(600) != 0:
-        stop.set()
-        raise RuntimeError(f"bench failed for {name}")
-    time.sleep(2.5)
+    rc = bench.wait(600)
+    t_exit = time.time()
     stop.set()
     th.join()
-    t1 = time.time()
+    if rc != 0:
+        raise RuntimeError(f"bench failed for {name}")
+    time.sleep(2.0)  # Prometheus scrapes the last counts
     res = json.loads(res_path.read_text())
     ok = [i for i, o in enumerate(res["output_lens"]) if o > 0]
     truth = {**truth, "prompt_tokens_mean": float(np.mean([res["input_lens"][i] for i in ok])),
              "output_tokens_mean": float(np.mean([res["output_lens"][i] for i in ok]))}
     rows = []
     if "obs" in live:
-        m = live["obs"]
-        rows.append(row(name, "/metrics", m, truth, res["completed"] / m.window_s))
+        rows.append(row(name, "/metrics", live["obs"], truth, res["request_throughput"]))
     else:
         rows.append({"setting": name, "source": "/metrics", "fitted arrival": f"error: {live.get('error')}"})
-    window = t1 - (t0 - 1.0)
-    p = observe_prometheus(prom_url, window, end_s=t1, selector='job="engine"')
-    rows.append(row(name, "Prometheus", p, truth, res["completed"] / window))
+    end = t_exit + 1.0
+    p = observe_prometheus(prom_url, end - live["t_first"], end_s=end, selector='job="engine"')
+    rows.append(row(name, "Prometheus", p, truth, res["request_throughput"]))
     trace = tmp / "trace.csv"
     write_azure(trace, res)
     tr = observe_trace(trace)
