@@ -318,11 +318,33 @@ class ScheduleSpec(_Strict):
         return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(3)]
 
 
+class MonitorSpec(_Strict):
+    """The production monitor on the watch's scrapes (tuner.monitor): its windows are the watch's interval."""
+
+    false_alarms_per_day: float = Field(default=1.0, gt=0, description="over all signals; sets the CUSUM "
+                                        "threshold (tuner.monitor.detect)")
+    learn_windows: int = Field(default=20, ge=3, description="windows that make a baseline")
+    settle_windows: int = Field(default=1, ge=0, description="an output alarm waits this long for an input "
+                                "alarm before it is an anomaly")
+    recovery_windows: int = Field(default=3, ge=1)
+    kv_full_frac: float = Field(default=0.95, gt=0, le=1)
+    dram_limit_frac: float = Field(default=0.85, gt=0, le=1, description="DRAM active above it is saturation")
+    gpus: list[int] = Field(default_factory=list, description="this host's GPU indices to read through NVML")
+    dcgm_prometheus_url: str | None = Field(default=None, description="a Prometheus holding the DCGM "
+                                            "exporter's series for the serving GPUs")
+    dcgm_selector: str = Field(default="", description='label matchers of those GPUs, e.g. Hostname="node-1"')
+    on_anomaly: Literal["alert", "reverify"] = Field(default="reverify", description="reverify: verify the "
+                                                     "champion against the baseline, roll back if it lost")
+
+    _u = field_validator("dcgm_prometheus_url")(classmethod(lambda cls, v: _no_password(v, "dcgm_prometheus_url")))
+
+
 class WatchSpec(_Strict):
     url: str
     interval_s: float = Field(default=60.0, gt=0)
     window_s: float = Field(default=600.0, gt=0)
     drift_threshold: float = Field(default=0.3, gt=0, description="relative change of mean prompt length")
+    monitor: MonitorSpec | None = Field(default=None, description="statistical change detection on the scrapes")
 
 
 class LoadBalancerSpec(_Strict):

@@ -27,6 +27,7 @@ from scipy.stats import kendalltau
 from tuner.measure.scrape import Snapshot
 from tuner.monitor.detect import Baseline, Cusum, Direction, SignalTrack, change_index, threshold
 from tuner.monitor.signals import GPU, INPUTS, SIGNALS, MissingSeries, window_signals
+from tuner.spec import MonitorSpec
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,14 @@ class MonitorConfig:
     @property
     def h(self) -> float:
         return threshold(self.false_alarms_per_day, self.interval_s, TESTS, self.k)
+
+    @classmethod
+    def from_spec(cls, spec: MonitorSpec, interval_s: float) -> MonitorConfig:
+        """The agent file's `watch.monitor` at the watch's scrape interval."""
+        return cls(interval_s=interval_s, false_alarms_per_day=spec.false_alarms_per_day,
+                   learn_windows=spec.learn_windows, settle_windows=spec.settle_windows,
+                   recovery_windows=spec.recovery_windows, kv_full_frac=spec.kv_full_frac,
+                   dram_limit_frac=spec.dram_limit_frac)
 
 
 @dataclass

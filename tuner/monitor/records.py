@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -25,18 +27,36 @@ def events_path(state_dir: Path, agent: str) -> Path:
 
 
 def read_events(state_dir: Path, agent: str) -> list[dict[str, Any]]:
-    """The agent's recorded events, oldest first ([] when there are none)."""
-    return read_jsonl(events_path(state_dir, agent))
+    """The agent's recorded events, oldest first ([] when there are none), each with the answer recorded
+    for it later (`response`: a re-verification's outcome) where there is one."""
+    events: list[dict[str, Any]] = []
+    responses: dict[str, dict[str, Any]] = {}
+    for e in read_jsonl(events_path(state_dir, agent)):
+        if "response_to" in e:
+            responses[str(e["response_to"])] = e.get("response") or {}
+        else:
+            events.append(e)
+    for e in events:
+        if str(e.get("uid")) in responses:
+            e["response"] = responses[str(e["uid"])]
+    return events
 
 
 def record_event(ev: Event, *, agent: str, state_dir: Path, tracker: Tracker | None) -> dict[str, Any]:
     """Write the event to MLflow (if a tracker is given and enabled) and to the events file; the stored entry
     (with the MLflow run id, None when MLflow was off or down: the file still has the event)."""
-    entry = {**ev.summary(), "agent": agent, "run_id": None}
+    entry = {**ev.summary(), "agent": agent, "run_id": None, "uid": uuid.uuid4().hex}
     if tracker is not None and tracker.enabled:
         entry["run_id"] = _to_mlflow(ev, agent, tracker)
     append_jsonl(events_path(state_dir, agent), entry)
     return entry
+
+
+def record_response(entry: dict[str, Any], response: dict[str, Any], *, state_dir: Path) -> None:
+    """The answer to a recorded event (it may come minutes later): a line of its own, joined to the event by
+    read_events."""
+    append_jsonl(events_path(state_dir, str(entry["agent"])), {"response_to": entry["uid"], "time": time.time(),
+                                                              "response": response})
 
 
 def _to_mlflow(ev: Event, agent: str, tracker: Tracker) -> str | None:

@@ -1,0 +1,65 @@
+"""The monitor in the daemon (tuner.daemon.monitoring.MonitorFeed): scrapes in, events recorded (file, /metrics),
+a drift triggers the agent's cycle, an anomaly is re-verified in the background (with no champion: an alert,
+recorded as the event's answer), GPU telemetry read through NVML (a double) on every scrape."""
+
+from __future__ import annotations
+
+import random
+import threading
+from pathlib import Path
+from typing import Any
+
+from tests.support import agents
+from tests.support.nvml_double import ControlledNvml
+from tests.support.vllm_series import VllmSeries
+from tuner.agent import load_agent
+from tuner.daemon.metrics import DaemonMetrics
+from tuner.daemon.monitoring import MonitorFeed
+from tuner.daemon.runtime import AgentState, Runtime, job_id
+from tuner.measure.scrape import parse
+from tuner.monitor.records import read_events
+from tuner.monitor.telemetry import NvmlTelemetry
+
+
+class Scheduler:
+    """Records the jobs asked to run now (the daemon's APScheduler is not needed for the feed's logic)."""
+
+    def __init__(self) -> None:
+        self.triggered: list[str] = []
+
+    def modify_job(self, job: str, **kw: Any) -> None:
+        self.triggered.append(job)
+
+
+def test_the_feed_records_events_triggers_a_cycle_on_drift_and_answers_an_anomaly(tmp_path: Path) -> None:
+    path = agents.write_agent(tmp_path / "mon.yaml", name="mon", tracking={"enabled": False},
+                              watch={"url": "http://127.0.0.1:9/metrics", "interval_s": 15,
+                                     "monitor": {"learn_windows": 10, "gpus": [0]}})
+    spec = load_agent(path).spec
+    sd = tmp_path / "state"
+    st = AgentState(name="mon", path=path)
+    sched = Scheduler()
+    rt = Runtime(state_dir=sd, stop=threading.Event(), agents={"mon": st}, locks={"mon": threading.Lock()},
+                 metrics=DaemonMetrics(), grace_s=1.0, scheduler=sched)  # type: ignore[arg-type]
+    feed = MonitorFeed(rt, st, spec)
+    nv = ControlledNvml(noise_frac=0.005, seed=1)
+    feed.nvml = NvmlTelemetry([0], nvml=nv)  # the host's NVML, a double here
+    server = VllmSeries()
+    rng = random.Random(5)
+    kinds: list[str] = []
+    for i in range(60):
+        itl = 0.008 * (1.4 if 25 <= i < 40 else 1.0)  # a slowdown at the same load
+        prompt = 100 if i < 45 else 300  # then the prompts triple: drift
+        server.finish(rng.randint(55, 65), prompt, 16, itl_s=itl * rng.uniform(0.97, 1.03))
+        kinds += [e.kind for e in feed(1000.0 + 15 * i, parse(server.text()))]
+        if feed.responding is not None:
+            feed.responding.join(60)
+    assert kinds[:2] == ["anomaly", "recovery"] and "drift" in kinds
+    assert sched.triggered == [job_id("mon")]  # the drift, once
+    stored = read_events(sd, "mon")
+    assert [e["kind"] for e in stored] == kinds
+    anomaly = stored[0]
+    assert anomaly["response"]["action"] == "alert" and "no champion" in anomaly["response"]["reason"]
+    assert feed.monitor.tracks["gpu_power_w"].baseline is not None  # NVML read on every scrape
+    text = rt.metrics.render().decode()
+    assert 'tuner_monitor_events_total{agent="mon",cause="inputs",kind="drift"} 1.0' in text

@@ -1,0 +1,110 @@
+"""The production monitor in the daemon: a consumer of the watch's scrapes (`MonitorFeed`, one per agent whose
+`watch.monitor` is set) that reads the GPU telemetry, feeds tuner.monitor's Monitor, and answers each event:
+
+- every event: a record (MLflow and the agent's events file), tuner_monitor_events / tuner_monitor_open on
+  /metrics, a log line;
+- drift: the agent's next cycle now (it tunes the traffic the event observed);
+- anomaly: an alert, and with `on_anomaly: reverify` the champion re-verified against the baseline on the
+  testbed in the background (tuner.monitor.respond), rolled back if it lost; never while a cycle or another
+  re-verification of the agent runs (they share the GPU group's lock).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from tuner.base.redact import redact_text
+from tuner.daemon.runtime import AgentState, Runtime, job_id
+from tuner.measure.scrape import Snapshot
+from tuner.monitor.classify import Event, Monitor, MonitorConfig
+from tuner.monitor.records import record_event, record_response
+from tuner.monitor.telemetry import DcgmTelemetry, NvmlTelemetry
+from tuner.spec import AgentSpec
+from tuner.tracking.tracker import Tracker
+
+log = logging.getLogger(__name__)
+
+
+class MonitorFeed:
+    """Call it with each scrape of the watched server (its time in seconds since the epoch)."""
+
+    def __init__(self, rt: Runtime, st: AgentState, spec: AgentSpec) -> None:
+        if spec.watch is None or spec.watch.monitor is None:
+            raise ValueError(f"agent {spec.name} has no watch.monitor")
+        self.rt, self.st, self.spec = rt, st, spec
+        ms = spec.watch.monitor
+        self.ms = ms
+        self.monitor = Monitor(MonitorConfig.from_spec(ms, spec.watch.interval_s))
+        self.nvml = NvmlTelemetry(ms.gpus) if ms.gpus else None
+        self.dcgm = DcgmTelemetry(ms.dcgm_prometheus_url, ms.dcgm_selector) if ms.dcgm_prometheus_url else None
+        self.tracker = Tracker.for_agent(spec, Path(rt.state_dir))
+        self.responding: threading.Thread | None = None
+
+    def gpu(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for src in (self.dcgm, self.nvml):  # this host's NVML over the exporter when both are given
+            if src is not None:
+                out.update(src.read())
+        return out
+
+    def __call__(self, t: float, snap: Snapshot) -> list[Event]:
+        events = self.monitor.scrape(t, snap, self.gpu())
+        for ev in events:
+            try:
+                self.handle(ev)
+            except Exception as exc:  # noqa: BLE001 - one failing answer must not end the watch
+                log.warning("monitor %s: cannot answer the %s event: %s", self.st.name, ev.kind,
+                            redact_text(str(exc)))
+        return events
+
+    def handle(self, ev: Event) -> None:
+        name = self.st.name
+        self.rt.metrics.monitor_event(name, ev.kind, ev.cause, self.monitor.opened)
+        log.warning("monitor %s: %s", name, ev.detail)
+        entry = record_event(ev, agent=name, state_dir=Path(self.rt.state_dir), tracker=self.tracker)
+        if ev.kind == "drift":
+            self.trigger_cycle()
+        elif ev.kind == "anomaly" and self.ms.on_anomaly == "reverify":
+            if self.responding is not None and self.responding.is_alive():
+                return
+            self.responding = threading.Thread(target=self.reverify, args=(entry,), daemon=True,
+                                               name=f"tuner-reverify-{name}")
+            self.responding.start()
+
+    def trigger_cycle(self) -> None:
+        rt, st = self.rt, self.st
+        if rt.scheduler is None or st.running or rt.stop.is_set():
+            return
+        try:
+            rt.scheduler.modify_job(job_id(st.name), next_run_time=datetime.now(timezone.utc))
+        except Exception as exc:  # noqa: BLE001 - the job may be gone during shutdown
+            log.warning("cannot trigger a cycle of %s: %s", st.name, exc)
+
+    def reverify(self, entry: dict[str, Any]) -> None:
+        from tuner.context import open_context
+        from tuner.monitor.respond import reverify_champion
+
+        rt, st = self.rt, self.st
+        lock = rt.locks.get(st.name)
+        if lock is not None and not lock.acquire(blocking=False):
+            record_response(entry, {"action": "alert", "reason": "a cycle holds the GPUs: not re-verified"},
+                            state_dir=Path(rt.state_dir))
+            return
+        began = time.time()
+        try:
+            session = open_context(st.path, Path(rt.state_dir)).session()
+            out = reverify_champion(session, reason=str(entry.get("detail")), stop_event=rt.stop)
+        except Exception as exc:  # noqa: BLE001 - the alert stands; the failure is recorded
+            out = {"action": "alert", "reason": f"re-verification failed: {redact_text(str(exc))[:500]}"}
+        finally:
+            if lock is not None:
+                lock.release()
+        out["seconds"] = time.time() - began
+        record_response(entry, out, state_dir=Path(rt.state_dir))
+        if out.get("action") == "rolled_back":
+            self.monitor.relearn()  # a new champion serves: a new normal
