@@ -39,14 +39,15 @@ KINDS: tuple[EventKind, ...] = ("drift", "anomaly", "saturation", "recovery")
 class SignalRule:
     direction: Direction  # which way a change matters
     floor_abs: float  # the resolution of the signal, in its unit (the baseline's smallest scale)
+    log: bool = False  # watched on the log scale (latencies: multiplicative, right-skewed noise)
 
 
 RULES: dict[str, SignalRule] = {
     "rate_per_s": SignalRule("both", 0.01), "prompt_tokens_mean": SignalRule("both", 1.0),
     "output_tokens_mean": SignalRule("both", 1.0),
-    "ttft_ms_p50": SignalRule("up", 0.1), "ttft_ms_p90": SignalRule("up", 0.1),
-    "itl_ms_mean": SignalRule("up", 0.05), "itl_ms_p90": SignalRule("up", 0.05),
-    "e2el_ms_p50": SignalRule("up", 0.5), "e2el_ms_p90": SignalRule("up", 0.5),
+    "ttft_ms_p50": SignalRule("up", 0.1, log=True), "ttft_ms_p90": SignalRule("up", 0.1, log=True),
+    "itl_ms_mean": SignalRule("up", 0.05, log=True), "itl_ms_p90": SignalRule("up", 0.05, log=True),
+    "e2el_ms_p50": SignalRule("up", 0.5, log=True), "e2el_ms_p90": SignalRule("up", 0.5, log=True),
     "token_throughput_per_s": SignalRule("both", 1.0), "error_frac": SignalRule("up", 0.01),
     "running": SignalRule("both", 0.5), "waiting": SignalRule("up", 0.5),
     "kv_cache_usage_frac": SignalRule("up", 0.02), "preemptions_per_s": SignalRule("up", 0.01),
@@ -175,16 +176,20 @@ class Monitor:
             if side is not None:
                 alarms[name] = side
         inputs = {n: s for n, s in alarms.items() if n in INPUTS}
+        open_anomaly = next((o for o in self._open if o.kind == "anomaly"), None)
         for n, s in alarms.items():
-            if n not in INPUTS and not self._is_open(n):
+            if n in INPUTS:
+                continue
+            if open_anomaly is not None:  # more symptoms of the anomaly already reported
+                open_anomaly.signals.setdefault(n, s)
+            else:
                 self._pending.setdefault(n, (self.windows, s))
         if inputs:
             events.append(self._drift(t, inputs))
             return events
-        due = {n: s for n, (w, s) in self._pending.items() if self.windows - w >= self.config.settle_windows}
-        if due:
-            for n in due:
-                del self._pending[n]
+        if any(self.windows - w >= self.config.settle_windows for w, _ in self._pending.values()):
+            due = {n: s for n, (_, s) in self._pending.items()}  # all the symptoms seen so far: one event
+            self._pending.clear()
             events.append(self._anomaly(t, due))
         events.extend(self._recoveries(t))
         return events
@@ -197,8 +202,8 @@ class Monitor:
             if len(vals) < max(3, n // 2):
                 tr.baseline = None  # too few windows carried it (a signal that came and went)
                 continue
-            floor = max(RULES[tr.name].floor_abs, self.config.rel_floor * abs(_median(vals)))
-            tr.baseline = Baseline.learn(vals, floor)
+            rule = RULES[tr.name]
+            tr.baseline = Baseline.learn(vals, rule.floor_abs, log=rule.log, rel_floor=self.config.rel_floor)
             tr.cusum.reset()
 
     def relearn(self) -> None:
@@ -216,7 +221,8 @@ class Monitor:
         b = tr.baseline
         onset = change_index(tr.values[-60:])
         start = len(tr.values[-60:])
-        return {"direction": side, "baseline": b.centre if b else None, "scale": b.scale if b else None,
+        return {"direction": side, "baseline": b.level if b else None, "scale": b.scale if b else None,
+                "log_scale": b.log if b else False,
                 "value": tr.values[-1] if tr.values else None,
                 "onset_time": tr.times[-start + onset] if onset is not None else None}
 
@@ -234,7 +240,7 @@ class Monitor:
             tr = self.tracks[name]
             b = tr.baseline
             now = tr.values[-1] if tr.values else math.nan
-            parts.append(f"{name} {side} ({b.centre:.4g} -> {now:.4g})" if b else f"{name} {side}")
+            parts.append(f"{name} {side} ({b.level:.4g} -> {now:.4g})" if b else f"{name} {side}")
         return ", ".join(parts)
 
     def _drift(self, t: float, inputs: Mapping[str, Literal["up", "down"]]) -> Event:
@@ -257,9 +263,6 @@ class Monitor:
                          + self._describe(sides))
         self._open.append(_Open("anomaly", cause, dict(sides)))
         return ev
-
-    def _is_open(self, name: str) -> bool:
-        return any(o.kind == "anomaly" and name in o.signals for o in self._open)
 
     def _recoveries(self, t: float) -> list[Event]:
         out: list[Event] = []
@@ -324,9 +327,3 @@ class Monitor:
             return False
         res = kendalltau(range(n), vals, alternative="greater")
         return bool(res.pvalue < self.config.trend_p)
-
-
-def _median(vals: list[float]) -> float:
-    s = sorted(vals)
-    m = len(s) // 2
-    return s[m] if len(s) % 2 else (s[m - 1] + s[m]) / 2

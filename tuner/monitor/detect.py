@@ -1,7 +1,8 @@
 """Change detection: a two-sided CUSUM (Page 1954) on standardised residuals, one per signal and direction.
 
-Each signal's window value x is standardised against its baseline (the champion's own behaviour: the
-median and spread of the first `learn_windows` windows after a (re)start), z = (x - centre) / scale, and fed to
+Each signal's window value x (its log for latencies) is standardised against its baseline (the champion's own
+behaviour: the median and spread of the first `learn_windows` windows after a (re)start),
+z = (x - centre) / scale, and fed to
 
     S+ = max(0, S+ + z - k)      (an increase)      S- = max(0, S- - z - k)      (a decrease)
 
@@ -54,9 +55,16 @@ class Baseline:
 
     centre: float
     scale: float
+    log: bool = False  # centre and scale of log(x): latencies, whose noise is multiplicative and skewed
+
+    @property
+    def level(self) -> float:
+        """The normal value in the signal's own unit."""
+        return math.exp(self.centre) if self.log else self.centre
 
     @classmethod
-    def learn(cls, values: Sequence[float], floor: float, confidence: float = 0.9) -> Baseline:
+    def learn(cls, values: Sequence[float], floor: float, confidence: float = 0.9, *, log: bool = False,
+              rel_floor: float = 0.0) -> Baseline:
         """The median, and as scale the larger of the MAD's normal-consistent scale and the upper `confidence`
         bound of the standard deviation (chi-square), times sqrt(1 + 1/n) for the centre's own error: a
         baseline learnt from n windows misjudges both, and a CUSUM fed a scale too small alarms far more often
@@ -65,13 +73,21 @@ class Baseline:
         vals = [v for v in values if math.isfinite(v)]
         if not vals:
             raise ValueError("no values to learn a baseline from")
+        if log:  # the floor becomes relative: `floor` units at the median, or rel_floor, whichever is larger
+            med = max(statistics.median(vals), 1e-12)
+            floor = max(rel_floor, floor / med)
+            vals = [math.log(max(v, 1e-12)) for v in vals]
+        else:
+            floor = max(floor, rel_floor * abs(statistics.median(vals)))
         n = len(vals)
         centre = statistics.median(vals)
         mad = statistics.median(abs(v - centre) for v in vals) * 1.4826
         sd = statistics.stdev(vals) * math.sqrt((n - 1) / chi2.ppf(1 - confidence, n - 1)) if n > 1 else 0.0
-        return cls(centre=centre, scale=max(sd, mad, floor) * math.sqrt(1 + 1 / n))
+        return cls(centre=centre, scale=max(sd, mad, floor) * math.sqrt(1 + 1 / n), log=log)
 
     def z(self, x: float) -> float:
+        if self.log:
+            x = math.log(max(x, 1e-12))
         return (x - self.centre) / self.scale
 
 
