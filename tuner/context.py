@@ -17,8 +17,9 @@ from pathlib import Path
 
 from tuner.agent import Agent, load_agent
 from tuner.base.files import atomic_write, private_dir
+from tuner.champions.store import ChampionStore
 from tuner.errors import ConfigError
-from tuner.loop import Session, open_session
+from tuner.loop import Session, open_session, recover_champion
 from tuner.study.lineage import current_study_name, fingerprint, plan_study, warm_start
 from tuner.study.study import TunerStudy, default_storage, study_exists
 from tuner.targets.base import Target
@@ -122,6 +123,16 @@ class AgentContext:
             return None
         return tr
 
+    def recover_champion(self) -> None:
+        """A promote or rollback killed half-way is undone or completed before the command goes on, and MLflow's
+        aliases follow (tuner.loop.recover_champion). Here only for a champion store in files, and only when
+        its journal is there; a store in the fleet's database is recovered when a session opens."""
+        if not self.storage_url.startswith("sqlite") or not self.has_state():
+            return
+        store = ChampionStore(self.state_dir, self.name)
+        if store.in_flight():
+            recover_champion(store, self.tracker() if self.create else self.read_tracker())
+
     def read_study(self) -> TunerStudy | None:
         """The agent's study for reading, or None when there is none yet (nothing is created)."""
         if not study_exists(self.storage_url, self.study_name):
@@ -148,4 +159,6 @@ def open_context(agent_path: Path | str | None, state_dir: Path | None = None, *
             known = None
         if known != want:
             atomic_write(record, json.dumps({"path": want}))
-    return AgentContext(agent=agent, state_dir=sd, study_name=current_study_name(sd, agent.name), create=create)
+    ctx = AgentContext(agent=agent, state_dir=sd, study_name=current_study_name(sd, agent.name), create=create)
+    ctx.recover_champion()
+    return ctx

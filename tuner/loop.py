@@ -22,7 +22,8 @@ import yaml
 from tuner.agent import Agent, bind_target
 from tuner.base.files import private_dir
 from tuner.base.redact import redact_text
-from tuner.errors import InfeasibleConfig, Interrupted, TrialError
+from tuner.champions.store import ChampionStore
+from tuner.errors import InfeasibleConfig, Interrupted, PromotionError, TrialError
 from tuner.measure.failures import error_rate_slo, request_failure
 from tuner.measure.measurement import Measurement
 from tuner.study.objectives import FAILURE_CONSTRAINT, Evaluation, evaluate, failed_evaluation, goodput_thresholds_ms
@@ -120,6 +121,43 @@ def open_session(agent: Agent, state_dir: Path, *, target: Target | None = None,
     return session
 
 
+CHAMPION_LOCK_WAIT_S = 5.0  # how long a start waits for a promote or rollback in flight before leaving its journal
+
+
+def recover_champion(store: ChampionStore, tracker: Tracker | None) -> None:
+    """Make the champion store and MLflow agree at a start: a promote or rollback killed half-way is undone or
+    completed (ChampionStore.recover, which taking the store's lock runs), then MLflow's champion aliases are
+    made to name the champion in force (sync_champion_aliases)."""
+    try:
+        if store.in_flight():
+            with store.lock(timeout_s=CHAMPION_LOCK_WAIT_S):
+                pass
+    except PromotionError as exc:  # a live promote holds it: that process finishes its own switch
+        log.info("%s", exc)
+    except OSError as exc:
+        log.warning("cannot recover the interrupted promote or rollback of %s: %s", store.agent, exc)
+        return
+    if tracker is not None:
+        sync_champion_aliases(store, tracker)
+
+
+def sync_champion_aliases(store: ChampionStore, tracker: Tracker) -> None:
+    """MLflow's aliases of the agent's registered model name what the champion file has in force (a switch
+    killed before it moved them, or MLflow down then); each alias is read first and written only when it
+    differs. Bounded by the tracker's timeout; nothing when there is no champion or MLflow is off or down."""
+    if not tracker.enabled or tracker.down:
+        return
+    try:
+        want = store.aliases()
+    except Exception as exc:  # noqa: BLE001 - a champion file that does not parse is reported where it is read
+        log.debug("champion aliases not checked: %s", exc)
+        return
+    for alias, version in want.items():
+        if tracker.alias_version(store.agent, alias) != version:
+            log.info("MLflow alias %s@%s moved to %s (the champion in force)", store.agent, alias, version)
+            tracker.set_alias(store.agent, alias, version)
+
+
 def sync_mlflow(session: Session) -> None:
     """Make MLflow hold what the Optuna study and the champion store's verifications hold
     (tuner.tracking.sync); bounded by the tracker's timeout."""
@@ -127,6 +165,7 @@ def sync_mlflow(session: Session) -> None:
     from tuner.tracking.sync import reconcile
 
     spec = session.agent.spec
+    recover_champion(champion_store(session), session.tracker)
     if not session.tracker.enabled or session.tracker.down:
         return  # nothing can be written now; the store's return (recovered()) or the next start does it
     try:

@@ -90,3 +90,14 @@ def parent_death_preexec(parent_pid: int) -> Callable[[], None] | None:
             os._exit(1)
 
     return _preexec
+
+
+KILL_AT_ENV = "TUNER_KILL_AT"  # fault injection: the named kill point SIGKILLs the process (see kill_point)
+
+
+def kill_point(name: str) -> None:
+    """Fault injection between the steps of a crash-consistent sequence: SIGKILL this process here when
+    $TUNER_KILL_AT names this point (the crash tests and the fault campaign set it in the subprocess they kill);
+    a no-op otherwise."""
+    if os.environ.get(KILL_AT_ENV) == name:
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import socket
 import time
 import uuid
@@ -81,12 +80,16 @@ class DbChampionStore(ChampionStore):
         seqs = [int(k.split(":")[1]) for k in self._attrs() if k.startswith("champion:") and k[9:].isdigit()]
         return max(seqs, default=0) + 1
 
-    def begin(self, new: ChampionRecord | None, action: str) -> str | None:
+    def champion_text(self) -> str | None:
         cur = self._get("champion")
-        old = yaml.safe_dump(cur, sort_keys=False) if isinstance(cur, dict) else None
-        self._set("champion_journal", {"action": action, "old": old, "new_seq": new.seq if new else None,
-                                       "pid": os.getpid(), "host": socket.gethostname(), "at": time.time()})
-        return old
+        return yaml.safe_dump(cur, sort_keys=False) if isinstance(cur, dict) else None
+
+    def _read_journal(self) -> dict[str, Any] | None:
+        j = self._get("champion_journal")
+        return j if isinstance(j, dict) else None
+
+    def _write_journal(self, journal: dict[str, Any]) -> None:
+        self._set("champion_journal", _plain(journal))
 
     def write_champion(self, rec: ChampionRecord) -> None:
         data = asdict(rec)
@@ -105,18 +108,6 @@ class DbChampionStore(ChampionStore):
     def commit(self) -> None:
         self._set("champion_journal", None)
         super().commit()
-
-    def recover(self) -> bool:
-        j = self._get("champion_journal")
-        if not isinstance(j, dict):
-            return False
-        self.restore(j.get("old"))
-        log.warning("an interrupted %s of %s (pid %s on %s) was rolled back to the former champion; its apply "
-                    "command may have run partly", j.get("action"), self.agent, j.get("pid"), j.get("host"))
-        self.audit({"action": "recovered", "reason": f"interrupted {j.get('action')} rolled back",
-                    "interrupted_pid": j.get("pid"), "interrupted_host": j.get("host"), "new_seq": j.get("new_seq")})
-        self.commit()
-        return True
 
     # ------------------------------------------------------------ pending
     def pending(self) -> dict[str, Any] | None:

@@ -8,7 +8,9 @@ Layout under <state-dir>/<agent>/:
     pending.yaml           a verified candidate waiting for an operator (manual policy)
     verifications.jsonl    one line per verification (candidate, verdict, reason, evidence run id)
     audit.jsonl            one line per promote / rollback / failure (time, user, trial, evidence, reason)
-    promote.journal        exists only while a promote or rollback is in flight (crash recovery)
+    promote.journal        exists only while a promote or rollback is in flight or was killed: the former champion
+                           (undone at the next start) until the commit point, then what the switch still owes
+                           (its audit entry, the pending candidate to clear: completed at the next start)
     promote.lock           fcntl.flock: promotes and rollbacks of one agent are serialised
 
 Pure file handling: no MLflow, no Optuna, no targets.
@@ -23,6 +25,7 @@ import json
 import logging
 import os
 import re
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -32,6 +35,7 @@ from typing import Any
 import yaml
 
 from tuner.base.files import atomic_write
+from tuner.base.proc import kill_point
 from tuner.errors import PromotionError
 
 log = logging.getLogger(__name__)
@@ -199,11 +203,59 @@ class ChampionStore:
 
     def begin(self, new: ChampionRecord | None, action: str) -> str | None:
         """Write the journal (old content) before the champion file changes. Returns the old content."""
-        old = self.champion_path.read_text(encoding="utf-8") if self.champion_path.is_file() else None
-        atomic_write(self.journal_path, json.dumps({"action": action, "old": old,
-                                                    "new_seq": new.seq if new else None,
-                                                    "pid": os.getpid(), "at": time.time()}))
+        old = self.champion_text()
+        self._write_journal({"action": action, "old": old, "new_seq": new.seq if new else None, "phase": "switching",
+                             "pid": os.getpid(), "host": socket.gethostname(), "at": time.time()})
         return old
+
+    def champion_text(self) -> str | None:
+        """The champion in force as the journal keeps it (None: no champion)."""
+        return self.champion_path.read_text(encoding="utf-8") if self.champion_path.is_file() else None
+
+    def _read_journal(self) -> dict[str, Any] | None:
+        """The journal of a switch in flight; {} when one is there but unreadable (torn), None when none is."""
+        if not self.journal_path.is_file():
+            return None
+        try:
+            j = json.loads(self.journal_path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            return {}
+        return j if isinstance(j, dict) else {}
+
+    def _write_journal(self, journal: dict[str, Any]) -> None:
+        atomic_write(self.journal_path, json.dumps(journal, default=str))
+
+    def in_flight(self) -> bool:
+        """Whether a promote or rollback left its journal (in flight now, or killed)."""
+        return self._read_journal() is not None
+
+    def mark_committed(self, finish: dict[str, Any]) -> None:
+        """The switch is done (champion file written, apply command run): from here on a crash completes it
+        (`finish`: the audit entry, with its `uid`, and the pending candidate to clear) instead of undoing it."""
+        self._write_journal({**(self._read_journal() or {}), "phase": "committed", "finish": finish})
+
+    def complete(self, finish: dict[str, Any]) -> None:
+        """Do what a committed switch still owes (each step once, whenever it is repeated) and end the journal."""
+        entry = finish.get("audit")
+        if isinstance(entry, dict) and not any(e.get("uid") == entry.get("uid") for e in self.audit_log()):
+            self.audit(entry)
+        kill_point("audited")
+        clear = finish.get("clear_pending")
+        if isinstance(clear, list) and len(clear) == 2:
+            pending = self.pending()
+            if pending is not None and [pending.get("study"), pending.get("trial")] == clear:
+                self.clear_pending()
+        self.commit()
+
+    def aliases(self) -> dict[str, str | None]:
+        """The MLflow aliases the champion in force implies: this store's alias -> the champion's registered
+        version, its previous alias -> the version of the record before it (None: no alias). Empty when there
+        is no champion."""
+        cur = self.champion()
+        if cur is None:
+            return {}
+        prev = self.record(cur.previous_seq) if cur.previous_seq is not None else None
+        return {self.alias: cur.model_version, self.previous_alias: prev.model_version if prev else None}
 
     def write_champion(self, rec: ChampionRecord) -> None:
         text = rec.to_yaml()
@@ -227,19 +279,26 @@ class ChampionStore:
             self.journal_path.unlink()
 
     def recover(self) -> bool:
-        """A promote or rollback killed half-way left its journal: restore the champion it replaced."""
-        if not self.journal_path.is_file():
+        """A promote or rollback killed half-way left its journal: before its commit point the champion it
+        replaced is restored; after it, what the switch still owed is done (the audit entry, the pending
+        candidate). Returns whether there was a journal."""
+        j = self._read_journal()
+        if j is None:
             return False
-        try:
-            j = json.loads(self.journal_path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            j = None
-        if isinstance(j, dict):
+        finish = j.get("finish")
+        if j.get("phase") == "committed" and isinstance(finish, dict):
+            log.warning("an interrupted %s of %s (pid %s on %s) had switched the champion: completed it",
+                        j.get("action"), self.agent, j.get("pid"), j.get("host"))
+            self.complete(finish)
+            return True
+        if j:
             self.restore(j.get("old"))
-            log.warning("an interrupted %s of %s (pid %s) was rolled back to the former champion; "
-                        "its apply command may have run partly", j.get("action"), self.agent, j.get("pid"))
+            log.warning("an interrupted %s of %s (pid %s on %s) was rolled back to the former champion; "
+                        "its apply command may have run partly", j.get("action"), self.agent, j.get("pid"),
+                        j.get("host"))
             self.audit({"action": "recovered", "reason": f"interrupted {j.get('action')} rolled back",
-                        "interrupted_pid": j.get("pid"), "new_seq": j.get("new_seq")})
+                        "interrupted_pid": j.get("pid"), "interrupted_host": j.get("host"),
+                        "new_seq": j.get("new_seq")})
         self.commit()
         return True
 

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from tuner.base.proc import parent_death_preexec  # libc resolved at import, not in the child
+from tuner.base.proc import kill_point, parent_death_preexec  # libc resolved at import, not in the child
 from tuner.champions.db import champion_store
 from tuner.champions.store import ChampionRecord, ChampionStore
 from tuner.errors import PromotionError
@@ -91,16 +92,12 @@ def promote_config(store: ChampionStore, tracker: Tracker | None, *, config: Map
                          values=list(values) if values is not None else None, reason=reason,
                          evidence=[e for e in evidence if e], verified=verified,
                          previous_seq=old.seq if old else None, model_name=store.agent)
-    _switch(store, tracker, rec, old, action="promote", apply_command=apply_command, cwd=cwd,
-            previous_for_alias=old)
-    store.audit({"action": "promote", "seq": rec.seq, "trial": trial, "study": study,
-                 "evidence": rec.evidence, "reason": reason, "verified": verified,
-                 "previous_seq": rec.previous_seq, "model_version": rec.model_version})
+    _switch(store, tracker, rec, action="promote", apply_command=apply_command, cwd=cwd,
+            audit={"action": "promote", "seq": rec.seq, "trial": trial, "study": study, "evidence": rec.evidence,
+                   "reason": reason, "verified": verified, "previous_seq": rec.previous_seq},
+            clear_pending=[study, trial])
     if not verified:
         log.warning("PROMOTED WITHOUT VERIFICATION: %s trial %s (%s)", store.agent, trial, reason)
-    pending = store.pending()
-    if pending is not None and pending.get("trial") == trial and pending.get("study") == study:
-        store.clear_pending()
     return PromoteResult(record=rec, verdict=None, previous=old)
 
 
@@ -117,19 +114,28 @@ def rollback(store: ChampionStore, tracker: Tracker | None, *, apply_command: Se
         if prev is None:
             raise PromotionError(f"champion record #{cur.previous_seq} is missing from {store.history_dir}")
         restored = replace(prev, restored_from=cur.seq)
-        before = store.record(prev.previous_seq) if prev.previous_seq is not None else None
-        _switch(store, tracker, restored, cur, action="rollback", apply_command=apply_command, cwd=cwd,
-                previous_for_alias=before, write_history=False)
-        store.audit({"action": "rollback", "seq": restored.seq, "trial": restored.trial, "study": restored.study,
-                     "from_seq": cur.seq, "reason": reason, "evidence": [],
-                     "model_version": restored.model_version})
+        _switch(store, tracker, restored, action="rollback", apply_command=apply_command, cwd=cwd,
+                audit={"action": "rollback", "seq": restored.seq, "trial": restored.trial,
+                       "study": restored.study, "from_seq": cur.seq, "reason": reason, "evidence": []},
+                write_history=False)
         return PromoteResult(record=restored, verdict=None, previous=cur)
 
 
-def _switch(store: ChampionStore, tracker: Tracker | None, rec: ChampionRecord, old: ChampionRecord | None, *,
-            action: str, apply_command: Sequence[str] | None, cwd: Path,
-            previous_for_alias: ChampionRecord | None, write_history: bool = True) -> None:
+SWITCH_POINTS = ("begun", "champion_written", "applied", "committed", "audited", "completed", "aliased")
+"""The steps of a switch, in order, where a crash test or the fault campaign kills it (tuner.base.proc.kill_point)."""
+
+
+def _switch(store: ChampionStore, tracker: Tracker | None, rec: ChampionRecord, *, action: str,
+            apply_command: Sequence[str] | None, cwd: Path, audit: dict[str, Any],
+            clear_pending: list[Any] | None = None, write_history: bool = True) -> None:
+    """Put `rec` in force, crash-consistently: the journal first (the former champion); the champion file and the
+    apply command; then the commit point (the journal says what is still owed: the audit entry, the pending
+    candidate to clear); then those; then MLflow's aliases. A crash before the commit point is undone at the
+    next start (the former champion back, a `recovered` audit entry), one after it completed
+    (ChampionStore.recover, run by every command that opens the agent); MLflow's aliases follow the champion
+    file at every start (tuner.loop.sync_champion_aliases)."""
     old_text = store.begin(rec, action)
+    kill_point("begun")
     try:
         if write_history:
             # register first so that the version lands in the champion file
@@ -141,7 +147,9 @@ def _switch(store: ChampionStore, tracker: Tracker | None, rec: ChampionRecord, 
             store.write_champion(rec)
         else:
             store.set_current(rec)
+        kill_point("champion_written")
         run_apply(apply_command, champion_file=store.champion_path, agent=store.agent, action=action, cwd=cwd)
+        kill_point("applied")
     except BaseException as exc:
         store.restore(old_text)
         store.commit()
@@ -152,12 +160,16 @@ def _switch(store: ChampionStore, tracker: Tracker | None, rec: ChampionRecord, 
                 raise PromotionError(f"{action} failed, the former champion stays: {exc}") from exc
             raise PromotionError(f"{action} failed, the former champion stays: {exc}") from None
         raise
-    store.commit()
+    finish = {"audit": {**audit, "model_version": rec.model_version, "uid": uuid.uuid4().hex, "time": time.time()},
+              "clear_pending": clear_pending}
+    store.mark_committed(finish)
+    kill_point("committed")
+    store.complete(finish)
+    kill_point("completed")
     if tracker is not None and tracker.enabled:
-        if rec.model_version is not None:
-            tracker.set_alias(store.agent, store.alias, rec.model_version)
-        prev_version = previous_for_alias.model_version if previous_for_alias else None
-        tracker.set_alias(store.agent, store.previous_alias, prev_version)
+        for alias, version in store.aliases().items():
+            tracker.set_alias(store.agent, alias, version)
+            kill_point("aliased")
 
 
 def promote_trial(session: Session, *, trial: int | None = None, skip_verify: bool = False,
