@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from tests.integration.promote.test_promote_cli import aliases, app, setup
 from tuner.base.proc import KILL_AT_ENV
-from tuner.champions.store import ChampionStore
+from tuner.champions.store import ChampionRecord, ChampionStore
 from tuner.context import open_context
 from tuner.promotion.act import SWITCH_POINTS
 
@@ -72,18 +72,25 @@ def _next_start(agent: Path, sd: Path) -> None:
     open_context(agent, sd).session()
 
 
-@pytest.mark.parametrize("point", SWITCH_POINTS)
-def test_a_rollback_killed_at_any_step_is_undone_or_completed(prepared: tuple[Path, Path, dict[int, int]],
-                                                              tmp_path: Path, point: str) -> None:
+def _kill_then_start(prepared: tuple[Path, Path, dict[int, int]], tmp_path: Path, argv: list[str],
+                     point: str) -> tuple[Path, ChampionRecord, list[str]]:
+    """On a copy of the prepared state: `tuner ARGV` killed at `point`, the next start, the stores' agreement.
+    Returns the state dir, the champion in force and the audit log's actions."""
     agent, template, _ = prepared
     sd = tmp_path / "state"
     shutil.copytree(template, sd)
-    _killed(["rollback", str(agent), "--yes", "--state-dir", str(sd)], point)
+    _killed([*argv, str(agent), "--yes", "--state-dir", str(sd)], point)
     _next_start(agent, sd)
     store = _agree(agent, sd)
     champ = store.champion()
     assert champ is not None
-    actions = [e["action"] for e in store.audit_log()]
+    return sd, champ, [e["action"] for e in store.audit_log()]
+
+
+@pytest.mark.parametrize("point", SWITCH_POINTS)
+def test_a_rollback_killed_at_any_step_is_undone_or_completed(prepared: tuple[Path, Path, dict[int, int]],
+                                                              tmp_path: Path, point: str) -> None:
+    sd, champ, actions = _kill_then_start(prepared, tmp_path, ["rollback"], point)
     if point in BEFORE_COMMIT:
         assert champ.config == {"max_num_seqs": 64} and champ.restored_from is None
         assert actions[-1] == "recovered" and "rollback" not in actions
@@ -96,16 +103,9 @@ def test_a_rollback_killed_at_any_step_is_undone_or_completed(prepared: tuple[Pa
 @pytest.mark.parametrize("point", SWITCH_POINTS)
 def test_a_promote_killed_at_any_step_is_undone_or_completed(prepared: tuple[Path, Path, dict[int, int]],
                                                              tmp_path: Path, point: str) -> None:
-    agent, template, n = prepared
-    sd = tmp_path / "state"
-    shutil.copytree(template, sd)
-    _killed(["promote", str(agent), "--trial", str(n[16]), "--yes", "--skip-verify", "--state-dir", str(sd)],
-            point)
-    _next_start(agent, sd)
-    store = _agree(agent, sd)
-    champ = store.champion()
-    assert champ is not None
-    actions = [e["action"] for e in store.audit_log()]
+    n = prepared[2]
+    _, champ, actions = _kill_then_start(prepared, tmp_path, ["promote", "--trial", str(n[16]), "--skip-verify"],
+                                         point)
     if point in BEFORE_COMMIT:
         assert champ.config == {"max_num_seqs": 64} and actions[-1] == "recovered"
         assert actions.count("promote") == 2
