@@ -150,16 +150,72 @@ class SpaceDesign:
         return self._configs[index]
 
 
+# the factors a numeric parameter is moved by in a local step from the incumbent
+LOCAL_FACTORS = (0.5, 0.8, 1.25, 2.0)
+# system attribute of a local trial: the configuration it was given
+LOCAL_ATTR = "tuner:local"
+
+
+def neighbour(space: SearchSpace, config: dict[str, Any], rng: Any) -> dict[str, Any]:
+    """`config` with one parameter (two, one time in three) moved: another choice of a categorical or bool, a
+    numeric one times a factor of LOCAL_FACTORS (clipped to its range); conditions re-applied."""
+    active = [p for p in space.params if p.name in config]
+    if not active:
+        return dict(config)
+    out = dict(config)
+    for p in rng.sample(active, min(len(active), 2 if rng.random() < 1 / 3 else 1)):
+        s = p.spec
+        if s.type in ("categorical", "bool"):
+            others = [c for c in _choices(p) if c != out.get(p.name)]
+            if others:
+                out[p.name] = rng.choice(others)
+            continue
+        assert s.low is not None and s.high is not None
+        v = float(out.get(p.name, p.default)) * rng.choice(LOCAL_FACTORS)
+        v = min(max(v, s.low), s.high)
+        out[p.name] = int(round(v)) if s.type == "int" else float(v)
+    return with_defaults(space, out)
+
+
+def incumbent(study: Study) -> FrozenTrial | None:
+    """The best feasible complete trial of a single-objective study; while none is feasible, the one nearest to
+    feasible (smallest sum of positive constraint values); None without a complete trial with a config."""
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if t.values and isinstance(t.user_attrs.get("config"), dict)
+            and t.user_attrs.get("duplicate_of") is None]
+    if not done or len(study.directions) != 1:
+        return None
+    sign = 1.0 if study.directions[0].name == "MAXIMIZE" else -1.0
+
+    def violation(t: FrozenTrial) -> float:
+        return sum(v for v in t.constraints.values() if v > 0)
+
+    feasible = [t for t in done if violation(t) <= 0]
+    if feasible:
+        return max(feasible, key=lambda t: (sign * t.values[0], -t.number))
+    return min(done, key=lambda t: (violation(t), t.number))
+
+
 class DesignThenSampler(BaseSampler):
-    """`n_design` trials from SpaceDesign, then `then` (which sees every trial, design ones included)."""
+    """`n_design` trials from SpaceDesign, then `then` (which sees every trial, design ones included).
+
+    local_every k > 0: after the design, every k-th trial is a local step from the incumbent (`neighbour` of
+    the best feasible trial, or of the nearest to feasible while none is), one that no trial had and that breaks
+    no constraint; the others are `then`'s."""
 
     def __init__(self, space: SearchSpace, then: BaseSampler, n_design: int, seed: int | None, *,
-                 around_defaults: bool = False, sweep_groups: bool = False) -> None:
+                 around_defaults: bool = False, sweep_groups: bool = False, local_every: int = 0) -> None:
+        import random
+
+        self._space = space
         self._design = SpaceDesign(space, seed, around_defaults=around_defaults, sweep_groups=sweep_groups)
         self._then = then
         self._n_design = n_design
         self._seed = seed
+        self._local_every = local_every
+        self._rng = random.Random(seed)
         self._assigned: dict[int, int] = {}  # trial id -> design index, for trials this process asked
+        self._local: dict[int, dict[str, Any]] = {}  # trial id -> the local step's configuration
 
     @property
     def then(self) -> BaseSampler:
@@ -176,28 +232,56 @@ class DesignThenSampler(BaseSampler):
         used = [t.system_attrs[DESIGN_ATTR] for t in study.get_trials(deepcopy=False)
                 if t.number != trial.number and isinstance(t.system_attrs.get(DESIGN_ATTR), int)]
         if len(used) >= self._n_design:
+            self._maybe_local(study, trial)
             return
         index = max(used, default=-1) + 1
         study._storage.set_trial_system_attr(trial._trial_id, DESIGN_ATTR, index)
         # the trial object the sampler is handed next was read before this attribute was written
         self._assigned[trial._trial_id] = index
 
+    def _maybe_local(self, study: Study, trial: FrozenTrial) -> None:
+        """Make `trial` a local step from the incumbent when its turn has come and one is found."""
+        if self._local_every <= 0:
+            return
+        done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        proposals = [t for t in done if not t.user_attrs.get("rejected") and not t.user_attrs.get("screened")
+                     and t.user_attrs.get("duplicate_of") is None]
+        if len(proposals) % self._local_every:
+            return
+        best = incumbent(study)
+        if best is None:
+            return
+        base = {p.name: best.params[p.name] for p in self._space.params if p.name in best.params}
+        seen = [t.params for t in study.get_trials(deepcopy=False) if t.number != trial.number]
+        for _ in range(30):
+            cfg = neighbour(self._space, base, self._rng)
+            if cfg != base and cfg not in seen and not self._space.violations(cfg):
+                self._local[trial._trial_id] = cfg
+                study._storage.set_trial_system_attr(trial._trial_id, LOCAL_ATTR, True)
+                return
+
+    def _given(self, study: Study, trial: FrozenTrial) -> dict[str, Any] | None:
+        """The configuration the design or a local step gives `trial` (None: `then` samples it)."""
+        index = self._design_index(study, trial)
+        if index is not None:
+            return self._design.config(index)
+        return self._local.get(trial._trial_id)
+
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
-        if self._design_index(study, trial) is not None:
+        if self._given(study, trial) is not None:
             return {}
         return self._then.infer_relative_search_space(study, trial)
 
     def sample_relative(self, study: Study, trial: FrozenTrial,
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
-        if self._design_index(study, trial) is not None:
+        if self._given(study, trial) is not None:
             return {}
         return self._then.sample_relative(study, trial, search_space)
 
     def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
-        index = self._design_index(study, trial)
-        if index is not None:
-            cfg = self._design.config(index)
+        cfg = self._given(study, trial)
+        if cfg is not None:
             if param_name in cfg and param_distribution._contains(param_distribution.to_internal_repr(
                     cfg[param_name])):
                 return cfg[param_name]

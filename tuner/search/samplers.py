@@ -48,8 +48,9 @@ def _tpe(spec: SamplerSpec, space: SearchSpace) -> optuna.samplers.BaseSampler:
 
 def _auto(spec: SamplerSpec, space: SearchSpace) -> optuna.samplers.BaseSampler:
     """The default: every allowed joint choice of the constraint-tied categorical knobs (the parallel layout) at
-    the defaults, then Sobol points around the defaults, then multivariate group TPE; chosen on the scenario
-    suite of experiments/search-suite (the options an agent gives override these)."""
+    the defaults, then Sobol points around the defaults, then multivariate group TPE alternating with local
+    steps from the incumbent (the nearest to feasible while nothing is); chosen on the scenario suite of
+    experiments/search-suite (the options an agent gives override the design's size and kind)."""
     import optuna
 
     n = 10 if spec.n_startup_trials is None else spec.n_startup_trials
@@ -61,7 +62,11 @@ def _auto(spec: SamplerSpec, space: SearchSpace) -> optuna.samplers.BaseSampler:
     from tuner.search.design import DesignThenSampler
 
     return DesignThenSampler(space, tpe, n_design=n, seed=spec.seed, around_defaults=design != "sobol",
-                             sweep_groups=design == "group-sweep")
+                             sweep_groups=design == "group-sweep", local_every=AUTO_LOCAL_EVERY)
+
+
+# after the design, every second proposal of the default sampler is a local step from the incumbent
+AUTO_LOCAL_EVERY = 2
 
 
 def default_resample(spec: SamplerSpec) -> int:

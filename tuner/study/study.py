@@ -46,6 +46,8 @@ DB_RETRY_S = 120.0  # how long a worker waits for an unreachable database before
 LOST_CAUSES = ("interrupted", "worker_lost")
 # re-proposals of configurations already run, answered in a row, before ask() draws one no trial ran
 DUPLICATE_LIMIT = 20
+# proposals per trial the failure model may skip before one is deployed anyway
+MAX_PREDICTED_FAILURES = 10
 
 
 def not_budget(t: FrozenTrial) -> bool:
@@ -198,6 +200,13 @@ class TunerStudy:
         self.name = study_name or spec.name
         self._ask_lock = threading.Lock()
         self.screener: Any = None  # tuner.study.screen.Screener, set once the workload is sized (run_cycle)
+        # where configurations fail (tuner.search.feasibility), learned from this study's trials: the default
+        # sampler skips a proposal it expects to fail
+        self.failure_model: Any = None
+        if spec.sampler.name == "auto":
+            from tuner.search.feasibility import FailureModel
+
+            self.failure_model = FailureModel(space, seed=spec.sampler.seed or 0)
         directions = [o.direction for o in spec.objectives]
         from tuner.coord.sqlite import sqlite_path
 
@@ -344,7 +353,7 @@ class TunerStudy:
         """
         limit = self.resample_limit()
         screen = self.spec.sampler.screen
-        rejected = screened = duplicates = 0
+        rejected = screened = duplicates = predicted = 0
         while True:
             trial, chosen = self._ask_once()
             if self._enqueued(trial) and not trial.user_attrs.get("unseen"):
@@ -370,6 +379,12 @@ class TunerStudy:
                     raise SearchExhausted(f"study {self.name!r}: every configuration the sampler proposes ran "
                                           "already and the space's design finds none that did not")
                 continue
+            if self.failure_model is not None and predicted < MAX_PREDICTED_FAILURES:
+                p_fail = self._predicts_failure(self.space.full_config(chosen))
+                if p_fail is not None:
+                    predicted += 1
+                    self._predicted_failure(trial, chosen, p_fail)
+                    continue
             if self.screener is None or screen is None or screened >= screen.max_per_trial:
                 return trial, chosen
             verdict = self.screener.judge(self.space.full_config(chosen), self._incumbent())
@@ -377,6 +392,23 @@ class TunerStudy:
                 return trial, chosen
             screened += 1
             self._screen(trial, chosen, verdict)
+
+    def _predicts_failure(self, config: Mapping[str, Any]) -> float | None:
+        """The failure model's probability that `config` fails, when it is high enough to skip it."""
+        assert self.failure_model is not None
+        ran = [t for t in self.trials() if t.state == TrialState.COMPLETE and _ran(t)
+               and t.user_attrs.get("cause") not in LOST_CAUSES]
+        self.failure_model.fit([t.user_attrs["config"] for t in ran], ["cause" in t.user_attrs for t in ran])
+        return self.failure_model.rejects(config)
+
+    def _predicted_failure(self, trial: Trial, chosen: Mapping[str, Any], p_fail: float) -> None:
+        """Tell a proposal the failure model expects to fail: at the failure tier, never deployed, no budget."""
+        ev = failed_evaluation(self.spec, "predicted_failure")
+        attrs = {"screened": True, "cause": "predicted_failure", "config": self.space.full_config(chosen),
+                 "error": f"predicted to fail (p = {p_fail:.2f}) by the classifier of the study's failed trials"}
+        log.info("proposal %d skipped: predicted to fail (p = %.2f)", trial.number, p_fail)
+        self.tell(trial, Evaluation(values=ev.values, constraints={**ev.constraints, "feasibility:predicted": 1.0}),
+                  attrs=attrs)
 
     def resample_limit(self) -> int:
         """How many constraint-breaking proposals a trial may reject before one is spent."""
