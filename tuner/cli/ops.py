@@ -217,6 +217,8 @@ def history(agent: Path | None = typer.Argument(None, help=AGENT_HELP, show_defa
     """List the agent's cycles, verifications, promotions and production monitor events."""
     from tuner.context import open_context
     from tuner.promotion.audit import history as get_history
+    from tuner.scenarios.store import ScenarioBook
+    from tuner.scenarios.table import traffic_text
 
     try:
         ctx = open_context(agent, state_dir, create=False)  # reads only: creates no store
@@ -228,6 +230,7 @@ def history(agent: Path | None = typer.Argument(None, help=AGENT_HELP, show_defa
         from tuner.monitor.records import read_events
 
         h["events"] = read_events(sd, a.name) if ctx.has_state() else []
+        h["switches"] = ScenarioBook(sd, a.name).switches()
     except TunerError as exc:
         raise _fail(exc) from None
     if as_json:
@@ -238,7 +241,8 @@ def history(agent: Path | None = typer.Argument(None, help=AGENT_HELP, show_defa
     typer.echo("cycles:")
     for c in h["cycles"]:
         typer.echo(f"  #{c.get('cycle')}  {_fmt_time(c.get('start_time'))}  {c.get('status', c.get('outcome'))}"
-                   f"  trials={c.get('trials_run', len(c.get('trials', []) or []))}  best={c.get('best_value')}")
+                   f"  trials={c.get('trials_run', len(c.get('trials', []) or []))}  best={c.get('best_value')}"
+                   f"  tuned for: {traffic_text(c)}")
     typer.echo("verifications:")
     for v in h["verifications"]:
         typer.echo(f"  {_fmt_time(v.get('time'))}  trial {v.get('trial')} vs {v.get('reference')}: "
@@ -252,6 +256,11 @@ def history(agent: Path | None = typer.Argument(None, help=AGENT_HELP, show_defa
         answer = (e.get("response") or {}).get("action")
         typer.echo(f"  {_fmt_time(e.get('time'))}  {e.get('kind')} ({e.get('cause')}): {e.get('detail')}"
                    + (f"  -> {answer}" if answer else ""))
+    if h["switches"]:
+        typer.echo("scenario switches and requests:")
+        for e in h["switches"]:
+            typer.echo(f"  {_fmt_time(e.get('time'))}  {e.get('kind')} {e.get('scenario') or ''}"
+                       f"{'  #' + str(e['seq']) if e.get('seq') is not None else ''}: {e.get('reason')}")
 
 
 def register(app: typer.Typer) -> None:

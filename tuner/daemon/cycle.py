@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -9,23 +10,32 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from tuner.base.redact import redact_text
 from tuner.champions.store import append_jsonl
 from tuner.context import open_context
 from tuner.daemon import runtime
 from tuner.daemon.health import write_heartbeat
 from tuner.daemon.metrics import DaemonMetrics
-from tuner.loop import finish_tracking, run_cycle
+from tuner.loop import Session, finish_tracking, run_cycle
 from tuner.promotion.act import check_and_act
 from tuner.promotion.audit import champion_summary
+from tuner.scenarios.session import Planned, plan_cycle
+from tuner.scenarios.table import traffic_text
 
 log = logging.getLogger(__name__)
 
 
 def run_agent_cycle(agent_path: Path | str, state_dir: Path | str, *, stop: threading.Event | None = None,
                     lock: threading.Lock | None = None, metrics: DaemonMetrics | None = None,
-                    trials: int | None = None) -> dict[str, Any]:
-    """Plan, Do, Check, Act for one agent. Returns a summary; raises on a broken agent or store."""
+                    trials: int | None = None, observation: Any = None,
+                    scenario: str | None = None) -> dict[str, Any]:
+    """Plan, Do, Check, Act for one agent. Returns a summary; raises on a broken agent or store.
+
+    `observation` (tuner.observe's ObservedWorkload of the watch's window): the cycle tunes that traffic, in the
+    study of the scenario it falls in (`scenario` overrides which; tuner.scenarios.session); None: the agent's
+    workload (or the scenario's fitted one)."""
     stop = stop or threading.Event()
     state_dir = Path(state_dir)
     ctx = open_context(agent_path, state_dir)
@@ -36,12 +46,16 @@ def run_agent_cycle(agent_path: Path | str, state_dir: Path | str, *, stop: thre
                 return {"agent": spec.name, "skipped": "stopping"}
     began = time.time()  # the GPU group is ours from here
     try:
-        session = ctx.session(plan=True)  # Plan: the lineage says which study (a new one, warm-started?)
-        study_name, warmed = ctx.study_name, ctx.warm_started
+        # Plan: the traffic observed (or the agent's workload), the scenario it falls in, its lineage (a new
+        # study, warm-started?)
+        planned = plan_cycle(ctx, observation, scenario)
+        session = planned.session
         result = run_cycle(session, trials=trials, stop_event=stop, finish=False)
-        out: dict[str, Any] = {"agent": spec.name, "began": began, "study": study_name, "cycle": result.cycle,
-                               "run_id": result.run_id, "trials": [o.number for o in result.outcomes],
-                               "interrupted": result.interrupted, "warm_started": warmed}
+        out: dict[str, Any] = {"agent": spec.name, "began": began, "study": session.study.name,
+                               "cycle": result.cycle, "run_id": result.run_id,
+                               "trials": [o.number for o in result.outcomes], "interrupted": result.interrupted,
+                               "warm_started": planned.warm_started, **tuned_for(planned)}
+        record_tuned_for(session, result.cycle, result.run_id, out)
         try:
             if not result.interrupted and not stop.is_set():
                 promote = None
@@ -50,6 +64,8 @@ def run_agent_cycle(agent_path: Path | str, state_dir: Path | str, *, stop: thre
 
                     promote = canary_promoter(session, stop_event=stop)
                 out["check"] = check_and_act(session, stop_event=stop, promote=promote)
+                if planned.scenario is not None and out["check"].get("action") == "promoted":
+                    out["service"] = serve_if_in_service(ctx, planned.scenario, session)
         finally:  # one probe of a store that went down covers the cycle and its verification
             finish_tracking(session, interrupted=result.interrupted)
         if metrics is not None:
@@ -70,6 +86,45 @@ def run_agent_cycle(agent_path: Path | str, state_dir: Path | str, *, stop: thre
             lock.release()
 
 
+def tuned_for(planned: Planned) -> dict[str, Any]:
+    """Which traffic the cycle tuned for: scenario, the workload's source, the observation (window, source,
+    statistics, fit error) and the workload itself."""
+    obs = planned.observation
+    return {"scenario": planned.scenario, "workload_source": planned.workload_source,
+            "workload": planned.session.agent.spec.workload.model_dump(mode="json"),
+            "refit_change": planned.refit_change, "warm_from": planned.warm_from,
+            "observed": None if obs is None else {k: obs[k] for k in ("start_s", "end_s", "window_s", "source",
+                                                                       "stats", "fit_error")}}
+
+
+def record_tuned_for(session: Session, cycle: int, run_id: str | None, out: dict[str, Any]) -> None:
+    """In the study (user attribute `tuned_for:<cycle>`) and the cycle's MLflow run (params, tags, artifact)."""
+    entry = {k: out[k] for k in ("scenario", "workload_source", "workload", "refit_change", "observed")}
+    session.study.study.set_user_attr(f"tuned_for:{cycle:06d}", json.loads(json.dumps(entry, default=str)))
+    obs = out.get("observed") or {}
+    stats = obs.get("stats") or {}
+    tags = {"scenario": out.get("scenario") or "", "workload_source": out["workload_source"],
+            "observed_source": redact_text(str(obs.get("source", ""))),
+            **{f"observed.{k}": f"{v:.4g}" for k, v in stats.items() if isinstance(v, int | float)}}
+    params = {"observed_window_s": obs.get("window_s", ""), "observed_start_s": obs.get("start_s", ""),
+              "observed_end_s": obs.get("end_s", "")} if obs else {}
+    session.tracker.log(run_id, params=params, tags=tags)
+    session.tracker.log_text(run_id, yaml.safe_dump(json.loads(json.dumps(entry, default=str)), sort_keys=False),
+                             "tuned_for.yaml")
+
+
+def serve_if_in_service(ctx: Any, scenario: str, session: Session) -> dict[str, Any] | None:
+    """A new champion of the scenario in service goes into service at once (the switch path)."""
+    from tuner.scenarios.act import put_in_service
+    from tuner.scenarios.store import ScenarioBook
+
+    service = ScenarioBook(ctx.state_dir, ctx.name).service() or {}
+    if service.get("scenario") != scenario:
+        return None  # the switcher puts it in service when the traffic comes to this scenario
+    return put_in_service(ctx.agent, ctx.state_dir, scenario, tracker=session.tracker, previous=scenario,
+                          reason="a new champion of the scenario in service")
+
+
 def cycle_job(agent_path: str, state_dir: str) -> None:
     """The scheduled job (module level so that APScheduler can pickle a reference to it)."""
     rt = runtime.current()
@@ -87,8 +142,9 @@ def cycle_job(agent_path: str, state_dir: str) -> None:
     outcome = "ok"
     entry: dict[str, Any] = {"agent": st.name, "start_time": started}
     try:
+        scenario, st.tune_scenario = st.tune_scenario, None  # the switcher asked for this scenario's cycle
         res = run_agent_cycle(agent_path, state_dir, stop=rt.stop, lock=rt.locks.get(st.name),
-                              metrics=rt.metrics)
+                              metrics=rt.metrics, observation=st.observed, scenario=scenario)
         entry.update(res)
         if res.get("interrupted") or res.get("skipped"):
             outcome = "interrupted"
@@ -112,9 +168,10 @@ def cycle_job(agent_path: str, state_dir: str) -> None:
         rt.metrics.cycles.labels(st.name, outcome).inc()
         rt.metrics.cycle_duration.labels(st.name).observe(st.last_end - started)
         entry.update(outcome=outcome, end_time=st.last_end)
-        log.info("cycle of %s %s in %.1fs: study %s, trial(s) %s%s", st.name, outcome, st.last_end - started,
-                 entry.get("study", "-"), entry.get("trials", []),
-                 f", check: {entry['check'].get('action')}" if isinstance(entry.get("check"), dict) else "")
+        log.info("cycle of %s %s in %.1fs: study %s, trial(s) %s%s; tuned for %s", st.name, outcome,
+                 st.last_end - started, entry.get("study", "-"), entry.get("trials", []),
+                 f", check: {entry['check'].get('action')}" if isinstance(entry.get("check"), dict) else "",
+                 traffic_text(entry))
         try:
             append_jsonl(Path(state_dir) / st.name / "cycles.jsonl", entry)
         except OSError as exc:
@@ -123,3 +180,8 @@ def cycle_job(agent_path: str, state_dir: str) -> None:
         with rt.idle:
             rt.in_flight -= 1
             rt.idle.notify_all()
+        if st.tune_scenario is not None and outcome != "interrupted":  # asked for while this cycle ran
+            from tuner.daemon.traffic import trigger_cycle
+
+            trigger_cycle(rt, st, f"scenario {st.tune_scenario} asked for during the last cycle")
+

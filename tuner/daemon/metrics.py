@@ -74,6 +74,8 @@ class DaemonMetrics:
         self.monitor_open = Gauge("tuner_monitor_open", "1 while the monitor sees an anomaly or a saturation of "
                                   "this cause that has not recovered", ["agent", "kind", "cause"],
                                   registry=self.registry)
+        self.switches = Counter("tuner_scenario_switches", "Scenario champions put in service as traffic moved",
+                                ["agent", "scenario"], registry=self.registry)
 
     def set_trial_counts(self, agent: str, counts: Mapping[str, int]) -> None:
         """From TunerStudy.counts(): Optuna's states to tuner_trials, FEASIBLE/INFEASIBLE to their own metric."""

@@ -1,18 +1,20 @@
-"""The production watch: scrape the live server's /metrics, detect SLO breaches and prompt-length drift,
-record the anomaly and start the agent's cycle early."""
+"""The production watch: scrape the live server's /metrics every `watch.interval_s` and hand each scrape to
+its consumers (`consumers_for`): the anomaly check (SLO breaches and prompt-length drift: record the anomaly and
+start the agent's cycle early), the observation window (tuner.daemon.traffic: the workload the next cycle
+tunes), the scenario switcher, and whatever CONSUMERS adds."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from datetime import datetime, timezone
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tuner import catalog
 from tuner.base.redact import redact_text, redact_url
 from tuner.champions.store import append_jsonl
-from tuner.daemon.runtime import AgentState, Runtime, job_id
+from tuner.daemon.runtime import AgentState, Runtime
 from tuner.measure.datasets import plans_for
 from tuner.measure.scrape import Snapshot, scrape, telemetry
 from tuner.measure.tokenize import load_tokenizer
@@ -21,6 +23,13 @@ from tuner.tracking.tracker import Tracker
 
 log = logging.getLogger(__name__)
 
+
+
+# A consumer of the watch's scrapes: called with (unix time of the scrape, the Snapshot), in the watch thread.
+Consumer = Callable[[float, Snapshot], None]
+# Factories of further consumers, (rt, st, spec) -> Consumer, appended to by packages that read every scrape
+# (e.g. change detection); each watch builds one consumer per factory.
+CONSUMERS: list[Callable[[Runtime, AgentState, AgentSpec], Consumer]] = []
 
 
 def start_watch(rt: Runtime, st: AgentState, spec: AgentSpec) -> None:
@@ -36,43 +45,68 @@ def start_watch(rt: Runtime, st: AgentState, spec: AgentSpec) -> None:
                      daemon=True).start()
 
 
+def consumers_for(rt: Runtime, st: AgentState, spec: AgentSpec,
+                  extra: Sequence[Callable[[Runtime, AgentState, AgentSpec], Consumer]] = ()) -> list[Consumer]:
+    """What each scrape is handed to, in order: the anomaly check, the observation window, the scenario
+    switcher (when the agent has scenarios or proposes them), then CONSUMERS and `extra`."""
+    from tuner.daemon.traffic import ObservationWindow, ScenarioSwitching
+
+    out: list[Consumer] = [AnomalyCheck(rt, st, spec), ObservationWindow(st, spec)]
+    if spec.scenarios or spec.switching.propose:
+        out.append(ScenarioSwitching(rt, st, spec))
+    return out + [make(rt, st, spec) for make in (*CONSUMERS, *extra)]
+
+
 def watch_loop(rt: Runtime, st: AgentState, spec: AgentSpec, done: threading.Event) -> None:
     w = spec.watch
     if w is None:
         return
-    history: list[tuple[float, Snapshot]] = []
-    cooldown_until = 0.0
+    feed = consumers_for(rt, st, spec)
     while not done.wait(w.interval_s):
         snap = scrape(w.url)
         if snap is None:
             continue
-        now = time.monotonic()
-        history.append((now, snap))
-        history = [(t, s) for t, s in history if now - t <= w.window_s + w.interval_s]
-        base = history[0][1] if len(history) > 1 else None
-        if base is None or now < cooldown_until:
-            continue
-        try:
-            anomalies = detect_anomalies(spec, base, snap, st.path.parent)
-        except Exception as exc:  # noqa: BLE001 - a failing check must not end the watch for good
-            log.warning("watch %s: cannot check the scrape of %s: %s", st.name, redact_url(w.url),
-                        redact_text(str(exc)))
-            continue
+        now = time.time()
+        for consume in feed:
+            try:
+                consume(now, snap)
+            except Exception as exc:  # noqa: BLE001 - one failing consumer must not end the watch for good
+                log.warning("watch %s: %s failed on the scrape of %s: %s", st.name, type(consume).__name__,
+                            redact_url(w.url), redact_text(f"{type(exc).__name__}: {exc}"))
+
+
+class AnomalyCheck:
+    """SLO breaches and prompt-length drift over the watch's window: recorded, and the agent's cycle started
+    now (then quiet for one window)."""
+
+    def __init__(self, rt: Runtime, st: AgentState, spec: AgentSpec) -> None:
+        self.rt, self.st, self.spec = rt, st, spec
+        self.history: list[tuple[float, Snapshot]] = []
+        self.cooldown_until = 0.0
+
+    def __call__(self, now: float, snap: Snapshot) -> None:
+        w = self.spec.watch
+        assert w is not None
+        st, rt = self.st, self.rt
+        self.history.append((now, snap))
+        self.history = [(t, s) for t, s in self.history if now - t <= w.window_s + w.interval_s]
+        base = self.history[0][1] if len(self.history) > 1 else None
+        if base is None or now < self.cooldown_until:
+            return
+        anomalies = detect_anomalies(self.spec, base, snap, st.path.parent)
         if not anomalies:
-            continue
-        cooldown_until = now + w.window_s
+            return
+        self.cooldown_until = now + w.window_s
         for kind, detail in anomalies:
             rt.metrics.anomalies.labels(st.name, kind).inc()
             log.warning("watch %s: %s (%s): starting a cycle now", st.name, kind, detail)
         try:
-            record_anomaly(rt, spec, anomalies)
+            record_anomaly(rt, self.spec, anomalies)
         except OSError as exc:
             log.warning("watch %s: cannot record the anomaly: %s", st.name, exc)
-        if rt.scheduler is not None and not st.running and not rt.stop.is_set():
-            try:
-                rt.scheduler.modify_job(job_id(st.name), next_run_time=datetime.now(timezone.utc))
-            except Exception as exc:  # noqa: BLE001 - the job may be gone during shutdown
-                log.warning("cannot trigger a cycle of %s: %s", st.name, exc)
+        from tuner.daemon.traffic import trigger_cycle
+
+        trigger_cycle(rt, st, "production anomaly")
 
 
 def detect_anomalies(spec: AgentSpec, before: Snapshot, after: Snapshot,

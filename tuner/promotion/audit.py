@@ -51,7 +51,13 @@ def history(state_dir: Path | str, agent_name: str, tracker: Tracker | None = No
                            "status": r.info.status, "study": tg.get("study"),
                            "start_time": r.info.start_time / 1000, "trials_run": int(m.get("trials_run", 0)),
                            "trials_feasible": int(m.get("trials_feasible", 0)),
-                           "best_value": m.get("best_value_0"), "interrupted": tg.get("interrupted") == "True"})
+                           "best_value": m.get("best_value_0"), "interrupted": tg.get("interrupted") == "True",
+                           # which traffic it tuned for (the daemon's cycles: tuner.daemon.cycle.record_tuned_for)
+                           "scenario": tg.get("scenario") or None, "workload_source": tg.get("workload_source"),
+                           "observed": {"source": tg.get("observed_source"),
+                                        "stats": {k[9:]: float(v) for k, v in tg.items()
+                                                  if k.startswith("observed.")}}
+                           if tg.get("observed_source") else None})
     if not cycles:
         from tuner.champions.store import read_jsonl
 

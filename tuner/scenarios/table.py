@@ -73,3 +73,12 @@ def scenario_rows(agent: Agent, state_dir: Path) -> list[dict[str, Any]]:
             "measured_own": gains.get("own"), "matrix_time": matrix.get("time"),
         })
     return rows
+
+
+def traffic_text(entry: dict[str, Any]) -> str:
+    """Which traffic a cycle tuned for, in words: 'scenario busy, observed workload (rate_per_s 12.3, ...)'."""
+    where = f"scenario {entry['scenario']}, " if entry.get("scenario") else ""
+    stats = (entry.get("observed") or {}).get("stats") or {}
+    keys = ("rate_per_s", "concurrency_mean", "prompt_tokens_mean", "output_tokens_mean")
+    shown = ", ".join(f"{k} {stats[k]:.3g}" for k in keys if isinstance(stats.get(k), int | float))
+    return where + f"{entry.get('workload_source', 'agent')} workload" + (f" ({shown})" if shown else "")
