@@ -21,6 +21,7 @@ from tuner.daemon.metrics import DaemonMetrics
 from tuner.loop import Session, finish_tracking, run_cycle
 from tuner.promotion.act import check_and_act
 from tuner.promotion.audit import champion_summary
+from tuner.scenarios.act import adopt_baseline, put_in_service
 from tuner.scenarios.session import Planned, plan_cycle
 from tuner.scenarios.table import traffic_text
 
@@ -64,7 +65,9 @@ def run_agent_cycle(agent_path: Path | str, state_dir: Path | str, *, stop: thre
 
                     promote = canary_promoter(session, stop_event=stop)
                 out["check"] = check_and_act(session, stop_event=stop, promote=promote)
-                if planned.scenario is not None and out["check"].get("action") == "promoted":
+                if planned.scenario is not None and out["check"].get("action") == "none":
+                    out["check"] = adopt_baseline(session) or out["check"]
+                if planned.scenario is not None and out["check"].get("action") in ("promoted", "baseline"):
                     out["service"] = serve_if_in_service(ctx, planned.scenario, session)
         finally:  # one probe of a store that went down covers the cycle and its verification
             finish_tracking(session, interrupted=result.interrupted)
@@ -115,7 +118,6 @@ def record_tuned_for(session: Session, cycle: int, run_id: str | None, out: dict
 
 def serve_if_in_service(ctx: Any, scenario: str, session: Session) -> dict[str, Any] | None:
     """A new champion of the scenario in service goes into service at once (the switch path)."""
-    from tuner.scenarios.act import put_in_service
     from tuner.scenarios.store import ScenarioBook
 
     service = ScenarioBook(ctx.state_dir, ctx.name).service() or {}
@@ -126,14 +128,21 @@ def serve_if_in_service(ctx: Any, scenario: str, session: Session) -> dict[str, 
 
 
 def cycle_job(agent_path: str, state_dir: str) -> None:
-    """The scheduled job (module level so that APScheduler can pickle a reference to it)."""
+    """The scheduled job (module level so that APScheduler can pickle a reference to it). A scenario the
+    switcher asked a cycle for while this one ran gets its cycle right after, in this job."""
     rt = runtime.current()
     if rt is None:
         log.error("cycle job fired outside a daemon process; ignored")
         return
     st = next((a for a in rt.agents.values() if str(a.path) == agent_path), None)
-    if st is None or rt.stop.is_set():
-        return
+    while st is not None and not rt.stop.is_set():
+        outcome = _one_cycle(rt, st, agent_path, state_dir)
+        if st.tune_scenario is None or outcome == "interrupted":
+            break
+        log.info("cycle of %s for scenario %s, asked for during the last cycle", st.name, st.tune_scenario)
+
+
+def _one_cycle(rt: runtime.Runtime, st: runtime.AgentState, agent_path: str, state_dir: str) -> str:
     with rt.idle:
         rt.in_flight += 1
     st.running = True
@@ -180,8 +189,5 @@ def cycle_job(agent_path: str, state_dir: str) -> None:
         with rt.idle:
             rt.in_flight -= 1
             rt.idle.notify_all()
-        if st.tune_scenario is not None and outcome != "interrupted":  # asked for while this cycle ran
-            from tuner.daemon.traffic import trigger_cycle
-
-            trigger_cycle(rt, st, f"scenario {st.tune_scenario} asked for during the last cycle")
+    return outcome
 

@@ -93,7 +93,9 @@ class AnomalyCheck:
         base = self.history[0][1] if len(self.history) > 1 else None
         if base is None or now < self.cooldown_until:
             return
-        anomalies = detect_anomalies(self.spec, base, snap, st.path.parent)
+        # with scenarios, the switcher follows the traffic's moves; prompt drift is judged without them
+        tuned = self.spec.model_copy(update={"workload": tuned_workload(rt.state_dir, self.spec)})
+        anomalies = detect_anomalies(tuned, base, snap, st.path.parent, drift=not self.spec.scenarios)
         if not anomalies:
             return
         self.cooldown_until = now + w.window_s
@@ -110,9 +112,9 @@ class AnomalyCheck:
 
 
 def detect_anomalies(spec: AgentSpec, before: Snapshot, after: Snapshot,
-                     base_dir: Path | None = None) -> list[tuple[str, str]]:
-    """SLO breaches of the latencies the server reports (TTFT, ITL, E2EL) and prompt-length drift between two
-    scrapes of production /metrics.
+                     base_dir: Path | None = None, *, drift: bool = True) -> list[tuple[str, str]]:
+    """SLO breaches of the latencies the server reports (TTFT, ITL, E2EL) and (with `drift`) prompt-length drift
+    from the spec's workload between two scrapes of production /metrics.
 
     `base_dir` (the agent file's folder) resolves the workload's dataset or trace path."""
     tel = telemetry(before, after)
@@ -122,12 +124,23 @@ def detect_anomalies(spec: AgentSpec, before: Snapshot, after: Snapshot,
         if slo.max is not None and key is not None and key in tel and tel[key] > slo.max:
             out.append(("slo", f"{slo.metric} {tel[key]:.1f} > {slo.max}"))
     n = tel.get("server_request_success", 0.0)
-    if n > 0 and "server_prompt_tokens" in tel and spec.watch is not None:
+    if drift and n > 0 and "server_prompt_tokens" in tel and spec.watch is not None:
         mean_now = tel["server_prompt_tokens"] / n
         tuned = tuned_prompt_mean(spec.workload, base_dir)
         if tuned and abs(mean_now - tuned) / tuned > spec.watch.drift_threshold:
             out.append(("drift", f"mean prompt {mean_now:.0f} tokens vs {tuned:.0f} tuned for"))
     return out
+
+
+def tuned_workload(state_dir: Path, spec: AgentSpec) -> WorkloadSpec:
+    """The workload the configuration in service was tuned for: the fitted one of the scenario in service (or of
+    the agent's own study, once it tuned observed traffic), else the agent's."""
+    from tuner.scenarios.store import ScenarioBook
+
+    book = ScenarioBook(state_dir, spec.name)
+    service = book.service()
+    fitted = book.fitted(service["scenario"] if service else None)
+    return WorkloadSpec.model_validate(fitted["workload"]) if fitted else spec.workload
 
 
 def tuned_prompt_mean(workload: WorkloadSpec, base_dir: Path | None = None) -> float:

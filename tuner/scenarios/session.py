@@ -125,14 +125,24 @@ def _workload_for(book: ScenarioBook, scn: ScenarioSpec | None, agent_workload: 
         if fitted is not None and isinstance(fitted.get("observation"), Mapping):
             change = relative_change(point_of(fitted["observation"].get("stats", {})), point_of(obs.stats))
         if fitted is None or change is None or change > threshold:
-            book.set_fitted(key, obs.workload.model_dump(mode="json"), record)
-            return obs.workload, "observed", record, change
+            wl = tuning_workload(agent_workload, obs.workload)
+            book.set_fitted(key, wl.model_dump(mode="json"), record)
+            return wl, "observed", record, change
         return WorkloadSpec.model_validate(fitted["workload"]), "fitted", record, change
     if fitted is not None:
         return WorkloadSpec.model_validate(fitted["workload"]), "fitted", None, None
     if scn is not None and scn.workload is not None:
         return scn.workload, "declared", None, None
     return agent_workload, "agent", None, None
+
+
+def tuning_workload(agent_workload: WorkloadSpec, observed: WorkloadSpec) -> WorkloadSpec:
+    """What a trial runs for observed traffic: the traffic's shape from the observation (arrival, prompt and
+    output lengths) and the measurement protocol from the agent (how many requests or seconds a trial lasts,
+    warm-up, endpoint, streaming, timeouts, seed)."""
+    return agent_workload.model_copy(update={"arrival": observed.arrival, "prompt_tokens": observed.prompt_tokens,
+                                             "output_tokens": observed.output_tokens, "tasks": observed.tasks,
+                                             "dataset": observed.dataset})
 
 
 def _nearest_study(ctx: AgentContext, book: ScenarioBook, scenarios: list[ScenarioSpec],
