@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from tests.unit.observe.test_window import exposition
+from tests.unit.observe.test_observe_window import exposition
 from tuner.agent import load_agent
 from tuner.daemon.metrics import DaemonMetrics
 from tuner.daemon.runtime import AgentState, Runtime

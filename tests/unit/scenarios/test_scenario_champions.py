@@ -64,7 +64,10 @@ def test_each_scenario_has_its_study_and_champion_and_a_switch_goes_through_act(
     assert scenario_of(ctx, busy) == "busy" and scenario_of(ctx, obs(1, 256, 512)) == "long"
     planned, act = _cycle(ctx, busy)
     assert planned.scenario == "busy" and planned.session.study.name == "agent.busy"
-    assert planned.workload_source == "observed" and planned.session.agent.spec.workload == busy.workload
+    tuned = planned.session.agent.spec.workload
+    assert planned.workload_source == "observed" and tuned.arrival == busy.workload.arrival
+    assert (tuned.prompt_tokens, tuned.output_tokens) == (busy.workload.prompt_tokens, busy.workload.output_tokens)
+    assert tuned.num_requests == 100  # the traffic's shape, the agent's measurement protocol
     assert act["action"] == "promoted", act
     book = ScenarioBook(sd, "agent")
     assert book.has_champion("busy") and not book.has_champion("long")
@@ -79,7 +82,7 @@ def test_each_scenario_has_its_study_and_champion_and_a_switch_goes_through_act(
     # a small change of busy's traffic keeps its study and fitted workload; a large one refits and moves on
     small = plan_cycle(open_context(path, sd), obs(36, 256, 32))
     assert small.session.study.name == "agent.busy" and small.workload_source == "fitted"
-    assert small.session.agent.spec.workload == busy.workload and 0 < small.refit_change < 0.3
+    assert small.session.agent.spec.workload == tuned and 0 < small.refit_change < 0.3
     big = plan_cycle(open_context(path, sd), obs(128, 256, 32))
     assert big.session.study.name.startswith("agent.busy-") and big.workload_source == "observed"
     assert big.warm_from == "agent.busy" and big.warm_started
