@@ -38,7 +38,8 @@ from tuner.monitor.telemetry import NvmlTelemetry  # noqa: E402
 
 Window = dict[str, float]
 EXPECT = {"rate_x2": "drift", "prompt_x2": "drift", "output_x4": "drift", "slowdown": "anomaly",
-          "slowdown_model": "anomaly", "gpu_throttle": "anomaly"}
+          "slowdown30": "anomaly", "slowdown_model": "anomaly", "gpu_throttle": "anomaly"}
+BEFORE = {"slowdown30": "base2"}  # a change recorded with a baseline phase of its own (same engine settings)
 
 
 def load(path: Path) -> tuple[dict[str, list[tuple[float, Window]]], dict[str, float]]:
@@ -98,7 +99,7 @@ def replay(windows: list[Window], cfg: MonitorConfig, gpu: Gpu,
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--streams", type=Path, required=True)
+    ap.add_argument("--streams", type=Path, nargs="+", required=True)
     ap.add_argument("--hours", type=float, default=240.0)
     ap.add_argument("--stream-hours", type=float, default=24.0)
     ap.add_argument("--block", type=int, default=8)
@@ -108,12 +109,20 @@ def main() -> None:
     ap.add_argument("--gpu-noise", type=float, default=0.01)
     ap.add_argument("--false-alarms-per-day", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--stationary", default="stationary", help="the phase of stationary traffic")
+    ap.add_argument("--learn-windows", type=int, default=20)
     args = ap.parse_args()
-    phases, delays = load(args.streams)
-    stat = [w for _, w in phases["stationary"]]
-    times = [t for t, _ in phases["stationary"]]
+    phases: dict[str, list[tuple[float, Window]]] = {}
+    delays: dict[str, float] = {}
+    for path in args.streams:
+        p, d = load(path)
+        phases.update(p)
+        delays.update(d)
+    stat = [w for _, w in phases[args.stationary]]
+    times = [t for t, _ in phases[args.stationary]]
     interval = statistics.median(b - a for a, b in zip(times, times[1:], strict=False))
-    cfg = MonitorConfig(interval_s=round(interval), false_alarms_per_day=args.false_alarms_per_day)
+    cfg = MonitorConfig(interval_s=round(interval), false_alarms_per_day=args.false_alarms_per_day,
+                        learn_windows=args.learn_windows)
     rng = random.Random(args.seed)
     print(f"# detection experiment ({time.strftime('%Y-%m-%d %H:%M')})\n")
     print(f"windows of {cfg.interval_s:g} s; {TESTS} one-sided tests; CUSUM k = {cfg.k}, h = {cfg.h:.3f} "
@@ -132,7 +141,7 @@ def main() -> None:
     print("| stream | hours watched | events | per 24 h | kinds |")
     print("|---|---:|---:|---:|---|")
     ev = replay(stat, cfg, Gpu(args.gpu_noise, args.seed))
-    hours = (len(stat) - cfg.learn_windows) * cfg.interval_s / 3600
+    hours = max(1, len(stat) - cfg.learn_windows) * cfg.interval_s / 3600
     print(f"| real run, recorded order | {hours:.2f} | {len(ev)} | {len(ev) / hours * 24:.1f} | "
           f"{', '.join(f'{k}/{c}@{i}' for i, k, c in ev) or '-'} |")
     n = int(args.stream_hours * 3600 / cfg.interval_s)
@@ -156,15 +165,18 @@ def main() -> None:
           "expected | first events |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---|")
     lead = cfg.learn_windows + args.pre
-    for change in EXPECT:
+    for change in [c for c in EXPECT if c in phases or c in ("slowdown_model", "gpu_throttle")]:
         delays_w: list[int] = []
         missed, right, firsts = 0, 0, {}
         for tr in range(args.trials):
             i = rng.randrange(0, len(stat) - lead - args.post)
             before = stat[i:i + lead]
+            if change in BEFORE:  # its own baseline phase just before the change, stationary windows before that
+                own = [w for _, w in phases[BEFORE[change]]][-lead:]
+                before = before[:lead - len(own)] + own
             gpu = Gpu(args.gpu_noise, 1000 + tr)
             hook = None
-            if change in ("rate_x2", "prompt_x2", "output_x4", "slowdown"):
+            if change in ("rate_x2", "prompt_x2", "output_x4", "slowdown", "slowdown30"):
                 src = [w for _, w in phases[change]]
                 j = rng.randrange(0, max(1, len(src) - args.post))
                 after = src[j:j + args.post]

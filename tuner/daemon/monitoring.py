@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -108,3 +109,11 @@ class MonitorFeed:
         record_response(entry, out, state_dir=Path(rt.state_dir))
         if out.get("action") == "rolled_back":
             self.monitor.relearn()  # a new champion serves: a new normal
+
+
+def monitor_consumer(rt: Runtime, st: AgentState, spec: AgentSpec) -> Callable[[float, Snapshot], object]:
+    """The watch's consumer factory: the agent's MonitorFeed, or a consumer that does nothing when its watch
+    has no `monitor:`."""
+    if spec.watch is None or spec.watch.monitor is None:
+        return lambda t, snap: None
+    return MonitorFeed(rt, st, spec)

@@ -5,8 +5,9 @@ CUSUMs and says what kind of change it saw:
   with it are part of the same event (more load is slower: no anomaly). The monitor then learns the new normal;
   the event carries the observed inputs for the next cycle to tune for.
 - **anomaly** (the server got worse at the same load): an output, state or GPU signal alarmed and no input
-  alarmed within `settle_windows` windows after it. A GPU throttle (throttle reasons, SM clock down) is an
-  anomaly whose cause says so. Answer: tuner.monitor.respond.
+  alarmed within `settle_windows` windows after it (twice as long while an input's CUSUM is past half its
+  threshold: the load may be moving, more slowly than the latency it drives). A GPU throttle (throttle
+  reasons, SM clock down) is an anomaly whose cause says so. Answer: tuner.monitor.respond.
 - **saturation**: a limit is reached (KV cache usage >= `kv_full_frac`, DRAM active >= `dram_limit_frac`, for
   `sat_windows` windows) or the queue grows (Mann-Kendall trend test over the last `trend_windows` windows,
   one-sided p < `trend_p`, with at least one request waiting).
@@ -187,7 +188,9 @@ class Monitor:
         if inputs:
             events.append(self._drift(t, inputs))
             return events
-        if any(self.windows - w >= self.config.settle_windows for w, _ in self._pending.values()):
+        waited = max((self.windows - w for w, _ in self._pending.values()), default=-1)
+        rising = any(self.tracks[n].cusum.statistic > self.h / 2 for n in INPUTS)
+        if waited >= self.config.settle_windows + (self.config.settle_windows if rising else 0):
             due = {n: s for n, (_, s) in self._pending.items()}  # all the symptoms seen so far: one event
             self._pending.clear()
             events.append(self._anomaly(t, due))
