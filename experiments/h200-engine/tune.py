@@ -39,13 +39,18 @@ def main() -> None:
     if a.smoke:
         spec = agent.spec
         target = spec.target.model_copy(update={"preset": "tiny", "device": "cpu"})
+        # the smoke run checks the script, not the CPU's speed: short requests, a request timeout far above what
+        # one takes on any CPU (on a 2-core host beside 10-20 busy processes the H200 workload's 20 s ended
+        # every baseline request in a timeout), and latency SLOs that every answered request meets, so that a
+        # slow or busy machine still has a feasible baseline to report against
+        timeout_s = 300.0
         workload = spec.workload.model_copy(update={
-            "duration_s": 3.0, "arrival": spec.workload.arrival.model_copy(update={"rate_per_s": 5.0}),
-            "prompt_tokens": spec.workload.prompt_tokens.model_copy(update={"high": 300})})  # tiny: 512 context
-        # the smoke run checks the script, not the CPU's speed: latency SLOs 20x looser, so that a loaded
-        # machine still has a feasible baseline to report against
-        slos = [slo.model_copy(update={"max": slo.max * 20}) if slo.max is not None and "_ms" in slo.metric else slo
-                for slo in spec.slos]
+            "duration_s": 3.0, "arrival": spec.workload.arrival.model_copy(update={"rate_per_s": 3.0}),
+            "warmup_requests": 2, "timeout_s": timeout_s,
+            "prompt_tokens": spec.workload.prompt_tokens.model_copy(update={"low": 16, "high": 128}),
+            "output_tokens": spec.workload.output_tokens.model_copy(update={"low": 8, "high": 32})})
+        slos = [slo.model_copy(update={"max": timeout_s * 1000}) if slo.max is not None and "_ms" in slo.metric
+                else slo for slo in spec.slos]
         agent = agent.model_copy(update={"spec": spec.model_copy(update={"target": target, "workload": workload,
                                                                          "slos": slos})})
         from tuner.targets.registry import target_class
