@@ -257,6 +257,11 @@ def status(
         ctx = open_context(agent_path, state_dir, create=False)  # reads only: creates no store
         agent, sd = ctx.agent, ctx.state_dir
         study = ctx.read_study()
+        if study is None and agent.spec.scenarios:  # the study of the scenario in service
+            from tuner.scenarios.table import scenario_study
+
+            ctx.study_name = scenario_study(agent, sd) or ctx.study_name
+            study = ctx.read_study()
         counts = study.counts() if study is not None else dict.fromkeys(
             ("COMPLETE", "FEASIBLE", "INFEASIBLE", "FAIL", "RUNNING", "WAITING", "PRUNED"), 0)
         if study is not None:
@@ -278,6 +283,9 @@ def status(
             store = champion_store_for(agent, sd, study)  # in the shared database for a fleet
             data["champion"] = champion_summary(sd, agent.name, store)
             data["pending"] = pending_summary(sd, agent.name, store)
+            from tuner.scenarios.table import scenario_rows
+
+            data["scenarios"] = scenario_rows(agent, sd)
     except TunerError as exc:
         raise fail(exc) from None
     if as_json:

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tuner.base.textfmt import age, fmt, params_text, when
+from tuner.scenarios.table import gain_text, stats_text
 
 
 def _values(t: dict[str, Any]) -> str:
@@ -64,3 +65,20 @@ def print_status(console: Console, data: dict[str, Any]) -> None:
                       f"{last.get('trials')} trial(s) in {fmt(last.get('wall_s'))} s"
                       + (", interrupted" if last.get("interrupted") else "")
                       + (f", MLflow run {last['run_id']}" if last.get("run_id") else ""), highlight=False)
+    scenarios = data.get("scenarios") or []
+    if scenarios:
+        st = Table(title="scenarios (gains on each scenario's own traffic, [interval])")
+        for col in ("scenario", "region", "champion: knobs changed from the baseline", "traffic tuned for",
+                    "over the baseline", *[f"over {s['scenario']}" for s in scenarios]):
+            st.add_column(col)
+        for s in scenarios:
+            ch = s.get("champion")
+            stats = (s.get("workload") or {}).get("stats") or {}
+            st.add_row(s["scenario"] + (" (in service)" if s.get("in_service") else ""), s["bounds"],
+                       (f"#{ch['seq']} trial {ch['trial']}: {params_text(ch['changed']) or 'the baseline'}" if ch
+                        else "none yet"),
+                       stats_text(stats) or "-",
+                       gain_text(s.get("gain_vs_baseline")),
+                       *["-" if o["scenario"] == s["scenario"] else gain_text((s.get("gain_vs") or {}).get(
+                           o["scenario"])) for o in scenarios])
+        console.print(st)

@@ -11,15 +11,21 @@ import typer
 from tuner.errors import TunerError
 
 
-def build(agent_path: Path, state_dir: Path | None, out: Path, md_out: Path | None) -> tuple[Path, Path]:
-    """Gather, render and write both files; returns their paths."""
+def build(agent_path: Path, state_dir: Path | None, out: Path, md_out: Path | None,
+          scenario: str | None = None) -> tuple[Path, Path]:
+    """Gather, render and write both files; returns their paths. `scenario`: that scenario's study (without
+    it, the agent's own study, else the study of the scenario in service or of the first one that has one)."""
     from tuner.context import open_context
     from tuner.report.data import gather
     from tuner.report.render import html, markdown
+    from tuner.scenarios.table import scenario_study
 
     ctx = open_context(agent_path, state_dir, create=False)  # the study the lineage names; creates nothing
     agent, sd = ctx.agent, ctx.state_dir
-    study = ctx.read_study()
+    study = ctx.read_study() if scenario is None else None
+    if study is None:
+        ctx.study_name = scenario_study(agent, sd, scenario) or ctx.study_name
+        study = ctx.read_study()
     if study is None:
         raise TunerError(f"no study of {agent.name} in {sd}: run `tuner run {agent_path}` first")
     if not study.trials():
@@ -41,11 +47,14 @@ def report(
     state_dir: Annotated[Path | None, typer.Option("--state-dir", help="State directory (default "
                                                    "$TUNER_STATE_DIR or .tuner/).", show_default=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the written paths as JSON.")] = False,
+    scenario: Annotated[str | None, typer.Option("--scenario", help="Report this scenario's study (default: the "
+                                                 "agent's, else the scenario in service).",
+                                                 show_default=False)] = None,
 ) -> None:
-    """Write one self-contained HTML report (baseline, champion, best, plots, trials, failures, verdicts)
-    and a Markdown summary for a pull request or a ticket."""
+    """Write one self-contained HTML report (baseline, champion, best, scenarios, plots, trials, failures,
+    verdicts) and a Markdown summary for a pull request or a ticket."""
     try:
-        html_path, md_path = build(agent_path, state_dir, out, md_out)
+        html_path, md_path = build(agent_path, state_dir, out, md_out, scenario)
     except TunerError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(exc.exit_code) from None

@@ -51,6 +51,8 @@ class ReportData:
     key_metrics: list[str]
     plots: dict[str, bytes] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)  # the production monitor's (tuner.monitor)
+    scenarios: list[dict[str, Any]] = field(default_factory=list)  # the scenario table (tuner.scenarios.table)
+    scenario_confidence: float | None = None  # of the cross-evaluation's intervals
 
     def vs_baseline(self, row: TrialRow | None) -> str:
         """`+12.3%` on the first objective, or `-`."""
@@ -92,6 +94,8 @@ def gather(agent: Agent, state_dir: Path, study: Any, *, plots: bool = True) -> 
     """`study` is a TunerStudy already opened on the agent's storage."""
     from tuner.monitor.records import read_events
     from tuner.promotion.audit import champion_summary, history
+    from tuner.scenarios.store import ScenarioBook
+    from tuner.scenarios.table import scenario_rows
     from tuner.tracking.review import key_metrics
 
     spec = agent.spec
@@ -124,6 +128,8 @@ def gather(agent: Agent, state_dir: Path, study: Any, *, plots: bool = True) -> 
         promotions=list(hist["promotions"]),
         key_metrics=list(key_metrics(spec, sample)),
         events=read_events(state_dir, agent.name),
+        scenarios=scenario_rows(agent, state_dir),
+        scenario_confidence=(ScenarioBook(state_dir, agent.name).matrix() or {}).get("confidence"),
     )
     if plots:
         from tuner.tracking.plots import study_plots

@@ -11,6 +11,7 @@ import yaml
 
 from tuner.base.textfmt import fmt, when
 from tuner.report.data import ReportData, TrialRow
+from tuner.scenarios.table import gain_text, stats_text
 
 PLOT_CAPTIONS = {
     "optimization_history": "Optimisation history (measured trials)",
@@ -33,6 +34,21 @@ def _params(p: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in p.items())
 
 
+def knob_split(d: ReportData, row: TrialRow) -> tuple[list[str], list[str]]:
+    """The trial's knobs as `name=value` (numbers to 4 significant digits): (changed from the baseline, the
+    rest). The baseline's are all 'the rest'."""
+    base = d.baseline.params if d.baseline is not None and not row.baseline else None
+    changed: list[str] = []
+    rest: list[str] = []
+    for k, v in row.params.items():
+        (changed if base is not None and base.get(k) != v else rest).append(knob_text(k, v))
+    return changed, rest
+
+
+def knob_text(name: str, value: Any) -> str:
+    return f"{name}={fmt(value) if isinstance(value, float) else value}"
+
+
 def _cards(d: ReportData) -> list[tuple[str, TrialRow | None, str]]:
     champ = d.champion
     if champ is None:
@@ -50,6 +66,7 @@ def _cards(d: ReportData) -> list[tuple[str, TrialRow | None, str]]:
 
 def html(d: ReportData) -> str:
     import jinja2
+    import markupsafe
 
     env = jinja2.Environment(loader=jinja2.PackageLoader("tuner.report", "templates"),
                              autoescape=jinja2.select_autoescape(["html", "j2"]), undefined=jinja2.StrictUndefined)
@@ -64,9 +81,16 @@ def html(d: ReportData) -> str:
                 return f"trial {r.number}: {r.error[:300]}"
         return ""
 
+    matrix_time = next((r["matrix_time"] for r in d.scenarios if r.get("matrix_time")), None)
+    confidence = next((f"{c:.0%}" for c in [d.scenario_confidence] if c), "95%")
     return env.get_template("report.html.j2").render(
         d=d, fmt=fmt, when=when, plots=plots, cards=_cards(d), objective_names=objective_names,
+        scenarios=d.scenarios, matrix_time=matrix_time, confidence=confidence, gain=gain_text,
+        knobs=lambda p: [knob_text(k, v) for k, v in p.items()],
+        traffic=stats_text,
         table_metrics=table_metrics, changed=lambda r: changed_params(d, r), params=lambda r: _params(r.params),
+        knob_diff=lambda r: knob_split(d, r)[0], knob_rest=lambda r: knob_split(d, r)[1],
+        wbr=lambda name: markupsafe.Markup("_<wbr>").join(str(name).split("_")),  # headers break at underscores
         last_error=last_error, generated=when(d.generated_at),
         n_infeasible=sum(r.state == "infeasible" for r in d.rows),
         n_failed=sum(r.state in ("failed", "interrupted") for r in d.rows),
@@ -104,6 +128,14 @@ def markdown(d: ReportData) -> str:
         e = d.promotions[-1]
         lines += ["", f"Last promotion event ({when(e.get('time'))}): {e.get('action')} #{e.get('seq')} "
                       f"(trial {e.get('trial')}) by {e.get('user')}: {e.get('reason')}."]
+    if d.scenarios:
+        lines += ["", "| scenario | region | champion (changed knobs) | gain over the baseline |", "|---|---|---|---:|"]
+        for r in d.scenarios:
+            ch = r["champion"]
+            champ = (f"#{ch['seq']} trial {ch['trial']}: {_params(ch['changed']) or 'the baseline'}" if ch
+                     else "none yet")
+            lines.append(f"| {r['scenario']}{' (in service)' if r['in_service'] else ''} | {r['bounds']} | {champ} | "
+                         f"{gain_text(r['gain_vs_baseline'])} |")
     if d.events:
         kinds = Counter(str(e.get("kind")) for e in d.events)
         e = d.events[-1]

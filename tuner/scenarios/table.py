@@ -39,6 +39,25 @@ def gain_text(g: dict[str, Any] | None) -> str:
     return f"{est:+.1%} [{low:+.1%}, {hi}]"
 
 
+def scenario_study(agent: Agent, state_dir: Path, scenario: str | None = None) -> str | None:
+    """The study a report or status shows for `scenario` (None: the one in service, else the first scenario
+    that has a study). None when there is none."""
+    book = ScenarioBook(state_dir, agent.name)
+    names = [s.name for s in book.all(agent.spec)]
+    if scenario is not None:
+        if scenario not in names:
+            from tuner.errors import ConfigError
+
+            raise ConfigError(f"{agent.name} has no scenario {scenario!r} (known: {', '.join(names) or 'none'})")
+        return book.current_study(scenario)
+    service = (book.service() or {}).get("scenario")
+    for name in ([service] if service in names else []) + names:
+        study = book.current_study(name)
+        if study is not None:
+            return study
+    return None
+
+
 def scenario_rows(agent: Agent, state_dir: Path) -> list[dict[str, Any]]:
     """One row per scenario (declared, then proposed); [] when the agent has none."""
     book = ScenarioBook(state_dir, agent.name)
@@ -75,10 +94,16 @@ def scenario_rows(agent: Agent, state_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
+TRAFFIC_KEYS = ("rate_per_s", "concurrency_mean", "prompt_tokens_mean", "output_tokens_mean")
+
+
+def stats_text(stats: dict[str, Any]) -> str:
+    """'rate_per_s 12.3, concurrency_mean 8, ...' of an observation's statistics ('' when it has none)."""
+    return ", ".join(f"{k} {stats[k]:.3g}" for k in TRAFFIC_KEYS if isinstance(stats.get(k), int | float))
+
+
 def traffic_text(entry: dict[str, Any]) -> str:
     """Which traffic a cycle tuned for, in words: 'scenario busy, observed workload (rate_per_s 12.3, ...)'."""
     where = f"scenario {entry['scenario']}, " if entry.get("scenario") else ""
-    stats = (entry.get("observed") or {}).get("stats") or {}
-    keys = ("rate_per_s", "concurrency_mean", "prompt_tokens_mean", "output_tokens_mean")
-    shown = ", ".join(f"{k} {stats[k]:.3g}" for k in keys if isinstance(stats.get(k), int | float))
+    shown = stats_text((entry.get("observed") or {}).get("stats") or {})
     return where + f"{entry.get('workload_source', 'agent')} workload" + (f" ({shown})" if shown else "")
