@@ -6,8 +6,8 @@ the bench sent (Azure LLM trace columns). Prints (and writes) table.md.
 
 Each setting runs one `tuner bench` of --duration-s seconds against one `tuner serve-engine` (tiny preset, one
 CPU thread). The window is the traffic's: from the bench's first finished request (seen on /metrics) to the
-bench's exit. /metrics is scraped every 0.5 s over it; Prometheus (1 s scrapes) is asked for it (plus 1 s) after
-the bench; and the bench's own per-request records (send time, prompt and output tokens) are written as an
+bench's exit. /metrics is scraped every 0.5 s over it; Prometheus (1 s scrapes) is asked for it after the
+bench; and the bench's own per-request records (send time, prompt and output tokens) are written as an
 Azure-format trace and fitted. Truth: what the bench sent (`--json`: per-request lengths, its request rate from
 the first send to the last completion) and the arrival process it was told to use.
 """
@@ -149,7 +149,7 @@ def run_setting(name: str, args: list[str], wl: dict[str, Any] | None, truth: di
         rows.append(row(name, "/metrics", live["obs"], truth, res["request_throughput"]))
     else:
         rows.append({"setting": name, "source": "/metrics", "fitted arrival": f"error: {live.get('error')}"})
-    end = t_exit + 1.0
+    end = t_exit
     p = observe_prometheus(prom_url, end - live["t_first"], end_s=end, selector='job="engine"')
     rows.append(row(name, "Prometheus", p, truth, res["request_throughput"]))
     trace = tmp / "trace.csv"

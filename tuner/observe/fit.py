@@ -12,7 +12,8 @@ near one level (coefficient of variation below `CLOSED_CV`: the rounded mean); e
 rate whose process follows the burstiness (`dispersion`: the squared coefficient of variation of the gaps
 between arrivals for a trace, the index of dispersion of the finished requests per scrape interval for /metrics
 and Prometheus; 1 for Poisson): constant below `CONSTANT_BELOW`, Poisson inside `POISSON_BAND`, else gamma with
-shape 1/dispersion.
+shape 1/dispersion. Completions clump where a batch finishes together, so a server's dispersion overstates
+that of its arrivals somewhat (experiments/observation/ measures how often the process is told right).
 """
 
 from __future__ import annotations
