@@ -67,14 +67,23 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print the observation as JSON instead of "
                                               "tables")] = False,
     ) -> None:
-        """Observe the workload a server serves and write it as a WorkloadSpec with the error of the fit.
+        """Observe the workload a server serves; write it as a WorkloadSpec with the fit error.
 
-        Exactly one source: --metrics URL --window-s N (scrapes of a live vLLM or `tuner serve-engine`),
-        --prometheus URL --window-s N [--selector ...] (the same vLLM series through PromQL), or --trace FILE
-        [--format ...] [--replay]. The file --out writes is an agent's `workload:` (copy the mapping) and
-        `tuner bench --workload FILE` runs it; its `observation:` holds the window, the source, the observed
-        statistics and the fit error (relative error of the mean, largest gap of the cumulative distributions
-        at the observed bucket bounds). A missing or malformed series is an error naming it."""
+        Exactly one source:
+
+        --metrics URL --window-s N: a live vLLM or `tuner serve-engine`, scraped.
+
+        --prometheus URL --window-s N [--selector ...]: the same series by PromQL.
+
+        --trace FILE [--format ...] [--replay]: a request log, fitted or replayed.
+
+        The --out file's `workload:` is an agent's workload (copy the mapping);
+        `tuner bench --workload FILE` runs it. Its `observation:` holds the
+        window, the source, the observed statistics and the fit error (relative
+        error of the mean; largest gap of the cumulative distributions at the
+        observed bucket bounds). A missing or malformed series is an error that
+        names it.
+        """
         from tuner.observe import observe_metrics, observe_prometheus, observe_trace
 
         try:

@@ -155,3 +155,13 @@ def test_prometheus_range_counts_are_differenced_per_series() -> None:
     a = {100.0: 10.0, 102.0: 14.0, 104.0: 2.0, 106.0: 5.0}  # restarted between 102 and 104
     b = {104.0: 3.0, 106.0: 4.0}  # first seen at 104: it began at 0 inside the window
     assert step_increases([a, b], 100.0) == [(2.0, 4.0), (2.0, 5.0), (2.0, 4.0)]
+
+
+def test_selectors_are_label_matchers() -> None:
+    from tuner.observe.prom import check_selector
+
+    assert check_selector('{job="vllm", model_name=~"m.*"}') == 'job="vllm", model_name=~"m.*"'
+    assert check_selector("") == ""
+    for bad in ("job=vllm", 'job="a"} or vector(1) {', 'up{job="a"}', '"a"="b"'):
+        with pytest.raises(ObservationError, match="expected label matchers"):
+            check_selector(bad)
