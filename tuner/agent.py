@@ -13,6 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tuner import catalog
+from tuner.base.files import regular_file_problem
 from tuner.base.redact import redact_mapping, redact_text
 from tuner.base.yamlio import Loc, line_of, load_yaml, pydantic_to_config_error
 from tuner.errors import ConfigError
@@ -116,10 +117,11 @@ def check_metrics(spec: AgentSpec, file: str | None = None, lines: dict[Loc, int
 def _check_files(agent: Agent, lines: dict[Loc, int]) -> None:
     w = agent.spec.workload
     for field, value in (("workload.dataset", w.dataset), ("workload.arrival.trace", w.arrival.trace)):
-        if value and not agent.resolve(value).is_file():
+        problem = regular_file_problem(agent.resolve(value)) if value else None
+        if value and problem:
             loc = tuple(field.split("."))
             raise ConfigError(
-                f"file not found: {agent.resolve(value)}",
+                f"{problem}: {agent.resolve(value)}",
                 file=str(agent.path),
                 line=line_of(lines, loc),
                 field=field,

@@ -9,11 +9,26 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 SEED_MAX = 2**31 - 1  # numpy takes seeds below 2**32; a study adds its trial count to the sampler's
+
+# Bounds of every count, duration and period a spec holds (and a target's options: tuner.targets), so a value
+# validate accepts is one a trial can run: a number past them is a located error (file, line, field, rule).
+MAX_TOKENS = 2**24  # tokens of one prompt or answer (16,777,216; the longest context windows are ~10**7)
+MAX_REQUESTS = 1_000_000  # requests of one trial, warm-up included (its plans are held in memory)
+MAX_TRIAL_S = 86_400.0  # one day: a trial's duration, warm-up or cool-down, a request's timeout, a start-up
+MAX_WALL_S = 366 * 86_400.0  # one year: a budget's wall time, a schedule's period, a watch's window
+MIN_PERIOD_S = 1.0  # the shortest schedule period
+MAX_CONCURRENCY = 100_000  # requests in flight (closed loop)
+MAX_RATE_PER_S = 1_000_000.0  # an open-loop request rate
+MAX_TRIALS = 1_000_000  # trials of a budget, a cycle or a start-up design
+MAX_GPUS = 4096  # GPUs of a target, GPU ids, parallel trials
+MAX_WEIGHT = 1e6  # a task's share of a mix (relative)
+MAX_SIGMA = 10.0  # a lognormal's sigma (of the log): e**10 is a factor of 22,026
+MAX_WINDOWS = 100_000  # windows of a monitor or a rollout stage
 
 
 class _Strict(BaseModel):
@@ -25,14 +40,15 @@ class LengthDist(_Strict):
     """A distribution of token counts, clipped to [min, max]."""
 
     dist: Literal["fixed", "uniform", "normal", "lognormal"] = "fixed"
-    value: int | None = Field(default=None, ge=1, description="for fixed")
-    low: int | None = Field(default=None, ge=1, description="for uniform")
-    high: int | None = Field(default=None, ge=1, description="for uniform")
-    mean: float | None = Field(default=None, gt=0, description="for normal and lognormal (the mean)")
-    std: float | None = Field(default=None, ge=0, description="for normal")
-    sigma: float | None = Field(default=None, ge=0, description="for lognormal (of the log)")
-    min: int = Field(default=1, ge=1)
-    max: int = Field(default=32768, ge=1)
+    value: int | None = Field(default=None, ge=1, le=MAX_TOKENS, description="for fixed")
+    low: int | None = Field(default=None, ge=1, le=MAX_TOKENS, description="for uniform")
+    high: int | None = Field(default=None, ge=1, le=MAX_TOKENS, description="for uniform")
+    mean: float | None = Field(default=None, gt=0, le=MAX_TOKENS,
+                               description="for normal and lognormal (the mean)")
+    std: float | None = Field(default=None, ge=0, le=MAX_TOKENS, description="for normal")
+    sigma: float | None = Field(default=None, ge=0, le=MAX_SIGMA, description="for lognormal (of the log)")
+    min: int = Field(default=1, ge=1, le=MAX_TOKENS)
+    max: int = Field(default=32768, ge=1, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _check(self) -> LengthDist:
@@ -52,27 +68,28 @@ class TaskMix(_Strict):
     """One task type of a mix: its share of requests and its own length distributions."""
 
     name: str
-    weight: float = Field(gt=0)
+    weight: float = Field(gt=0, le=MAX_WEIGHT)
     prompt_tokens: LengthDist
     output_tokens: LengthDist
 
 
 class Arrival(_Strict):
     kind: Literal["closed", "constant", "poisson", "gamma", "trace"] = "poisson"
-    concurrency: int | None = Field(default=None, ge=1, description="closed loop: requests in flight")
+    concurrency: int | None = Field(default=None, ge=1, le=MAX_CONCURRENCY,
+                                    description="closed loop: requests in flight")
     rate_per_s: float | Literal["auto"] | None = Field(
         default=None, description="open loop: mean request rate, or auto: `load` x the baseline's sustainable "
         "rate under the SLOs, measured once per study before its first trial")
     load: float | None = Field(default=None, gt=0, le=4, description="with rate_per_s: auto, the fraction of "
                                "the baseline's sustainable rate to offer (default 0.8)")
-    burstiness: float = Field(default=1.0, gt=0, description="gamma shape; 1.0 = Poisson")
+    burstiness: float = Field(default=1.0, ge=1e-3, le=1e3, description="gamma shape; 1.0 = Poisson")
     trace: str | None = Field(default=None, description="JSONL trace for kind=trace")
 
     @field_validator("rate_per_s")
     @classmethod
     def _rate(cls, v: float | str | None) -> float | str | None:
-        if isinstance(v, float) and not (v > 0 and math.isfinite(v)):
-            raise ValueError("must be a finite number greater than 0, or auto")
+        if isinstance(v, float) and not (0 < v <= MAX_RATE_PER_S and math.isfinite(v)):
+            raise ValueError(f"must be a finite number greater than 0, or auto (at most {MAX_RATE_PER_S:.0f})")
         return v
 
     @model_validator(mode="after")
@@ -101,11 +118,11 @@ class WorkloadSpec(_Strict):
     output_tokens: LengthDist = LengthDist(dist="fixed", value=64)
     tasks: list[TaskMix] | None = None
     dataset: str | None = Field(default=None, description="ShareGPT-style JSON or JSONL file")
-    num_requests: int | None = Field(default=None, ge=1)
-    duration_s: float | None = Field(default=None, gt=0)
-    warmup_requests: int = Field(default=0, ge=0)
-    warmup_s: float = Field(default=0.0, ge=0)
-    cooldown_s: float = Field(default=0.0, ge=0)
+    num_requests: int | None = Field(default=None, ge=1, le=MAX_REQUESTS)
+    duration_s: float | None = Field(default=None, gt=0, le=MAX_TRIAL_S)
+    warmup_requests: int = Field(default=0, ge=0, le=MAX_REQUESTS)
+    warmup_s: float = Field(default=0.0, ge=0, le=MAX_TRIAL_S)
+    cooldown_s: float = Field(default=0.0, ge=0, le=MAX_TRIAL_S)
     endpoint: Literal["completions", "chat"] = "completions"
     stream: bool = True
     ignore_eos: bool | Literal["auto"] = Field(
@@ -115,13 +132,21 @@ class WorkloadSpec(_Strict):
                                        "(a null value removes one the client would send)")
     prompt_format: Literal["text", "token_ids"] = Field(default="text", description="synthesised prompts as "
                                                         "text or as token ids (completions only)")
-    timeout_s: float = Field(default=120.0, gt=0)
+    timeout_s: float = Field(default=120.0, gt=0, le=MAX_TRIAL_S)
     seed: int = Field(default=0, ge=0, le=SEED_MAX, description="each trial draws with seed + its number")
 
     @model_validator(mode="after")
     def _check(self) -> WorkloadSpec:
         if self.num_requests is None and self.duration_s is None:
             raise ValueError("set num_requests or duration_s")
+        if self.num_requests is not None and self.num_requests + self.warmup_requests > MAX_REQUESTS:
+            raise ValueError(f"num_requests + warmup_requests must be at most {MAX_REQUESTS} (requests of one trial)")
+        rate = self.arrival.rate_per_s
+        if self.num_requests is None and self.duration_s is not None and isinstance(rate, float | int):
+            planned = rate * self.duration_s * 1.2 + 8 + self.warmup_requests  # what a duration-bound run plans
+            if planned > MAX_REQUESTS:
+                raise ValueError(f"rate_per_s x duration_s plans {planned:.0f} requests, over {MAX_REQUESTS} "
+                                 "(requests of one trial): shorten duration_s or lower the rate")
         if self.endpoint == "chat" and self.prompt_format == "token_ids":
             raise ValueError("prompt_format 'token_ids' needs endpoint 'completions' (chat messages are text)")
         for key in ("model", "prompt", "messages"):
@@ -163,8 +188,8 @@ class SLO(_Strict):
 
 
 class Budget(_Strict):
-    trials: int | None = Field(default=20, ge=1)
-    wall_time_s: float | None = Field(default=None, gt=0)
+    trials: int | None = Field(default=20, ge=1, le=MAX_TRIALS)
+    wall_time_s: float | None = Field(default=None, gt=0, le=MAX_WALL_S)
 
 
 class ScreenSpec(_Strict):
@@ -185,7 +210,7 @@ class SamplerSpec(_Strict):
         "a name of tuner.search.samplers.SAMPLERS (checked by the loader); auto: the default chosen on "
         "experiments/search-suite"))
     seed: int | None = Field(default=0, ge=0, le=SEED_MAX, description="a later cycle reseeds with seed + trials run")
-    n_startup_trials: int | None = Field(default=None, ge=0,
+    n_startup_trials: int | None = Field(default=None, ge=0, le=MAX_TRIALS,
                                          description="proposals before the model takes over (baseline excluded "
                                                      "with initial_design: sobol)")
     initial_design: Literal["sampler", "sobol", "sobol-around-defaults", "group-sweep"] = Field(
@@ -236,8 +261,9 @@ def _no_password(url: str | None, where: str) -> str | None:
 class LeaseSpec(_Strict):
     """A running trial's lease: its owner beats every heartbeat_s; a trial not beaten for timeout_s is lost."""
 
-    heartbeat_s: int = Field(default=5, ge=1, description="seconds between two beats (whole seconds)")
-    timeout_s: int = Field(default=30, ge=2, description="a trial not beaten for this long is failed")
+    heartbeat_s: int = Field(default=5, ge=1, le=3600, description="seconds between two beats (whole seconds)")
+    timeout_s: int = Field(default=30, ge=2, le=int(MAX_TRIAL_S), description="a trial not beaten for this long "
+                           "is failed")
 
     @model_validator(mode="after")
     def _check(self) -> LeaseSpec:
@@ -252,7 +278,7 @@ class ExecutorSpec(_Strict):
 
     kind: Literal["local", "ray"] = "local"
     address: str | None = Field(default=None, description="ray: 'auto', 'host:6379' or 'ray://host:10001'")
-    cpus_per_trial: float = Field(default=1.0, ge=0)
+    cpus_per_trial: float = Field(default=1.0, ge=0, le=MAX_GPUS)
 
     @model_validator(mode="after")
     def _check(self) -> ExecutorSpec:
@@ -271,8 +297,8 @@ class TrackingSpec(_Strict):
 
 class PromotionSpec(_Strict):
     policy: Literal["manual", "auto"] = "manual"
-    verify_runs: int = Field(default=3, ge=2)
-    min_improvement: float = Field(default=0.02, ge=0)
+    verify_runs: int = Field(default=3, ge=2, le=1000)
+    min_improvement: float = Field(default=0.02, ge=0, le=1000)
     confidence: float = Field(default=0.95, gt=0.5, lt=1)
     max_error_rate: float = Field(default=0.01, ge=0, le=1)
     min_quality: float = Field(default=0.95, ge=0, le=1)
@@ -285,15 +311,17 @@ _EVERY_RE = re.compile(r"^(\d+(\.\d+)?)(s|m|h|d)$")
 class ScheduleSpec(_Strict):
     every: str | None = None
     cron: str | None = None
-    trials_per_cycle: int | None = Field(default=None, ge=1)
+    trials_per_cycle: int | None = Field(default=None, ge=1, le=MAX_TRIALS)
 
     @field_validator("every")
     @classmethod
     def _every(cls, v: str | None) -> str | None:
-        if v is not None and not _EVERY_RE.match(v):
+        if v is not None and (len(v) > 32 or not _EVERY_RE.match(v)):
             raise ValueError("every must look like 30s, 15m, 6h or 1d")
         if v is not None and float(v[:-1]) <= 0:
             raise ValueError("every must be longer than 0")
+        if v is not None and not MIN_PERIOD_S <= _period_s(v) <= MAX_WALL_S:
+            raise ValueError(f"every must be between {MIN_PERIOD_S:g} s and {MAX_WALL_S / 86_400:.0f} days")
         return v
 
     @field_validator("cron")
@@ -313,20 +341,25 @@ class ScheduleSpec(_Strict):
     def every_s(self) -> float | None:
         if self.every is None:
             return None
-        m = _EVERY_RE.match(self.every)
-        assert m
-        return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(3)]
+        return _period_s(self.every)
+
+
+def _period_s(every: str) -> float:
+    m = _EVERY_RE.match(every)
+    assert m
+    return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(3)]
 
 
 class MonitorSpec(_Strict):
     """The production monitor on the watch's scrapes (tuner.monitor): its windows are the watch's interval."""
 
-    false_alarms_per_day: float = Field(default=1.0, gt=0, description="over all signals; sets the CUSUM "
+    false_alarms_per_day: float = Field(default=1.0, gt=0, le=1e6, description="over all signals; sets the CUSUM "
                                         "threshold (tuner.monitor.detect)")
-    learn_windows: int = Field(default=20, ge=3, description="windows that make a baseline")
-    settle_windows: int = Field(default=1, ge=0, description="an output alarm waits this long for an input "
+    learn_windows: int = Field(default=20, ge=3, le=MAX_WINDOWS, description="windows that make a baseline")
+    settle_windows: int = Field(default=1, ge=0, le=MAX_WINDOWS,
+                                description="an output alarm waits this long for an input "
                                 "alarm before it is an anomaly")
-    recovery_windows: int = Field(default=3, ge=1)
+    recovery_windows: int = Field(default=3, ge=1, le=MAX_WINDOWS)
     kv_full_frac: float = Field(default=0.95, gt=0, le=1)
     dram_limit_frac: float = Field(default=0.85, gt=0, le=1, description="DRAM active above it is saturation")
     gpus: list[int] = Field(default_factory=list, description="this host's GPU indices to read through NVML")
@@ -341,9 +374,9 @@ class MonitorSpec(_Strict):
 
 class WatchSpec(_Strict):
     url: str
-    interval_s: float = Field(default=60.0, gt=0)
-    window_s: float = Field(default=600.0, gt=0)
-    drift_threshold: float = Field(default=0.3, gt=0, description="relative change of mean prompt length")
+    interval_s: float = Field(default=60.0, gt=0, le=MAX_TRIAL_S)
+    window_s: float = Field(default=600.0, gt=0, le=MAX_WALL_S)
+    drift_threshold: float = Field(default=0.3, gt=0, le=1000, description="relative change of mean prompt length")
     monitor: MonitorSpec | None = Field(default=None, description="statistical change detection on the scrapes")
 
 
@@ -366,10 +399,13 @@ class RolloutSpec(_Strict):
                                 description="percent of the traffic on the canary, ascending, ending at 100")
     max_first_stage: float = Field(default=10.0, gt=0, le=100,
                                    description="the most percent a canary gets before its first judgement")
-    window_s: float = Field(default=5.0, gt=0, description="one paired window: canary and stable, same seconds")
-    min_windows: int = Field(default=4, ge=2, description="paired windows (with canary traffic) per stage")
-    min_requests: int = Field(default=20, ge=1, description="canary requests a stage needs before its judgement")
-    max_stage_s: float = Field(default=300.0, gt=0, description="a stage not passed by then rolls back")
+    window_s: float = Field(default=5.0, gt=0, le=MAX_TRIAL_S,
+                            description="one paired window: canary and stable, same seconds")
+    min_windows: int = Field(default=4, ge=2, le=MAX_WINDOWS,
+                             description="paired windows (with canary traffic) per stage")
+    min_requests: int = Field(default=20, ge=1, le=MAX_REQUESTS,
+                              description="canary requests a stage needs before its judgement")
+    max_stage_s: float = Field(default=300.0, gt=0, le=MAX_TRIAL_S, description="a stage not passed by then rolls back")
     max_regression: float = Field(default=0.05, ge=0, lt=1, description="how much worse than stable (relative) "
                                   "a judged metric may be and still pass (non-inferiority margin)")
     confidence: float | None = Field(default=None, gt=0.5, lt=1, description="default: promotion.confidence")
@@ -407,8 +443,8 @@ SCENARIO_DIMS = ("concurrency", "rate_per_s", "prompt_tokens", "output_tokens")
 class Bounds(_Strict):
     """A closed interval of one workload statistic (either end may be open: null)."""
 
-    min: float | None = Field(default=None, ge=0)
-    max: float | None = Field(default=None, gt=0)
+    min: float | None = Field(default=None, ge=0, le=MAX_TOKENS)
+    max: float | None = Field(default=None, gt=0, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _check(self) -> Bounds:
@@ -445,8 +481,10 @@ class ScenarioSpec(_Strict):
 class SwitchingSpec(_Strict):
     """When the daemon puts another scenario's champion in service (hysteresis: no flapping at a boundary)."""
 
-    dwell_s: float = Field(default=300.0, gt=0, description="traffic must stay in another scenario this long")
-    min_hold_s: float | None = Field(default=None, ge=0, description="after a switch, no other switch for this "
+    dwell_s: float = Field(default=300.0, gt=0, le=MAX_WALL_S,
+                           description="traffic must stay in another scenario this long")
+    min_hold_s: float | None = Field(default=None, ge=0, le=MAX_WALL_S,
+                                     description="after a switch, no other switch for this "
                                      "long (default: dwell_s)")
     enter_margin: float = Field(default=0.1, ge=0, le=1, description="traffic enters a scenario only this far "
                                 "(relative, each bound) inside its bounds")
@@ -456,7 +494,8 @@ class SwitchingSpec(_Strict):
                           "proposed scenario (its own study and champion) around what was observed")
     propose_width: float = Field(default=2.0, gt=1, le=100, description="a proposed scenario spans the observed "
                                  "statistic divided and multiplied by this factor")
-    refit_threshold: float = Field(default=0.3, gt=0, description="a scenario's study keeps the workload it was "
+    refit_threshold: float = Field(default=0.3, gt=0, le=1000,
+                                   description="a scenario's study keeps the workload it was "
                                    "fitted on until the observed one differs by more than this (relative, any "
                                    "statistic); then a new study, warm-started (tuner.study.lineage)")
     cross_eval_runs: int = Field(default=0, ge=0, le=20, description="after a scenario's champion changes, "
@@ -498,8 +537,9 @@ class AgentSpec(_Strict):
     schedule: ScheduleSpec | None = None
     watch: WatchSpec | None = None
     rollout: RolloutSpec | None = None
-    gpus: list[int] | None = Field(default=None, min_length=1, description="GPU ids (default: all NVML sees)")
-    parallel_trials: int = Field(default=1, ge=1)
+    gpus: list[Annotated[int, Field(ge=0, lt=MAX_GPUS)]] | None = Field(
+        default=None, min_length=1, max_length=MAX_GPUS, description="GPU ids (default: all NVML sees)")
+    parallel_trials: int = Field(default=1, ge=1, le=MAX_GPUS)
     scenarios: list[ScenarioSpec] = Field(default_factory=list, description="named regions of workload space, "
                                           "each with its own study and champion (tuner.scenarios)")
     switching: SwitchingSpec = SwitchingSpec()

@@ -60,3 +60,73 @@ def spec_paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]
         for i, v in enumerate(node):
             out += spec_paths(v, (*prefix, i))
     return out
+
+
+SPECIAL_KINDS = ("fifo", "dir", "devzero", "devnull", "socket")
+
+
+def special_file(kind: str, d: Any, name: str | None = None) -> Any:
+    """A path of `kind` under the folder `d` (a pathlib.Path) that a reader must refuse: fifo (a named pipe: an
+    open for reading blocks until a writer comes), dir, devzero (a link to /dev/zero: endless bytes), devnull
+    (a link to /dev/null: a device that reads empty), socket (a bound Unix socket)."""
+    import os
+    import socket
+
+    p = d / (name or f"special-{kind}")
+    if kind == "fifo":
+        os.mkfifo(p)
+    elif kind == "dir":
+        p.mkdir()
+    elif kind in ("devzero", "devnull"):
+        p.symlink_to(f"/dev/{kind[3:]}")
+    elif kind == "socket":
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(p))
+        s.close()
+    else:
+        raise ValueError(kind)
+    return p
+
+
+def with_duplicate_key(text: str, rng: Any) -> tuple[str, int]:
+    """`text` (a block-style YAML mapping, as yaml.safe_dump writes it) with one of its keys written a second
+    time in the same mapping, after the block that key opens: (the new text, the line of the second key)."""
+    lines = text.splitlines()
+    keyed = [i for i, line in enumerate(lines) if ":" in line and not line.lstrip().startswith("-")
+             and not line.lstrip().startswith("#")]
+    i = rng.choice(keyed)
+    indent = len(lines[i]) - len(lines[i].lstrip())
+    j = i + 1
+    while j < len(lines):  # the block the key opens: deeper lines, and a sequence's dashes at its own indent
+        ind = len(lines[j]) - len(lines[j].lstrip())
+        if ind > indent or (ind == indent and lines[j].lstrip().startswith("- ")):
+            j += 1
+            continue
+        break
+    key = lines[i].split(":", 1)[0]
+    out = [*lines[:j], f"{key}: {rng.choice(['1', 'x', '[]', '{}', 'null'])}", *lines[j:]]
+    return "\n".join(out) + "\n", j + 1
+
+
+def nested_tower(rng: Any, name: str = "max_num_seqs") -> str:
+    """An expression over lists of lists repeated, each level within the evaluator's per-step bound (at most
+    1000 items) while the whole nests 10**5..10**12 elements, compared, searched or passed to max."""
+    depth = rng.randint(2, 4)
+    tower = f"[{rng.choice(['1', name, 'True', repr('ab')])}]"
+    for k in (rng.randint(100, 1000) for _ in range(depth)):
+        tower = f"[{tower}]*{k}" if tower.startswith("[[") else f"{tower}*{k}"
+    return rng.choice([f"{tower} == {tower}", f"{tower} != {tower}", f"{name} in {tower}", f"{tower} < {tower}",
+                       f"max({tower}, {tower}) == 1"])
+
+
+def work_chain(rng: Any, max_work: int = 100_000) -> str:
+    """A chain of comparisons of strings of about 900-1000 characters each (within the size limit) whose
+    walks add up past `max_work`: only a budget counted across the whole evaluation refuses it."""
+    n = rng.randint(900, 1000)
+    piece = rng.choice(["a", "xy", "b7c"])
+    each = f"{piece!r}*{n // len(piece)}"
+    return each + "".join(f" {rng.choice(['==', '<=', '>='])} {each}" for _ in range(max_work // (2 * n - 6) + 4))
+
+
+# counts, durations and periods far past any bound (the spec fuzzers put them anywhere)
+HUGE_NUMBERS = (10**10, 10**12, 99999999999999999999, 1e10, 1e12, 1e308, 2**63, "99999999999999999999d", "1e308s")

@@ -4,6 +4,12 @@ Parsed with `ast` and walked over a whitelist of nodes; nothing is ever passed t
 Supports names, numbers, strings, booleans, None, lists/tuples, arithmetic (+ - * / // % **),
 comparisons (chained too), `in`/`not in`, and/or/not, conditional expressions and the functions
 min, max, abs.
+
+Bounded in size and in work, so no expression can hang or exhaust memory: the source (characters, nodes,
+depth); every value an operation makes (integers' bits, floats' magnitude, and the total elements of a
+string or list counted through every nesting level, so `[[1]*1000]*1000` is a million elements, not a
+thousand); and the work of one evaluation (`MAX_WORK` units: one per node evaluated, plus the total elements
+every comparison, `in`, min and max walks), counted across the whole evaluation, never per step.
 """
 
 from __future__ import annotations
@@ -18,8 +24,40 @@ MAX_SOURCE_CHARS = 2000
 MAX_NODES = 400
 MAX_DEPTH = 40
 MAX_INT_BITS = 256  # integers beyond 2**256 (and floats beyond 1e77) are refused, not computed
-MAX_SEQ_LEN = 1000  # strings and lists an expression builds
+MAX_SEQ_LEN = 1000  # total elements (characters of strings included) of a value an expression builds
+MAX_WORK = 100_000  # units of work of one evaluation: nodes evaluated plus elements compared or searched
 _MAX_MAGNITUDE = 2.0**MAX_INT_BITS
+
+
+class _Budget:
+    """The work one evaluation may still do; charged by every node and by every walk over a container."""
+
+    def __init__(self, units: int = MAX_WORK) -> None:
+        self.left = units
+
+    def charge(self, units: int) -> None:
+        self.left -= units
+        if self.left < 0:
+            raise ArithmeticError(f"the evaluation needs over {MAX_WORK} units of work (the work limit)")
+
+
+def _weight(value: Any, limit: int = MAX_SEQ_LEN) -> int:
+    """The elements of `value` counted through every nesting level (a string counts its characters), walked
+    without recursion and stopping as soon as the count passes `limit` (so it costs at most `limit` steps,
+    however many times a list repeats itself): `limit + 1` then."""
+    total = 0
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            total += len(v)
+        elif isinstance(v, list | tuple | set | frozenset | dict):
+            total += len(v)
+            if total <= limit:
+                stack.extend(v)
+        if total > limit:
+            return limit + 1
+    return total
 
 
 def _checked(value: Any) -> Any:
@@ -34,8 +72,9 @@ def _checked(value: Any) -> Any:
             raise ArithmeticError(f"a number that is not finite or over 2**{MAX_INT_BITS}")
     elif isinstance(value, complex):
         raise TypeError("a complex number")
-    elif isinstance(value, str | list | tuple) and len(value) > MAX_SEQ_LEN:
-        raise ArithmeticError(f"a string or list over {MAX_SEQ_LEN} items")
+    elif isinstance(value, str | list | tuple) and _weight(value) > MAX_SEQ_LEN:
+        raise ArithmeticError(f"a string or list over {MAX_SEQ_LEN} items in all (nested lists counted "
+                              "through every level; the size limit)")
     return value
 
 
@@ -53,8 +92,9 @@ def _pow(a: Any, b: Any) -> Any:
 
 def _mul(a: Any, b: Any) -> Any:
     for seq, n in ((a, b), (b, a)):
-        if isinstance(seq, str | list | tuple) and isinstance(n, int) and n * len(seq) > MAX_SEQ_LEN:
-            raise ArithmeticError(f"a string or list over {MAX_SEQ_LEN} items")
+        if isinstance(seq, str | list | tuple) and isinstance(n, int) and n * _weight(seq) > MAX_SEQ_LEN:
+            raise ArithmeticError(f"a string or list over {MAX_SEQ_LEN} items in all (nested lists counted "
+                                  "through every level; the size limit)")
     return a * b
 
 
@@ -150,7 +190,7 @@ class Expr:
         """Evaluate; every failure (an unknown name, a division by zero, values of the wrong kind, a result
         past the bounds) is an ExprError naming the expression."""
         try:
-            return self._eval(self._tree, env)
+            return self._eval(self._tree, env, _Budget())
         except ExprError as exc:
             exc.expr = self
             raise
@@ -158,7 +198,8 @@ class Expr:
             what = "division by zero" if isinstance(exc, ZeroDivisionError) else str(exc) or type(exc).__name__
             raise ExprError(f"cannot evaluate expression {self._short()}: {what}", self) from None
 
-    def _eval(self, node: ast.AST, env: Mapping[str, Any]) -> Any:
+    def _eval(self, node: ast.AST, env: Mapping[str, Any], budget: _Budget) -> Any:
+        budget.charge(1)
         if isinstance(node, ast.Constant):
             return _checked(node.value)
         if isinstance(node, ast.Name):
@@ -171,29 +212,31 @@ class Expr:
             if isinstance(node.op, ast.And):
                 result: Any = True
                 for v in node.values:
-                    result = self._eval(v, env)
+                    result = self._eval(v, env, budget)
                     if not result:
                         return result
                 return result
             result = False
             for v in node.values:
-                result = self._eval(v, env)
+                result = self._eval(v, env, budget)
                 if result:
                     return result
             return result
         if isinstance(node, ast.UnaryOp):
-            val = self._eval(node.operand, env)
+            val = self._eval(node.operand, env, budget)
             if isinstance(node.op, ast.Not):
                 return not val
             if isinstance(node.op, ast.USub):
                 return _checked(-val)
             return _checked(+val)
         if isinstance(node, ast.BinOp):
-            return _checked(_BIN[type(node.op)](self._eval(node.left, env), self._eval(node.right, env)))
+            left, right = self._eval(node.left, env, budget), self._eval(node.right, env, budget)
+            return _checked(_BIN[type(node.op)](left, right))
         if isinstance(node, ast.Compare):
-            left = self._eval(node.left, env)
+            left = self._eval(node.left, env, budget)
             for op, comp in zip(node.ops, node.comparators, strict=True):
-                right = self._eval(comp, env)
+                right = self._eval(comp, env, budget)
+                budget.charge(_weight(left, budget.left) + _weight(right, budget.left))  # what comparing walks
                 if left is None or right is None:
                     if not isinstance(op, ast.Eq | ast.NotEq | ast.Is | ast.IsNot):
                         return False
@@ -202,12 +245,14 @@ class Expr:
                 left = right
             return True
         if isinstance(node, ast.IfExp):
-            return self._eval(node.body if self._eval(node.test, env) else node.orelse, env)
+            return self._eval(node.body if self._eval(node.test, env, budget) else node.orelse, env, budget)
         if isinstance(node, ast.List | ast.Tuple):
-            return _checked([self._eval(e, env) for e in node.elts])
+            return _checked([self._eval(e, env, budget) for e in node.elts])
         if isinstance(node, ast.Call):
             assert isinstance(node.func, ast.Name)
-            return _checked(_FUNCS[node.func.id](*(self._eval(a, env) for a in node.args)))
+            args = [self._eval(a, env, budget) for a in node.args]
+            budget.charge(sum(_weight(a, budget.left) for a in args))  # what min and max walk
+            return _checked(_FUNCS[node.func.id](*args))
         raise ExprError(f"cannot evaluate {type(node).__name__}")  # pragma: no cover
 
     def __repr__(self) -> str:

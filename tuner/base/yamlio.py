@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from tuner.base.files import read_text_bounded
 from tuner.base.redact import redact_text
 from tuner.errors import ConfigError
 
@@ -40,9 +41,30 @@ MAX_YAML_DEPTH = 64
 MAX_YAML_INDENT = 256
 
 
-def _check_graph(root: yaml.Node, file: str) -> None:
-    """Refuse a recursive anchor, an alias expansion past MAX_YAML_NODES (a "billion laughs"), and
-    nesting past MAX_YAML_DEPTH, before anything is constructed. Walked without recursion."""
+def _check_keys(node: yaml.MappingNode, loader: yaml.SafeLoader, file: str) -> None:
+    """Refuse a key written twice in one mapping (YAML would keep the last silently: a second `slos:` would
+    replace the real SLOs), naming both lines. Keys compare as their values (`1` and `0x1` are one key);
+    keys a merge (`<<: *base`) brings in may be overridden, as YAML intends."""
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node)
+        line = key_node.start_mark.line + 1
+        try:
+            first = seen.get(key)
+        except TypeError:  # an unhashable key: PyYAML refuses it when it constructs the mapping
+            continue
+        if first is not None:
+            raise ConfigError(f"duplicate key {key_node.value!r} (first on line {first}): each key may appear "
+                              "only once in a mapping", file=file, line=line)
+        seen[key] = line
+
+
+def _check_graph(root: yaml.Node, file: str, loader: yaml.SafeLoader | None = None) -> None:
+    """Refuse a recursive anchor, an alias expansion past MAX_YAML_NODES (a "billion laughs"), nesting past
+    MAX_YAML_DEPTH, and a duplicate key (with `loader`), before anything is constructed. Walked without
+    recursion."""
     count = 0
     on_path: set[int] = set()
     stack: list[tuple[yaml.Node, int, bool]] = [(root, 1, False)]
@@ -62,6 +84,8 @@ def _check_graph(root: yaml.Node, file: str) -> None:
         if depth > MAX_YAML_DEPTH:
             raise ConfigError(f"invalid YAML: nested over {MAX_YAML_DEPTH} levels deep", file=file, line=line)
         if isinstance(node, yaml.MappingNode):
+            if loader is not None:
+                _check_keys(node, loader, file)
             children = [n for pair in node.value for n in pair]
         elif isinstance(node, yaml.SequenceNode):
             children = list(node.value)
@@ -115,17 +139,13 @@ def _text_nesting(text: str) -> tuple[int, int, int]:
 
 
 def load_yaml(path: str | Path) -> tuple[Any, dict[Loc, int]]:
-    """Parse a YAML file; return the data and a map from key path to 1-based line. Bounded: file size,
-    alias expansion, nesting; no recursive structures, no NaN."""
-    p = Path(path)
-    try:
-        if p.stat().st_size > MAX_YAML_BYTES:
-            raise ConfigError(f"the file is over {MAX_YAML_BYTES} bytes", file=str(path))
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError("file not found", file=str(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read: {exc}", file=str(path)) from None
+    """Parse a YAML file; return the data and a map from key path to 1-based line. Bounded: a regular file
+    of at most MAX_YAML_BYTES, alias expansion, nesting; no recursive structures, no NaN, no duplicate keys."""
+    return parse_yaml(read_text_bounded(path, MAX_YAML_BYTES), str(path))
+
+
+def parse_yaml(text: str, path: str) -> tuple[Any, dict[Loc, int]]:
+    """`load_yaml` of a text already read (`path` names it in errors)."""
     flow, dashes, indent = _text_nesting(text)
     if flow > MAX_YAML_DEPTH or dashes > MAX_YAML_DEPTH or indent > MAX_YAML_INDENT:
         raise ConfigError(f"invalid YAML: nested over {MAX_YAML_DEPTH} levels deep (or indented over "
@@ -135,7 +155,7 @@ def load_yaml(path: str | Path) -> tuple[Any, dict[Loc, int]]:
         loader = _LineLoader(text)  # the reader refuses unprintable characters here
         node = loader.get_single_node()
         if node is not None:
-            _check_graph(node, str(path))
+            _check_graph(node, str(path), loader)
         data = loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from tuner.base.files import read_text_bounded
 from tuner.errors import ConfigError
 from tuner.measure.records import RequestPlan
 from tuner.measure.tokenize import Tokenizer
@@ -39,13 +40,16 @@ def resolve(path: str, base_dir: Path | None) -> Path:
     p = Path(path)
     if not p.is_absolute() and base_dir is not None:
         p = base_dir / p
-    if not p.is_file():
+    if not p.exists():
         raise ConfigError(f"file not found: {p}")
-    return p
+    return p  # a directory, a FIFO or a device is refused where it is read (read_text_bounded)
+
+
+MAX_TRACE_BYTES = 256 * 2**20  # a dataset or trace file (a regular file: read_text_bounded)
 
 
 def _read_records(p: Path) -> list[tuple[int, Any]]:
-    text = p.read_text(encoding="utf-8")
+    text = read_text_bounded(p, MAX_TRACE_BYTES)
     stripped = text.lstrip()
     if stripped.startswith("["):
         try:

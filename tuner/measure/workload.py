@@ -10,7 +10,7 @@ import numpy as np
 
 from tuner.errors import ConfigError
 from tuner.measure.records import RequestPlan
-from tuner.spec import LengthDist, WorkloadSpec
+from tuner.spec import MAX_REQUESTS, LengthDist, WorkloadSpec
 
 
 def sample_lengths(dist: LengthDist, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -63,7 +63,12 @@ def request_count(spec: WorkloadSpec) -> int:
     assert spec.duration_s is not None
     rate = fixed_rate(spec)
     if rate is not None:
-        return max(1, int(np.ceil(rate * spec.duration_s * 1.2)) + 8)
+        planned = rate * spec.duration_s * 1.2 + 8
+        if planned + spec.warmup_requests > MAX_REQUESTS:  # a rate `auto` sized to more than the spec's check saw
+            raise ConfigError(f"rate_per_s {rate:g} x duration_s {spec.duration_s:g} plans {planned:.0f} requests, "
+                              f"over {MAX_REQUESTS} (requests of one trial): shorten duration_s",
+                              field="workload.duration_s")
+        return max(1, int(np.ceil(planned)))
     return 100_000  # closed loop bounded by duration
 
 

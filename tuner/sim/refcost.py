@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from tuner.base.files import read_text_bounded
 from tuner.errors import ConfigError
 
 FORMAT = "tuner.refengine-step-cost/1"
@@ -74,6 +75,9 @@ def fit(rows: Sequence[Sequence[float]], seconds: Sequence[float]) -> tuple[list
                            "total_rel_error": float(abs(pred.sum() - y.sum()) / y.sum())}
 
 
+MAX_MODEL_BYTES = 16 * 2**20  # a step-cost model file
+
+
 @dataclass(frozen=True)
 class StepModel:
     """A fitted model: coefficients per dtype (in FEATURES order), ingress delay, provenance."""
@@ -91,9 +95,10 @@ class StepModel:
 
     @classmethod
     def load(cls, path: Path) -> StepModel:
+        text = read_text_bounded(path, MAX_MODEL_BYTES)  # a regular file only, at most the limit
         try:
-            d = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
+            d = json.loads(text)
+        except ValueError as exc:
             raise ConfigError(f"cannot read the step-cost model: {exc}", file=str(path)) from None
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise ConfigError(f"format: expected {FORMAT!r} (a model written by the sim-calibration fit)",

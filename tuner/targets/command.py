@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from tuner.errors import ConfigError, InfeasibleConfig
 from tuner.search.space import SearchSpace
+from tuner.spec import MAX_GPUS, MAX_TRIAL_S
 from tuner.targets.base import TrialContext
 from tuner.targets.process import ProcessTarget
 
@@ -121,7 +122,7 @@ class CommandOptions(BaseModel):
     host: str = "127.0.0.1"
     health_path: str = "/health"
     metrics_path: str | None = Field(default=None, description="Prometheus endpoint to scrape, if any")
-    startup_timeout_s: float = Field(default=300.0, gt=0)
+    startup_timeout_s: float = Field(default=300.0, gt=0, le=MAX_TRIAL_S)
     env: dict[str, str] = Field(default_factory=dict)
     gpus_per_trial: int | str = Field(default=0, description="GPUs per trial, or a parameter giving it")
     tokenizer: str | None = Field(default=None, description='"byte" or a local tokenizer dir')
@@ -160,8 +161,8 @@ class CommandOptions(BaseModel):
     @field_validator("gpus_per_trial")
     @classmethod
     def _gpus(cls, v: int | str) -> int | str:
-        if isinstance(v, int) and v < 0:
-            raise ValueError(f"must be >= 0 (got {v})")
+        if isinstance(v, int) and not 0 <= v <= MAX_GPUS:
+            raise ValueError(f"must be between 0 and {MAX_GPUS} (got {v})")
         return v
 
 

@@ -27,7 +27,7 @@ from tuner.sim.config import (
 )
 from tuner.sim.engine import simulate
 from tuner.sim.profiles import HARDWARE, MODELS
-from tuner.spec import WorkloadSpec
+from tuner.spec import MAX_GPUS, MAX_TOKENS, SEED_MAX, WorkloadSpec
 from tuner.targets.base import Deployment, Target, TrialContext
 
 _MASK = 0xFFFFFFFF
@@ -169,10 +169,10 @@ class SimTarget(Target):
     class Options(BaseModel, extra="forbid"):
         hardware: str = "a100-80gb-sxm"
         model: str = "llama-3-8b"
-        num_gpus: int = Field(default=8, ge=1)
+        num_gpus: int = Field(default=8, ge=1, le=MAX_GPUS)
         noise_cv: float = Field(default=0.0, ge=0.0, lt=1.0)
-        seed: int = 0
-        max_model_len: int = Field(default=8192, ge=16)
+        seed: int = Field(default=0, ge=0, le=SEED_MAX)
+        max_model_len: int = Field(default=8192, ge=16, le=MAX_TOKENS)
 
         @field_validator("hardware")
         @classmethod

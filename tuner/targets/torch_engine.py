@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tuner.engine.config import PRESETS, EngineConfig, EngineConfigError, knob_value_error, to_argv
 from tuner.errors import ConfigError, InfeasibleConfig
 from tuner.search.space import SearchSpace
+from tuner.spec import MAX_TRIAL_S
 from tuner.targets.base import TrialContext
 from tuner.targets.process import HttpDeployment, ProcessTarget
 
@@ -55,9 +56,9 @@ class TorchEngineOptions(BaseModel):
         default="auto", description="model shapes; auto: tiny on a CPU, 1b on a GPU")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     weights: str | None = Field(default=None, description="local Hugging Face Llama checkpoint dir")
-    startup_timeout_s: float = Field(default=120.0, gt=0)
+    startup_timeout_s: float = Field(default=120.0, gt=0, le=MAX_TRIAL_S)
     host: str = "127.0.0.1"
-    cpu_threads: int | None = Field(default=None, ge=1, description="torch intra-op threads of the server")
+    cpu_threads: int | None = Field(default=None, ge=1, le=4096, description="torch intra-op threads of the server")
     python: str | None = Field(default=None, description="interpreter of the server (the tuner's by default)")
     step_delay_ms: float = Field(default=0.0, ge=0, le=10_000, description="a deliberately slower engine: "
                                  "sleep this long before every iteration (tests of host-sized workloads)")

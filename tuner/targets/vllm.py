@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tuner.errors import ConfigError, InfeasibleConfig, TrialError
 from tuner.search.space import SearchSpace
+from tuner.spec import MAX_GPUS, MAX_TRIAL_S
 from tuner.targets import vllm_failures
 from tuner.targets.base import TrialContext
 from tuner.targets.process import HttpDeployment, ProcessTarget
@@ -446,11 +447,11 @@ class VllmOptions(BaseModel):
     load_format: str | None = Field(default=None, description="e.g. dummy: random weights, performance only")
     extra_args: list[str] = Field(default_factory=list, description="fixed flags appended to every trial")
     env: dict[str, str] = Field(default_factory=dict)
-    startup_timeout_s: float = Field(default=900.0, gt=0)
+    startup_timeout_s: float = Field(default=900.0, gt=0, le=MAX_TRIAL_S)
     host: str = "127.0.0.1"
     device: Literal["cuda", "cpu"] = Field(
         default="cuda", description="cpu: vLLM's CPU build; trials claim no GPU, facts are cpu_cores and cpu_bf16")
-    gpus_per_node: int | None = Field(default=None, ge=1, description="default: the GPUs NVML sees")
+    gpus_per_node: int | None = Field(default=None, ge=1, le=MAX_GPUS, description="default: the GPUs NVML sees")
     python: str | None = Field(
         default=None, description="the interpreter of vLLM's own environment (relative paths: to the agent file),"
                                   " e.g. ../.venv-vllm/bin/python; it runs vLLM and reads its argument parser")

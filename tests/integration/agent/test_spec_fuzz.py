@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import random
 import resource
 import time
 from pathlib import Path
@@ -21,7 +22,15 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
-from tests.support.spec_probe import spec_paths  # noqa: E402
+from tests.support.spec_probe import (  # noqa: E402
+    HUGE_NUMBERS,
+    SPECIAL_KINDS,
+    nested_tower,
+    spec_paths,
+    special_file,
+    with_duplicate_key,
+    work_chain,
+)
 from tuner.cli.main import app  # noqa: E402
 
 BASE: dict[str, Any] = {
@@ -52,10 +61,13 @@ HOSTILE_EXPRESSIONS = ["max_num_seqs / 0 > 1", "9 ** 9 ** 9 > 1", "'x' * 10 ** 1
                        " + ".join(["max_num_seqs"] * 5000), "__import__('os')", "max_num_seqs.__class__",
                        "(" * 300 + "1" + ")" * 300, "max_num_seqs % 0 == 1", "unknown_knob > 3", "",
                        "max_num_seqs >", "[1] * 10 ** 9"]
+_seeded = st.integers(0, 2**32).map(random.Random)
 _values = st.one_of(
     st.sampled_from([float("nan"), float("inf"), float("-inf"), 10**30, -(10**30), -1, 0, 1, 1e-320, 0.5, "", "x",
-                     [], {}, None, True, False, "x" * 10_000, [None], {"unknown": 1}, 2**64]),
-    st.sampled_from(HOSTILE_EXPRESSIONS), st.integers(), st.floats(), st.text(max_size=12))
+                     [], {}, None, True, False, "x" * 10_000, [None], {"unknown": 1}, 2**64, *HUGE_NUMBERS]),
+    st.sampled_from(HOSTILE_EXPRESSIONS), st.integers(), st.floats(), st.text(max_size=12),
+    # expressions whose values nest past the size limit, or whose work adds up past the work limit
+    _seeded.map(nested_tower), _seeded.map(work_chain))
 
 
 PATHS = spec_paths(BASE)
@@ -186,3 +198,38 @@ def test_the_fuzzing_accepted_some_specs() -> None:
     if not _accepted:
         pytest.skip("run alone: the fuzz test did not run first")
     assert len(_accepted) >= 5
+
+
+@settings(_FUZZ, max_examples=20)
+@given(rng=_seeded)
+def test_fuzzed_duplicate_keys_are_refused(tmp_path_factory: pytest.TempPathFactory, rng: random.Random) -> None:
+    """The valid spec with one key written twice somewhere: refused (exit 2), never the last one silently."""
+    text, line = with_duplicate_key(yaml.safe_dump(BASE, sort_keys=False), rng)
+    p = tmp_path_factory.mktemp("dup") / "agent.yaml"
+    p.write_text(text)
+    code, out = _validate(p)
+    assert code == 2 and f":{line}:" in out and "duplicate key" in " ".join(out.split()), out
+
+
+@settings(_FUZZ, max_examples=20)
+@given(kind=st.sampled_from(SPECIAL_KINDS),
+       where=st.sampled_from(["agent", "search_space", "workload.dataset", "workload.arrival.trace"]))
+def test_fuzzed_special_files_are_refused(tmp_path_factory: pytest.TempPathFactory, kind: str, where: str) -> None:
+    """The agent file, its search space, dataset or trace is a FIFO, a directory, a device or a socket: validate
+    refuses it (exit 2) within the CPU and memory bounds, never blocks on a FIFO or reads /dev/zero."""
+    d = tmp_path_factory.mktemp("special")
+    target = special_file(kind, d)
+    if where == "agent":
+        p = target
+    else:
+        spec = copy.deepcopy(BASE)
+        if where == "search_space":
+            spec["search_space"] = str(target)
+        elif where == "workload.dataset":
+            spec["workload"]["dataset"] = str(target)
+        else:
+            spec["workload"]["arrival"] = {"kind": "trace", "trace": str(target)}
+        p = d / "agent.yaml"
+        p.write_text(yaml.safe_dump(spec, sort_keys=False))
+    code, out = _validate(p)
+    assert code == 2 and "not a regular file" in " ".join(out.split()), out
