@@ -10,6 +10,7 @@ that interval is the new value (never negative). A series that first appears dur
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +26,8 @@ COUNTERS = {"request_success": "vllm:request_success_total",
             "prefix_cache_hits": "vllm:prefix_cache_hits_total"}
 HISTS = {"request_prompt_tokens": "vllm:request_prompt_tokens",
          "request_generation_tokens": "vllm:request_generation_tokens"}
+log = logging.getLogger(__name__)
+
 GAUGES = {"num_requests_running": "vllm:num_requests_running", "num_requests_waiting": "vllm:num_requests_waiting"}
 
 
@@ -44,15 +47,18 @@ class MetricsWindow:
         self.max_age_s = max_age_s
         self.scrapes: list[tuple[float, Snapshot]] = []
 
-    def add(self, snap: Snapshot, t_s: float) -> None:
-        """One scrape taken at unix time `t_s` (later than the last)."""
+    def add(self, snap: Snapshot, t_s: float) -> bool:
+        """One scrape taken at unix time `t_s`; one not after the last (a clock set back) is left out: False."""
         if self.scrapes and t_s <= self.scrapes[-1][0]:
-            raise ValueError(f"scrape at {t_s} is not after the last one ({self.scrapes[-1][0]})")
+            log.debug("%s: scrape at %.3f is not after the last one (%.3f): left out", self.source, t_s,
+                      self.scrapes[-1][0])
+            return False
         self.scrapes.append((t_s, snap))
         if self.max_age_s is not None:
             keep = [i for i, (t, _) in enumerate(self.scrapes) if t >= t_s - self.max_age_s]
             first = max(0, keep[0] - 1) if keep else len(self.scrapes) - 1
             del self.scrapes[:first]
+        return True
 
     @property
     def start_s(self) -> float:
@@ -149,12 +155,13 @@ def observe_metrics(url: str, window_s: float, *, interval_s: float = 1.0, arriv
     t0 = time.monotonic()
     n = 0
     while True:
+        asked = time.time()
         try:
             snap = fetch(url, timeout_s)
         except (OSError, ValueError) as exc:
             raise ObservationError(f"cannot read {where}: {redact_text(str(exc))} (is the server up and is "
                                    "this its /metrics URL?)") from None
-        win.add(snap, time.time())
+        win.add(snap, (asked + time.time()) / 2)  # a slow answer's counts are of its middle, not its end
         n += 1
         elapsed = time.monotonic() - t0
         if on_scrape is not None:

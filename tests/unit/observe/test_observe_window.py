@@ -165,3 +165,10 @@ def test_selectors_are_label_matchers() -> None:
     for bad in ("job=vllm", 'job="a"} or vector(1) {', 'up{job="a"}', '"a"="b"'):
         with pytest.raises(ObservationError, match="expected label matchers"):
             check_selector(bad)
+
+
+def test_a_scrape_from_a_clock_set_back_is_left_out() -> None:
+    win = MetricsWindow("m")
+    assert win.add(parse(exposition([10], [10], running=1)), 10.0)
+    assert not win.add(parse(exposition([10] * 5, [10] * 5, running=1)), 9.0)
+    assert len(win.scrapes) == 1
