@@ -502,6 +502,13 @@ class SwitchingSpec(_Strict):
                                  "measure every champion and the baseline on every scenario's workload this many "
                                  "times each (0: only `tuner scenarios evaluate`)")
 
+    @field_validator("cross_eval_runs")
+    @classmethod
+    def _runs(cls, v: int) -> int:
+        if v == 1:
+            raise ValueError("0 (off) or at least 2: the gains' intervals come from paired runs")
+        return v
+
     @property
     def hold_s(self) -> float:
         return self.dwell_s if self.min_hold_s is None else self.min_hold_s

@@ -16,6 +16,7 @@ from tuner.cli import bench
 from tuner.cli import fleet as cli_fleet
 from tuner.cli import observe as cli_observe
 from tuner.cli import ops as cli_ops
+from tuner.cli import scenarios as cli_scenarios
 from tuner.cli.common import AgentArg, StateDirOpt, _install_stop_handlers, app, console, err_console, fail
 from tuner.engine import cli as engine_cli
 from tuner.errors import TunerError
@@ -331,6 +332,7 @@ cli_ops.register(app)
 report_cli.register(app)
 cli_fleet.register(app)
 cli_observe.register(app)
+cli_scenarios.register(app)
 
 
 def main() -> None:  # pragma: no cover

@@ -65,7 +65,12 @@ def print_status(console: Console, data: dict[str, Any]) -> None:
                       f"{last.get('trials')} trial(s) in {fmt(last.get('wall_s'))} s"
                       + (", interrupted" if last.get("interrupted") else "")
                       + (f", MLflow run {last['run_id']}" if last.get("run_id") else ""), highlight=False)
-    scenarios = data.get("scenarios") or []
+    if data.get("scenarios"):
+        print_scenarios(console, data["scenarios"])
+
+
+def print_scenarios(console: Console, scenarios: list[dict[str, Any]]) -> None:
+    """The scenario table (tuner.scenarios.table.scenario_rows)."""
     if scenarios:
         st = Table(title="scenarios (gains on each scenario's own traffic, [interval])")
         for col in ("scenario", "region", "champion: knobs changed from the baseline", "traffic tuned for",

@@ -46,6 +46,12 @@ def run_agent_cycle(agent_path: Path | str, state_dir: Path | str, *, stop: thre
             if stop.is_set():
                 return {"agent": spec.name, "skipped": "stopping"}
     began = time.time()  # the GPU group is ours from here
+    if spec.scenarios and spec.watch is not None and observation is None and scenario is None:
+        if lock is not None:
+            lock.release()
+        log.info("cycle of %s skipped: its watch has observed no traffic yet (the scenarios tune observed traffic)",
+                 spec.name)
+        return {"agent": spec.name, "skipped": "no traffic observed yet"}
     try:
         # Plan: the traffic observed (or the agent's workload), the scenario it falls in, its lineage (a new
         # study, warm-started?)
@@ -69,6 +75,11 @@ def run_agent_cycle(agent_path: Path | str, state_dir: Path | str, *, stop: thre
                     out["check"] = adopt_baseline(session) or out["check"]
                 if planned.scenario is not None and out["check"].get("action") in ("promoted", "baseline"):
                     out["service"] = serve_if_in_service(ctx, planned.scenario, session)
+                    if spec.switching.cross_eval_runs and not stop.is_set():  # the scenario table's gains
+                        from tuner.scenarios.matrix import cross_evaluate
+
+                        cross_evaluate(ctx, runs=spec.switching.cross_eval_runs, stop=stop)
+                        out["cross_evaluated"] = True
         finally:  # one probe of a store that went down covers the cycle and its verification
             finish_tracking(session, interrupted=result.interrupted)
         if metrics is not None:

@@ -104,6 +104,9 @@ def test_traffic_outside_every_scenario_is_proposed_once_and_joins() -> None:
 def test_scenario_schema_errors_are_located(tmp_path: Path, agent_file) -> None:
     ok = agent_file(scenarios=[{"name": "busy", "concurrency": {"min": 8}}], switching={"dwell_s": 5})
     assert load_agent(ok).spec.scenarios[0].concurrency.min == 8
+    f = agent_file(switching={"cross_eval_runs": 1}, file="bad.yaml")
+    with pytest.raises(ConfigError, match="switching.cross_eval_runs.*at least 2"):
+        load_agent(f)
     for bad, where in (([{"name": "x"}], "scenarios.0"),
                        ([{"name": "x", "rate_per_s": {"min": 5, "max": 1}}], "scenarios.0.rate_per_s"),
                        ([{"name": "x", "concurrency": {}}], "scenarios.0.concurrency"),
