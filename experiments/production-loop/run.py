@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,8 +27,18 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DEFAULTS, FLASH, MAX_MODEL_LEN, PHASES, PRESET, THREADS, bench_argv, free_port, load_average, \
-    read_json  # noqa: E402
+from common import (
+    DEFAULTS,
+    FLASH,
+    MAX_MODEL_LEN,
+    PHASES,
+    PRESET,
+    THREADS,
+    bench_argv,
+    free_port,
+    load_average,
+    read_json,  # noqa: E402
+)
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
