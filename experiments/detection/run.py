@@ -111,6 +111,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--stationary", default="stationary", help="the phase of stationary traffic")
     ap.add_argument("--learn-windows", type=int, default=20)
+    ap.add_argument("--z-clip", type=float, default=None)
+    ap.add_argument("--settle-windows", type=int, default=1)
     args = ap.parse_args()
     phases: dict[str, list[tuple[float, Window]]] = {}
     delays: dict[str, float] = {}
@@ -122,11 +124,14 @@ def main() -> None:
     times = [t for t, _ in phases[args.stationary]]
     interval = statistics.median(b - a for a, b in zip(times, times[1:], strict=False))
     cfg = MonitorConfig(interval_s=round(interval), false_alarms_per_day=args.false_alarms_per_day,
-                        learn_windows=args.learn_windows)
+                        learn_windows=args.learn_windows, z_clip=args.z_clip,
+                        settle_windows=args.settle_windows)
     rng = random.Random(args.seed)
     print(f"# detection experiment ({time.strftime('%Y-%m-%d %H:%M')})\n")
     print(f"windows of {cfg.interval_s:g} s; {TESTS} one-sided tests; CUSUM k = {cfg.k}, h = {cfg.h:.3f} "
-          f"(for {cfg.false_alarms_per_day:g} false alarm a day); baseline from {cfg.learn_windows} windows\n")
+          f"(for {cfg.false_alarms_per_day:g} false alarm a day); baseline from {cfg.learn_windows} windows; "
+          f"z clipped at {cfg.z_clip}; settle {cfg.settle_windows} window(s)\n")
+    print("command: `python experiments/detection/run.py " + " ".join(sys.argv[1:]) + "`\n")
     print("| phase | windows | step delay ms | rate /s | prompt | output | ITL ms mean | TTFT ms p50 |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, ws in phases.items():
@@ -142,32 +147,36 @@ def main() -> None:
     print("|---|---:|---:|---:|---|")
     ev = replay(stat, cfg, Gpu(args.gpu_noise, args.seed))
     hours = max(1, len(stat) - cfg.learn_windows) * cfg.interval_s / 3600
-    print(f"| real run, recorded order | {hours:.2f} | {len(ev)} | {len(ev) / hours * 24:.1f} | "
+    real = [e for e in ev if e[1] != "recovery"]
+    print(f"| real run, recorded order | {hours:.2f} | {len(real)} | {len(real) / hours * 24:.1f} | "
           f"{', '.join(f'{k}/{c}@{i}' for i, k, c in ev) or '-'} |")
     n = int(args.stream_hours * 3600 / cfg.interval_s)
-    total_h, total_ev, kinds = 0.0, 0, {}
     t0 = time.monotonic()
-    for s in range(max(1, round(args.hours / args.stream_hours))):
-        ev = replay(bootstrap(stat, n + cfg.learn_windows, args.block, rng), cfg, Gpu(args.gpu_noise, 100 + s))
-        total_h += n * cfg.interval_s / 3600
-        total_ev += len(ev)
-        for _, k, c in ev:
-            kinds[f"{k}/{c}"] = kinds.get(f"{k}/{c}", 0) + 1
-    print(f"| replayed (block bootstrap, {args.block}-window blocks) | {total_h:.0f} | {total_ev} | "
-          f"{total_ev / total_h * 24:.2f} | {', '.join(f'{k} {v}' for k, v in sorted(kinds.items())) or '-'} |")
-    print(f"\n(replay: {time.monotonic() - t0:.0f} s of CPU for {total_h:.0f} h of windows)")
+    for block in (1, args.block):
+        total_h, kinds = 0.0, {}
+        for s in range(max(1, round(args.hours / args.stream_hours))):
+            ev = replay(bootstrap(stat, n + cfg.learn_windows, block, rng), cfg, Gpu(args.gpu_noise, 100 + s))
+            total_h += n * cfg.interval_s / 3600
+            for _, k, c in ev:
+                kinds[f"{k}/{c}"] = kinds.get(f"{k}/{c}", 0) + 1
+        alarms = sum(v for k, v in kinds.items() if not k.startswith("recovery"))
+        how = "windows drawn one by one" if block == 1 else f"blocks of {block} windows"
+        print(f"| replayed (bootstrap, {how}) | {total_h:.0f} | {alarms} | {alarms / total_h * 24:.2f} | "
+              f"{', '.join(f'{k} {v}' for k, v in sorted(kinds.items())) or '-'} |")
+    print(f"\n(events: drift, anomaly and saturation; recoveries listed, not counted. Replay: "
+          f"{time.monotonic() - t0:.0f} s for all the replayed hours)")
 
     # ---- injected changes
     print("\n## Injected changes\n")
     print(f"{args.trials} trials each; a stationary stretch ({cfg.learn_windows} learning + {args.pre} windows) "
           f"then the change; up to {args.post} windows to find it.\n")
     print("| change | source | trials | found | missed | median delay (windows) | p90 delay | classified as "
-          "expected | first events |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+          "expected | first drift/anomaly events | with a saturation event |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|---:|")
     lead = cfg.learn_windows + args.pre
     for change in [c for c in EXPECT if c in phases or c in ("slowdown_model", "gpu_throttle")]:
         delays_w: list[int] = []
-        missed, right, firsts = 0, 0, {}
+        missed, right, sat, firsts = 0, 0, 0, {}
         for tr in range(args.trials):
             i = rng.randrange(0, len(stat) - lead - args.post)
             before = stat[i:i + lead]
@@ -190,8 +199,10 @@ def main() -> None:
                 hook = lambda nv=gpu.nv: nv.throttle(cap_w=350.0, clock_frac=0.7)  # noqa: E731
                 source = "NVML double: 350 W cap, SM clock x0.7"
             ev = [e for e in replay(before + after, cfg, gpu, at=lead, on_change=hook)]
-            found = [e for e in ev if e[0] >= lead and e[1] != "recovery"]
+            after_ev = [e for e in ev if e[0] >= lead and e[1] != "recovery"]
             early = [e for e in ev if e[0] < lead]
+            sat += any(e[1] == "saturation" for e in after_ev)
+            found = [e for e in after_ev if e[1] != "saturation"]  # saturation is reported beside drift/anomaly
             if not found:
                 missed += 1
                 continue
@@ -202,7 +213,7 @@ def main() -> None:
         med = statistics.median(delays_w) if delays_w else float("nan")
         p90 = sorted(delays_w)[int(0.9 * (len(delays_w) - 1))] if delays_w else float("nan")
         print(f"| {change} | {source} | {args.trials} | {len(delays_w)} | {missed} | {med:g} | {p90:g} | "
-              f"{right}/{args.trials} | {', '.join(f'{k} {v}' for k, v in sorted(firsts.items()))} |")
+              f"{right}/{args.trials} | {', '.join(f'{k} {v}' for k, v in sorted(firsts.items()))} | {sat} |")
 
 
 if __name__ == "__main__":

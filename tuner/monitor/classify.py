@@ -68,6 +68,7 @@ class MonitorConfig:
     interval_s: float = 60.0  # the scrape interval: one window
     false_alarms_per_day: float = 1.0  # over all signals; sets the CUSUM threshold
     k: float = 1.0  # CUSUM allowance: tuned to shifts of 2 standard deviations of one window
+    z_clip: float | None = None  # residuals clipped to +-z_clip (one outlying window cannot alarm alone)
     rel_floor: float = 0.02  # a baseline's scale is at least this share of its centre
     learn_windows: int = 20  # windows that make a baseline (after a start or a drift)
     settle_windows: int = 1  # an output alarm waits this long for an input alarm before it is an anomaly
@@ -173,7 +174,10 @@ class Monitor:
             tr = self.tracks[name]
             if tr.baseline is None:
                 continue
-            side = tr.cusum.update(tr.baseline.z(x))
+            z = tr.baseline.z(x)
+            if self.config.z_clip is not None:
+                z = max(-self.config.z_clip, min(self.config.z_clip, z))
+            side = tr.cusum.update(z)
             if side is not None:
                 alarms[name] = side
         inputs = {n: s for n, s in alarms.items() if n in INPUTS}
