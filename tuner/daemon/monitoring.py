@@ -21,6 +21,7 @@ from typing import Any
 
 from tuner.base.redact import redact_text
 from tuner.daemon.runtime import AgentState, Runtime, job_id
+from tuner.daemon.watch import CONSUMERS
 from tuner.measure.scrape import Snapshot
 from tuner.monitor.classify import Event, Monitor, MonitorConfig
 from tuner.monitor.records import record_event, record_response
@@ -53,7 +54,11 @@ class MonitorFeed:
                 out.update(src.read())
         return out
 
-    def __call__(self, t: float, snap: Snapshot) -> list[Event]:
+    def __call__(self, t: float, snap: Snapshot) -> None:
+        self.consume(t, snap)
+
+    def consume(self, t: float, snap: Snapshot) -> list[Event]:
+        """One scrape in; the events it raised (each answered)."""
         events = self.monitor.scrape(t, snap, self.gpu())
         for ev in events:
             try:
@@ -111,9 +116,13 @@ class MonitorFeed:
             self.monitor.relearn()  # a new champion serves: a new normal
 
 
-def monitor_consumer(rt: Runtime, st: AgentState, spec: AgentSpec) -> Callable[[float, Snapshot], object]:
+def monitor_consumer(rt: Runtime, st: AgentState, spec: AgentSpec) -> Callable[[float, Snapshot], None]:
     """The watch's consumer factory: the agent's MonitorFeed, or a consumer that does nothing when its watch
     has no `monitor:`."""
     if spec.watch is None or spec.watch.monitor is None:
         return lambda t, snap: None
     return MonitorFeed(rt, st, spec)
+
+
+if monitor_consumer not in CONSUMERS:
+    CONSUMERS.append(monitor_consumer)  # every watch hands its scrapes to the agent's monitor

@@ -25,6 +25,7 @@ from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
+import tuner.daemon.monitoring  # noqa: F401 - registers the monitor as a consumer of the watch
 from tuner.agent import Agent, load_agent, locate
 from tuner.context import open_context
 from tuner.daemon import runtime

@@ -51,7 +51,7 @@ def test_the_feed_records_events_triggers_a_cycle_on_drift_and_answers_an_anomal
         itl = 0.008 * (1.4 if 25 <= i < 40 else 1.0)  # a slowdown at the same load
         prompt = 100 if i < 45 else 300  # then the prompts triple: drift
         server.finish(rng.randint(55, 65), prompt, 16, itl_s=itl * rng.uniform(0.97, 1.03))
-        kinds += [e.kind for e in feed(1000.0 + 15 * i, parse(server.text()))]
+        kinds += [e.kind for e in feed.consume(1000.0 + 15 * i, parse(server.text()))]
         if feed.responding is not None:
             feed.responding.join(60)
     assert kinds[:2] == ["anomaly", "recovery"] and "drift" in kinds
@@ -63,3 +63,17 @@ def test_the_feed_records_events_triggers_a_cycle_on_drift_and_answers_an_anomal
     assert feed.monitor.tracks["gpu_power_w"].baseline is not None  # NVML read on every scrape
     text = rt.metrics.render().decode()
     assert 'tuner_monitor_events_total{agent="mon",cause="inputs",kind="drift"} 1.0' in text
+
+
+def test_the_watch_hands_its_scrapes_to_the_monitor(tmp_path: Path) -> None:
+    from tuner.daemon.watch import consumers_for
+
+    on = agents.write_agent(tmp_path / "on.yaml", name="on", watch={"url": "http://127.0.0.1:9/metrics",
+                                                                    "monitor": {}})
+    off = agents.write_agent(tmp_path / "off.yaml", name="off", watch={"url": "http://127.0.0.1:9/metrics"})
+    rt = Runtime(state_dir=tmp_path / "state", stop=threading.Event(), agents={}, locks={}, metrics=DaemonMetrics(),
+                 grace_s=1.0)
+    feeds = consumers_for(rt, AgentState(name="on", path=on), load_agent(on).spec)
+    assert any(isinstance(c, MonitorFeed) for c in feeds)
+    assert not any(isinstance(c, MonitorFeed)
+                   for c in consumers_for(rt, AgentState(name="off", path=off), load_agent(off).spec))
