@@ -530,6 +530,39 @@ def fuzz_requests(work: Path, n: int, rng: random.Random) -> dict[str, Any]:
     return {"requests": n, "hurt": hurt + (0 if ok else 1), "statuses": statuses, "stop_s": round(stop_s, 1)}
 
 
+# ---------------------------------------------------------------------------- issue 30's classes 2, 4, 5, 13
+def server_parts(a: argparse.Namespace, rng: random.Random) -> dict[str, Any]:
+    """The parts in switch_and_servers.py: champion switches killed, abandoned requests, invalid Unicode, the
+    daemon's endpoint under idle and slow sockets."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import switch_and_servers as sv
+
+    def switch(work: Path) -> tuple[Any, ...]:
+        t0 = time.monotonic()
+        k = sv.switch_kills(work, a.switch_kills, rng)
+        return ("SIGKILL of tuner rollback/promote", f"{k['kills']}", k["disagreed"], 0, "-", "-", "-",
+                f"{k['points']}; next start first {k['starts']}, then tuner run; "
+                f"{time.monotonic() - t0:.0f} s")
+
+    def abandon(work: Path) -> tuple[Any, ...]:
+        r = sv.abandoned_requests(work, a.abandon_rounds, rng)
+        return ("abandoned requests (reference engine)", f"{r['rounds']} rounds", "-", "-", "-", "-", r["hurt"],
+                f"{r['sequences']} sequences; kinds {r['kinds']}")
+
+    def unicode(work: Path) -> tuple[Any, ...]:
+        r = sv.invalid_unicode(work, a.unicode_requests, rng)
+        return ("invalid Unicode (reference engine)", f"{r['requests']} requests", "-", "-", "-", "-", r["hurt"],
+                f"statuses {r['statuses']}; no traceback in the log counted too")
+
+    def endpoint(work: Path) -> tuple[Any, ...]:
+        r = sv.daemon_endpoint(work, a.endpoint_rounds, rng)
+        return ("idle and slow sockets on the daemon's endpoint", f"{r['rounds']} rounds", "-", "-", "-", "-",
+                r["hurt"], f"{r['sockets']} sockets, {r['health_checks']} /health checks; threads grew by at most "
+                f"{r['max_thread_growth']}")
+
+    return {"switch": switch, "abandon": abandon, "unicode": unicode, "endpoint": endpoint}
+
+
 # ---------------------------------------------------------------------------- main
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -543,8 +576,12 @@ def main() -> int:
     ap.add_argument("--pg-workers", type=int, default=2)
     ap.add_argument("--pg-restarts", type=int, default=2)
     ap.add_argument("--pg-down-s", type=float, default=3.0)
+    ap.add_argument("--switch-kills", type=int, default=10, help="kills of tuner rollback/promote (class 2)")
+    ap.add_argument("--abandon-rounds", type=int, default=8, help="rounds of abandoned requests (class 4)")
+    ap.add_argument("--unicode-requests", type=int, default=200, help="bodies with lone surrogates (class 5)")
+    ap.add_argument("--endpoint-rounds", type=int, default=3, help="rounds of idle/slow sockets (class 13)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--only", default="kills,daemon,outage,pg,specs,requests")
+    ap.add_argument("--only", default="kills,daemon,outage,pg,specs,requests,switch,abandon,unicode,endpoint")
     ap.add_argument("--out", type=Path, default=Path(__file__).with_name("results.md"))
     a = ap.parse_args()
     load0 = " ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -597,7 +634,8 @@ def main() -> int:
         return ("request fuzzing (reference engine)", f"{r['requests']} requests", "-", "-", "-", "-", r["hurt"],
                 f"statuses {r['statuses']}; SIGTERM took {r['stop_s']} s")
 
-    parts = {"kills": kills, "daemon": daemon, "outage": outage, "pg": pg, "specs": specs, "requests": requests}
+    parts = {"kills": kills, "daemon": daemon, "outage": outage, "pg": pg, "specs": specs, "requests": requests,
+             **server_parts(a, rng)}
     with tempfile.TemporaryDirectory(prefix="fault-campaign-") as tmp:
         for name, part in parts.items():
             if name not in only:
@@ -613,7 +651,7 @@ def main() -> int:
                 rows.append((name, "error", "?", "?", "?", "?", "?", f"{type(exc).__name__}: {exc}"[:300]))
             print(rows[-1], flush=True)
     head = ("| fault | done | kills not survived | trials lost | runs stranded | specs crashed/hung "
-            "| requests that hurt the engine | notes |\n|---|---|---|---|---|---|---|---|\n")
+            "| requests that hurt a server | notes |\n|---|---|---|---|---|---|---|---|\n")
     table = head + "".join("| " + " | ".join(str(x) for x in row) + " |\n" for row in rows)
     print(table)
     new = (f"`{' '.join(['campaign.py', *sys.argv[1:]])}`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
