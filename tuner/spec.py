@@ -245,12 +245,15 @@ class NoiseSpec(_Strict):
         "a best within it is said to be (each is a deployment, not charged to the trial budget)"))
 
 
-_URL_PASSWORD_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@]*:[^/@]*@")
+# user:password@ up to the last '@' a host follows (the password may hold '/', '@', '?', '#'), or a password
+# in the query (?password=...); tuner.base.redact masks the same shapes wherever a URL is printed
+_URL_PASSWORD_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@:\s?#]*:\S*@(?=[A-Za-z0-9\[\]._%~-]+(?:[:/?#]|$))"
+                              r"|[?&;](?:password|passwd|pwd)=[^&;#]", re.IGNORECASE)
 
 
 def _no_password(url: str | None, where: str) -> str | None:
     """Refuse a URL that carries a password: specs are shared, copied and logged."""
-    if url is not None and _URL_PASSWORD_RE.match(url):
+    if url is not None and _URL_PASSWORD_RE.search(url):
         hint = ("set PGPASSWORD or a ~/.pgpass file (PGPASSFILE)" if url.startswith("postgres")
                 else "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD" if where == "tracking"
                 else "give it in the environment")

@@ -37,6 +37,8 @@ class RedactFilter(logging.Filter):
             record.exc_text = self._formatter.formatException(record.exc_info)
         if record.exc_text:
             record.exc_text = redact_text(record.exc_text)
+        if record.stack_info:
+            record.stack_info = redact_text(record.stack_info)
         return True
 
 
@@ -57,6 +59,7 @@ def configure_logging(verbose: bool = False, *, rich_console: Any = None) -> Non
     if not root.handlers:
         root.addHandler(log_handler(sys.stderr, rich_console=rich_console))
     redact_handlers(root)
+    logging.captureWarnings(True)  # warnings.warn (MLflow's, urllib3's) as WARNING lines, through the redaction
     root.setLevel(logging.DEBUG if verbose else logging.WARNING)
     for name in PROGRESS_LOGGERS:
         logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.INFO)

@@ -25,10 +25,15 @@ _ALWAYS_SECRET = ("password", "passwd", "secret", "apikey", "credential", "crede
 _SECRET_PARAMS = {"x-amz-signature", "x-amz-credential", "x-amz-security-token", "x-goog-signature",
                   "x-goog-credential", "sig", "code", "access_token", "refresh_token", "id_token"}
 
-# scheme://userinfo@ ; the userinfo may hold ':' (user:password) and anything but '/', '@' and spaces
-_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^:/@\s?#]*)(?::(?P<pw>[^@/\s]*))?@")
-_QUERY_PAIR = re.compile(r"(?P<sep>[?&;])(?P<key>[^=&;#\s]+)=(?P<value>[^&;#\s]*)")
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>]+")
+# scheme://userinfo@host ; the userinfo runs to the LAST '@' that a host follows (a password may hold '/', '@',
+# '?', '#' or ':' unencoded: "postgresql://u:pa/ss@db/x"); the user name is what stands before its first ':'
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^:/@\s?#]*)(?::(?P<pw>[^\s]*))?@"
+                       r"(?=[A-Za-z0-9\[\]._%~-]+(?:[:/?#'\")>,;\s]|$))")
+# key=value after ? & or ; in any text (a URL, or a path and query alone, as urllib3 and MLflow print them)
+_QUERY_PAIR = re.compile(r"(?P<sep>[?&;])(?P<key>[^=&;#\s'\"<>]+)=(?P<value>[^&;#\s'\"<>]*)")
+# password=... and secret=... as libpq's keyword connection strings write them ("host=db password=x")
+_KEYWORD_SECRET = re.compile(
+    r"(?<![\w.-])(?P<key>[A-Za-z_]*(?:password|passwd|secret)[A-Za-z_]*)=(?P<value>[^\s&;'\"]+)", re.IGNORECASE)
 
 
 def is_secret_name(name: str) -> bool:
@@ -56,19 +61,21 @@ def _query(m: re.Match[str]) -> str:
 
 def redact_url(url: str) -> str:
     """The URL with its password and secret query parameters replaced by ***."""
-    if not isinstance(url, str):
-        return url
-    out = _USERINFO.sub(_userinfo, url)
-    if "?" in out or ";" in out:
-        out = _QUERY_PAIR.sub(_query, out)
-    return out
+    return redact_text(url)
 
 
 def redact_text(text: str) -> str:
-    """Every URL inside a message (an exception's text, a log line) redacted."""
-    if not isinstance(text, str) or "://" not in text:
+    """Every URL inside a message (an exception's text, a log line) redacted, and every secret query pair
+    (`?token=...`, `&api_key=...`) or `password=...` outside a URL too (urllib3 and MLflow print a request's
+    path and query without the host)."""
+    if not isinstance(text, str):
         return text
-    return _URL.sub(lambda m: redact_url(m.group(0)), text)
+    if "://" in text:  # over the whole text, not URL tokens: a password may hold a quote or a '<'
+        text = _USERINFO.sub(_userinfo, text)
+    if "=" in text:
+        text = _QUERY_PAIR.sub(_query, text)
+        text = _KEYWORD_SECRET.sub(lambda m: f"{m.group('key')}={MASK}", text)
+    return text
 
 
 def redact_mapping(mapping: Mapping[str, Any]) -> dict[str, Any]:
