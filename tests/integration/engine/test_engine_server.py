@@ -338,3 +338,22 @@ def test_tuner_bench_chat_against_the_engine(server: str, tmp_path: Path) -> Non
     res = json.loads(out.read_text())
     assert res["completed"] == 4 and res["output_lens"] == [4] * 4 and res["backend"] == "openai-chat"
     assert all(n > 16 for n in res["input_lens"])  # the template's tokens are the server's count
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_tuner_bench_fits_prompts_to_the_engines_count_by_default(server: str, tmp_path: Path,
+                                                                  endpoint: str) -> None:
+    from typer.testing import CliRunner
+
+    from tuner.cli.main import app
+
+    out = tmp_path / "fit.json"
+    r = CliRunner().invoke(app, ["bench", "--url", server, "--endpoint", endpoint, "--concurrency", "2",
+                                 "--requests", "4", "--prompt-tokens", "40", "--output-tokens", "2",
+                                 "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    res = json.loads(out.read_text())
+    lengths = res["tuner"]["prompt_lengths"]
+    # no /tokenize here: fitted to the usage of probe requests; for chat the count includes the template
+    assert lengths["method"] == "usage_calibration" and lengths["fit_max_error_tokens"] == 0, lengths
+    assert res["input_lens"] == [40] * 4 and lengths["within_2pct_frac"] == 1.0
