@@ -106,3 +106,20 @@ def test_a_stopped_window_still_needs_two_scrapes(engines: list[Server]) -> None
     stop.set()
     with pytest.raises(ObservationError, match="at least two scrapes"):
         observe_metrics(engines[1].url + "/metrics", 5, stop=stop)
+
+
+def test_a_replayed_trace_is_sent_as_it_was(engines: list[Server], tmp_path: Path) -> None:
+    from tuner.observe import observe_trace
+
+    rows = [(0.0, 40, 4), (0.1, 90, 6), (0.15, 20, 3), (0.6, 150, 5), (1.2, 60, 8), (1.25, 75, 2)]
+    src = tmp_path / "log.csv"
+    src.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n" + "".join(
+        f"{t},m,{p},{o},{p + o},API log\n" for t, p, o in rows))
+    out = tmp_path / "replay" / "workload.yaml"
+    out.parent.mkdir()
+    observe_trace(src, replay=True).save(out)
+    res = finished(bench(engines[1].url, tmp_path / "r.json", "--workload", str(out)), tmp_path / "r.json")
+    assert res["completed"] == len(rows)
+    assert [(p, o) for p, o in zip(res["input_lens"], res["output_lens"], strict=True)] == [(p, o) for _, p, o in rows]
+    sent = [t - res["start_times"][0] for t in res["start_times"]]
+    assert sent == pytest.approx([t for t, _, _ in rows], abs=0.25)  # the schedule kept on a busy host
