@@ -154,7 +154,7 @@ def test_poisson_arrivals_have_the_rate_and_dispersion() -> None:
 
 def test_duration_warmup_and_cooldown(timed_server) -> None:  # type: ignore[no-untyped-def]
     w = wl(arrival=Arrival(kind="constant", rate_per_s=40.0), num_requests=None, duration_s=1.0,
-           warmup_s=0.25, cooldown_s=30.0, output_tokens=LengthDist(value=4))
+           warmup_s=0.25, cooldown_s=300.0, output_tokens=LengthDist(value=4))
     seen: list[tuple[int, int]] = []
     m = measure_endpoint(timed_server.url, model="fake", seed=0, goodput_ms={}, tokenizer="byte", workload=w,
                          progress=lambda d, t: seen.append((d, t)))
@@ -164,7 +164,7 @@ def test_duration_warmup_and_cooldown(timed_server) -> None:  # type: ignore[no-
     assert any(r.warmup and r.scheduled_s < 0.25 for r in m.records)
     # the load was kept up after the window until the measured requests finished (then those were cancelled)
     assert m.summary["cooldown_requests"] >= 1
-    assert max(r.done_s for r in m.records) < 5.0  # ... not for the whole 30 s cool-down allowance
+    assert max(r.done_s for r in m.records) < 60.0  # ... not for the whole 300 s cool-down allowance
     assert seen and seen[-1][1] == 1
 
 

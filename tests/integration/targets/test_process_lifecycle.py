@@ -139,7 +139,7 @@ def test_stop_event_interrupts_waiting_for_ready(tmp_path: Path) -> None:
             s.wait_ready(600, stop_event=stop)
     finally:
         s.stop(grace_s=2)
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 60  # not the 600 s wait (generous: a busy host stretches the 2 s grace)
 
 
 # ---------------------------------------------------------------- environment, log, teardown
@@ -170,7 +170,7 @@ def test_teardown_escalates_to_sigkill_and_kills_the_whole_group(tmp_path: Path)
     t0 = time.monotonic()
     rc = s2.stop(grace_s=0.5)
     assert rc == -signal.SIGKILL, "a server that ignores SIGTERM gets SIGKILL"
-    assert time.monotonic() - t0 < 8
+    assert time.monotonic() - t0 < 60  # the 0.5 s grace, then SIGKILL: not a wait for the server
     assert s2.stop() == rc  # idempotent
 
 
@@ -281,7 +281,7 @@ def test_deploy_stops_promptly_when_stop_event_is_set(tmp_path: Path) -> None:
     with pytest.raises(Interrupted):
         with target.deploy({"mode": "hang"}, ctx):
             pytest.fail("must not become ready")
-    assert time.monotonic() - t0 < 15
+    assert time.monotonic() - t0 < 60  # not the 600 s start-up timeout
 
 
 def test_server_dying_mid_run_is_crashed_during_run(tmp_path: Path) -> None:

@@ -81,7 +81,7 @@ def test_an_unreachable_tracking_server_costs_seconds_then_is_skipped(tmp_path: 
     assert time.monotonic() - t0 < 30
     t1 = time.monotonic()
     assert tr.start_run("trial-0") is None  # skipped while the store is down
-    assert time.monotonic() - t1 < 0.5
+    assert time.monotonic() - t1 < 5.0  # no connection tried (generous: a busy host stretches any call)
 
 
 def test_urls_in_messages_hide_passwords() -> None:
