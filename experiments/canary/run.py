@@ -3,12 +3,12 @@ real HAProxy, traffic from `tuner bench` through HAProxy, two rollouts judged by
 
 1. a worse canary: the stable configuration on an engine made slower (target option step_delay_ms: every engine
    iteration sleeps that long first): it must be rolled back; how many requests it served and how many broke an
-   SLO;
-2. a better canary (continuous batching where the stable replica batches statically): it must reach 100% and
+   SLO; 2. the same, much slower (past the end-to-end SLO);
+3. a better canary (continuous batching where the stable replica batches statically): it must reach 100% and
    be promoted; the time each stage took and the gain measured on live traffic, against the testbed's
    interleaved A/B verification (tuner.promotion.verify) of the same two configurations.
 
-    python experiments/canary/run.py            # about 8 minutes here
+    python experiments/canary/run.py            # about 6 minutes here
     python experiments/canary/run.py --quick    # shorter stages: a smoke run
 """
 
@@ -32,6 +32,7 @@ from tests.support.haproxy import running_haproxy  # noqa: E402
 STABLE = {"batching": "static", "batch_timeout_ms": 50.0, "max_batch_size": 8}
 BETTER = {"batching": "continuous", "max_batch_size": 8}
 WORSE_DELAY_MS = 60.0
+MUCH_WORSE_DELAY_MS = 400.0  # 16 tokens: over 6 s end to end, past the E2E SLO
 RATE_PER_S = 4.0
 PROMPT, OUTPUT = 64, 16
 SLO_TTFT_MS, SLO_E2EL_MS = 1000.0, 4000.0
@@ -86,7 +87,8 @@ def stage_table(title: str, res: Any) -> list[str]:
             + f"{s.outcome} |")
     rows += ["", f"canary served {res.canary_requests:.0f} requests, {res.canary_slo_breaking:.0f} of them over an "
              f"SLO threshold (TTFT {SLO_TTFT_MS:g} ms or E2E {SLO_E2EL_MS:g} ms, from its histograms); rollout "
-             f"took {res.duration_s:.0f} s", ""]
+             f"took {res.duration_s:.0f} s (stages {sum(s.duration_s for s in res.stages):.0f} s, the rest: the "
+             f"canary's start, its first health check, the balancer restored)", ""]
     return rows
 
 
@@ -94,6 +96,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
+    from tuner.base.logs import configure_logging
+
+    configure_logging()
 
     from tuner.champions.db import champion_store
     from tuner.context import open_context
@@ -112,9 +117,8 @@ def main() -> None:
     store = champion_store(session)
     out: list[str] = [f"# canary experiment ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
                       f"load average at the start: {loadavg()} (2 cores)", ""]
-    with store.lock():
-        promote_config(store, None, config=STABLE, apply_command=None, cwd=work, verified=False,
-                       reason="experiment: the configuration in service")
+    promote_config(store, None, config=STABLE, apply_command=None, cwd=work, verified=False,
+                   reason="experiment: the configuration in service")
 
     # the testbed's A/B figure for the same two configurations (interleaved runs, paired test)
     t0 = time.monotonic()
@@ -131,8 +135,9 @@ def main() -> None:
 
     stable_target = TorchEngineTarget(TorchEngineOptions(preset="tiny", device="cpu", cpu_threads=1),
                                       agent_dir=work)
-    worse_target = TorchEngineTarget(TorchEngineOptions(preset="tiny", device="cpu", cpu_threads=1,
-                                                        step_delay_ms=WORSE_DELAY_MS), agent_dir=work)
+    worse_target, much_worse_target = (
+        TorchEngineTarget(TorchEngineOptions(preset="tiny", device="cpu", cpu_threads=1, step_delay_ms=d),
+                          agent_dir=work) for d in (WORSE_DELAY_MS, MUCH_WORSE_DELAY_MS))
     ctx = TrialContext(trial_number=-1, state_dir=state, label="stable0")
     with stable_target.deploy(STABLE, ctx) as stable, \
             running_haproxy(work / "hx", {"stable0": stable.endpoint.removeprefix("http://")}) as bal:
@@ -151,7 +156,9 @@ def main() -> None:
         try:
             for title, target, config in (("1. worse canary (engine step delay "
                                            f"{WORSE_DELAY_MS:g} ms)", worse_target, STABLE),
-                                          ("2. better canary (continuous batching)", stable_target, BETTER)):
+                                          ("2. much worse canary (engine step delay "
+                                           f"{MUCH_WORSE_DELAY_MS:g} ms)", much_worse_target, STABLE),
+                                          ("3. better canary (continuous batching)", stable_target, BETTER)):
                 ro = Rollout(spec=session.agent.spec, store=store, tracker=session.tracker, target=target, lb=lb,
                              state_dir=state, agent_dir=work,
                              on_stage=lambda s: print(f"  stage {s.index + 1} {s.percent:g}%: {s.outcome} in "

@@ -14,7 +14,8 @@ Latencies come from the vLLM-named histograms (`vllm:time_to_first_token_seconds
 quantiles interpolated within buckets as Prometheus does); `goodput_fraction` is the share of a window's
 requests under the per-request goodput thresholds of the SLOs (TTFT and end-to-end; the smaller share of the
 two, an upper bound of the share meeting both, as each histogram counts on its own; TPOT has no per-request
-series on the servers and is left out).
+series on the servers and is left out), with a continuity correction ((good + 0.5) / (n + 1)) so that a window
+where no request met them still has a log-ratio (a stable window at 0 once kept a far better canary undecided).
 """
 
 from __future__ import annotations
@@ -91,10 +92,10 @@ def figures(before: Snapshot | None, after: Snapshot | None, metrics: Sequence[s
     out: dict[str, float] = {}
     for m in metrics:
         if m == GOODPUT:
-            shares = [share_below(before, after, _GOODPUT_HISTS[k], ms / 1000.0)[1]
-                      for k, ms in goodput_ms.items() if k in _GOODPUT_HISTS]
-            shares = [s for s in shares if s == s]
-            if shares:
+            got = [share_below(before, after, _GOODPUT_HISTS[k], ms / 1000.0)
+                   for k, ms in goodput_ms.items() if k in _GOODPUT_HISTS]
+            shares = [(share * k + 0.5) / (k + 1.0) for k, share in got if k > 0 and share == share]
+            if shares:  # with a continuity correction: a window where no request met the SLOs is not 0 (log-ratios)
                 out[m] = min(shares)
         else:
             key = catalog.server_key(m)

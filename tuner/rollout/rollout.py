@@ -401,10 +401,12 @@ class Rollout:
             series["stable_requests"].append(s.stable_requests)
             series["canary_slo_breaking"].append(s.canary_slo_breaking)
             series["canary_share"].append(s.share)
-            for m in s.metrics:
+        for i, s in enumerate(res.stages):  # step i is stage i + 1 in every series (NaN: not judged, not logged)
+            by_name = {m["metric"]: m for m in s.metrics}
+            for name in self.metrics:
                 for k in ("canary", "stable", "improvement", "improvement_low"):
-                    v = m.get(k)
-                    series.setdefault(f"{m['metric']}_{k}", []).append(v if isinstance(v, float) else math.nan)
+                    v = by_name.get(name, {}).get(k)
+                    series.setdefault(f"{name}_{k}", [math.nan] * i).append(v if isinstance(v, float) else math.nan)
         self.tracker.log_steps(res.run_id, series)
         self.tracker.log(res.run_id, metrics={"canary_requests": res.canary_requests,
                                               "canary_slo_breaking": res.canary_slo_breaking,

@@ -17,15 +17,17 @@ from tuner.champions.store import ChampionStore
 from tuner.rollout import journal
 from tuner.rollout.lb import HAProxy
 from tuner.rollout.rollout import Rollout, RolloutRefused
+from tuner.tracking.tracker import Tracker
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
 
 
-def _rollout(tmp_path: Path, bal: Any, canary_delay_ms: float, **rollout: Any) -> tuple[Rollout, ChampionStore]:
+def _rollout(tmp_path: Path, bal: Any, canary_delay_ms: float, tracker: Any = None,
+             **rollout: Any) -> tuple[Rollout, ChampionStore]:
     agent = load_agent(rollout_agent(tmp_path / "canary.yaml", bal.socket, **rollout))
     state = tmp_path / "state"
     store = ChampionStore(state, agent.name)
-    ro = Rollout(spec=agent.spec, store=store, tracker=None, target=engine_target(tmp_path, canary_delay_ms),
+    ro = Rollout(spec=agent.spec, store=store, tracker=tracker, target=engine_target(tmp_path, canary_delay_ms),
                  lb=HAProxy(bal.socket, bal.backend), state_dir=state, agent_dir=tmp_path)
     return ro, store
 
@@ -43,7 +45,8 @@ def _actions(store: ChampionStore) -> list[str]:
 
 def test_better_canary_reaches_full_traffic_and_is_promoted(tmp_path: Path, stack: Callable[..., Any]) -> None:
     with stack(step_delay_ms=25) as (bal, _):  # the stable replica is the slower configuration
-        ro, store = _rollout(tmp_path, bal, canary_delay_ms=0)
+        tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "canary", artifact_dir=tmp_path / "mlartifacts")
+        ro, store = _rollout(tmp_path, bal, canary_delay_ms=0, tracker=tracker)
         lb = HAProxy(bal.socket, bal.backend)
         _wait_up(lb, "stable0")
         with traffic(bal.url) as counts, store.lock():
@@ -65,6 +68,13 @@ def test_better_canary_reaches_full_traffic_and_is_promoted(tmp_path: Path, stac
         assert "canary" not in servers and servers["stable0"].weight == 100  # the balancer as it began
         assert not journal.journal_path(store).exists()
         assert counts["ok"] > 0
+        runs = tracker.runs("tags.kind = 'rollout'")  # MLflow: one run, a step per stage with its figures
+        assert [r.info.run_id for r in runs] == [res.run_id] and runs[0].info.status == "FINISHED"
+        steps = tracker.client.get_metric_history(res.run_id, "stage_percent")
+        assert [m.value for m in sorted(steps, key=lambda m: m.step)] == [20, 50, 100]
+        gains = tracker.client.get_metric_history(res.run_id, "ttft_ms.mean_improvement")
+        assert sorted(m.step for m in gains) == [0, 1]  # the judged stages (100% is judged on guardrails alone)
+        assert champ.evidence == [res.run_id] and tracker.alias_version("canary", "champion") is not None
 
 
 def test_worse_canary_is_rolled_back_at_its_first_stage(tmp_path: Path, stack: Callable[..., Any]) -> None:
