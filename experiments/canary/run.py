@@ -35,7 +35,7 @@ WORSE_DELAY_MS = 60.0
 MUCH_WORSE_DELAY_MS = 400.0  # 16 tokens: over 6 s end to end, past the E2E SLO
 RATE_PER_S = 4.0
 PROMPT, OUTPUT = 64, 16
-SLO_TTFT_MS, SLO_E2EL_MS = 1000.0, 4000.0
+SLO_TTFT_MS, SLO_E2EL_MS = 2000.0, 4000.0  # the quickstart's TTFT SLO: loose enough for a busy CPU
 
 
 def agent_spec(socket: Path, quick: bool) -> dict[str, Any]:
@@ -85,8 +85,9 @@ def stage_table(title: str, res: Any) -> list[str]:
                if t and t["canary"] == t["canary"] else "- | - | ")
             + (f"{e['improvement']:+.1%} | " if e and e["improvement"] == e["improvement"] else "- | ")
             + f"{s.outcome} |")
-    rows += ["", f"canary served {res.canary_requests:.0f} requests, {res.canary_slo_breaking:.0f} of them over an "
-             f"SLO threshold (TTFT {SLO_TTFT_MS:g} ms or E2E {SLO_E2EL_MS:g} ms, from its histograms); rollout "
+    rows += ["", f"canary got {res.canary_routed} requests (HAProxy's count), finished {res.canary_requests:.0f}; "
+             f"{res.canary_slo_breaking:.0f} of them over an SLO threshold (TTFT {SLO_TTFT_MS:g} ms or E2E "
+             f"{SLO_E2EL_MS:g} ms, from its histograms: TTFT counts requests still running); rollout "
              f"took {res.duration_s:.0f} s (stages {sum(s.duration_s for s in res.stages):.0f} s, the rest: the "
              f"canary's start, its first health check, the balancer restored)", ""]
     return rows

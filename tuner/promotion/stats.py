@@ -74,3 +74,25 @@ def paired_interval(reference: Sequence[float], candidate: Sequence[float], *, d
     down = paired_test(candidate, reference, direction=direction, min_improvement=0.0, confidence=one_sided)
     high = 1.0 / (1.0 + down.improvement_low) - 1.0 if down.improvement_low > -1 else math.inf
     return up.improvement, up.improvement_low, high
+
+
+def proportion_test(reference: tuple[float, float], candidate: tuple[float, float], *, min_improvement: float,
+                    confidence: float) -> PairedTest:
+    """One-sided test on the ratio of two shares (good, n) each: H0 candidate/reference - 1 <= min_improvement.
+    The delta method on log(share) (variance (1 - p) / (n p)), shares with a continuity correction ((good + 0.5) /
+    (n + 1)) in the variance only, so that a share of 1 or 0 still has an interval. For counts pooled over a
+    period (goodput on live traffic), where per-pair shares of a few requests would be too coarse to pair."""
+    from scipy import stats
+
+    (g_a, n_a), (g_b, n_b) = reference, candidate
+    if n_a <= 0 or n_b <= 0:
+        return PairedTest(0, math.nan, math.nan, 1.0, False, "proportions")
+    p_a, p_b = g_a / n_a, g_b / n_b
+    c_a, c_b = (g_a + 0.5) / (n_a + 1), (g_b + 0.5) / (n_b + 1)
+    mean = math.log(max(p_b, 1e-9) / max(p_a, 1e-9)) if p_a > 0 or p_b > 0 else 0.0
+    se = math.sqrt((1 - c_a) / (n_a * c_a) + (1 - c_b) / (n_b * c_b))
+    threshold = math.log1p(min_improvement)
+    low = mean - float(stats.norm.ppf(confidence)) * se
+    p = float(stats.norm.sf((mean - threshold) / se)) if se > 0 else (0.0 if mean > threshold else 1.0)
+    return PairedTest(n=int(n_a + n_b), improvement=math.expm1(mean), improvement_low=math.expm1(low), p_value=p,
+                      passed=low >= threshold, method="proportions")

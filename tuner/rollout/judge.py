@@ -14,8 +14,10 @@ Latencies come from the vLLM-named histograms (`vllm:time_to_first_token_seconds
 quantiles interpolated within buckets as Prometheus does); `goodput_fraction` is the share of a window's
 requests under the per-request goodput thresholds of the SLOs (TTFT and end-to-end; the smaller share of the
 two, an upper bound of the share meeting both, as each histogram counts on its own; TPOT has no per-request
-series on the servers and is left out), with a continuity correction ((good + 0.5) / (n + 1)) so that a window
-where no request met them still has a log-ratio (a stable window at 0 once kept a far better canary undecided).
+series on the servers and is left out). A window holds a few canary requests, too few for a share to pair
+(a share of 0 has no log-ratio; one of 1 of 1 request is no evidence), so goodput is judged on the stage's
+pooled counts instead, with a one-sided test on the ratio of the two shares (tuner.promotion.stats.
+proportion_test; the same margin and confidence).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field
 
 from tuner import catalog
 from tuner.measure.scrape import Hist, Snapshot, telemetry
-from tuner.promotion.stats import PairedTest, paired_test
+from tuner.promotion.stats import paired_test, proportion_test
 from tuner.spec import SLO
 
 GOODPUT = "goodput_fraction"
@@ -92,10 +94,10 @@ def figures(before: Snapshot | None, after: Snapshot | None, metrics: Sequence[s
     out: dict[str, float] = {}
     for m in metrics:
         if m == GOODPUT:
-            got = [share_below(before, after, _GOODPUT_HISTS[k], ms / 1000.0)
-                   for k, ms in goodput_ms.items() if k in _GOODPUT_HISTS]
-            shares = [(share * k + 0.5) / (k + 1.0) for k, share in got if k > 0 and share == share]
-            if shares:  # with a continuity correction: a window where no request met the SLOs is not 0 (log-ratios)
+            shares = [share_below(before, after, _GOODPUT_HISTS[k], ms / 1000.0)[1]
+                      for k, ms in goodput_ms.items() if k in _GOODPUT_HISTS]
+            shares = [s for s in shares if s == s]
+            if shares:
                 out[m] = min(shares)
         else:
             key = catalog.server_key(m)
@@ -155,11 +157,25 @@ class StageVerdict:
 
 
 def judge(pairs: Sequence[tuple[Window, Window]], metrics: Sequence[str], *, max_regression: float,
-          confidence: float) -> StageVerdict:
-    """pairs: (stable, canary) per window. Passed when every metric is shown not worse within the margin;
-    regressed when any is shown worse by at least the margin; else undecided (both False)."""
+          confidence: float, totals: tuple[Window, Window] | None = None) -> StageVerdict:
+    """pairs: (stable, canary) per window; totals: (stable, canary) over the stage so far (for goodput). Passed
+    when every metric is shown not worse within the margin; regressed when any is shown worse by at least the
+    margin; else undecided (both False)."""
     out: list[MetricVerdict] = []
+    worse_by = max_regression / (1 - max_regression) if max_regression else 0.0
     for m in metrics:
+        if m == GOODPUT:
+            s_t, c_t = totals or (Window(0.0), Window(0.0))
+            if m not in s_t.figures or m not in c_t.figures:
+                out.append(MetricVerdict(m, 0, math.nan, math.nan, math.nan, math.nan, False, False))
+                continue
+            ref = (s_t.figures[m] * s_t.requests, s_t.requests)
+            cand = (c_t.figures[m] * c_t.requests, c_t.requests)
+            ni = proportion_test(ref, cand, min_improvement=-max_regression, confidence=confidence)
+            worse = proportion_test(cand, ref, min_improvement=worse_by, confidence=confidence)
+            out.append(MetricVerdict(m, int(c_t.requests), c_t.figures[m], s_t.figures[m], ni.improvement,
+                                     ni.improvement_low, ni.passed, worse.passed))
+            continue
         st = [(s.figures[m], c.figures[m]) for s, c in pairs
               if s.requests > 0 and c.requests > 0 and m in s.figures and m in c.figures]
         if len(st) < 2:
@@ -167,19 +183,19 @@ def judge(pairs: Sequence[tuple[Window, Window]], metrics: Sequence[str], *, max
             continue
         a, b = [x for x, _ in st], [y for _, y in st]
         d = direction(m)
-        ni: PairedTest = paired_test(a, b, direction=d, min_improvement=-max_regression, confidence=confidence)
-        worse: PairedTest = paired_test(b, a, direction=d, min_improvement=max_regression / (1 - max_regression)
-                                        if max_regression else 0.0, confidence=confidence)
+        ni = paired_test(a, b, direction=d, min_improvement=-max_regression, confidence=confidence)
+        worse = paired_test(b, a, direction=d, min_improvement=worse_by, confidence=confidence)
         out.append(MetricVerdict(m, ni.n, sum(b) / len(b), sum(a) / len(a), ni.improvement, ni.improvement_low,
                                  ni.passed, worse.passed))
     regressed = [v for v in out if v.regressed]
     if regressed:
-        why = "; ".join(f"{v.metric} {v.improvement:+.1%} vs stable (shown worse than -{max_regression:.0%} over "
-                        f"{v.pairs} windows)" for v in regressed)
+        why = "; ".join(f"{v.metric} {v.improvement:+.1%} vs stable (shown worse than -{max_regression:.0%}, "
+                        f"{v.pairs} {'requests' if v.metric == GOODPUT else 'windows'})" for v in regressed)
         return StageVerdict(False, True, f"significant regression: {why}", out)
     if out and all(v.passed for v in out):
         why = ", ".join(f"{v.metric} {v.improvement:+.1%} (lower bound {v.improvement_low:+.1%})" for v in out)
         return StageVerdict(True, False, f"not worse than stable within {max_regression:.0%}: {why}", out)
-    open_ = ", ".join(f"{v.metric} ({v.pairs} windows, lower bound {v.improvement_low:+.1%})"
+    open_ = ", ".join(f"{v.metric} ({v.pairs} {'requests' if v.metric == GOODPUT else 'windows'}, lower bound "
+                      f"{v.improvement_low:+.1%})"
                       for v in out if not v.passed)
     return StageVerdict(False, False, f"undecided: {open_}", out)

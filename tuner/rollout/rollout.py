@@ -107,15 +107,17 @@ class RolloutResult:
     outcome: str  # promoted, rolled_back
     reason: str
     stages: list[StageRecord] = field(default_factory=list)
-    canary_requests: float = 0.0
-    canary_slo_breaking: float = 0.0
+    canary_requests: float = 0.0  # finished on the canary (its histograms)
+    canary_routed: int = 0  # sent to it by the balancer
+    canary_slo_breaking: float = 0.0  # of those, over a per-request SLO threshold (TTFT counts unfinished ones too)
     promoted: PromoteResult | None = None
     run_id: str | None = None
     duration_s: float = 0.0
 
     def summary(self) -> dict[str, Any]:
         return {"rollout": self.id, "outcome": self.outcome, "reason": self.reason,
-                "canary_requests": self.canary_requests, "canary_slo_breaking": self.canary_slo_breaking,
+                "canary_requests": self.canary_requests, "canary_routed": self.canary_routed,
+                "canary_slo_breaking": self.canary_slo_breaking,
                 "duration_s": self.duration_s, "run_id": self.run_id,
                 "stages": [{k: v for k, v in asdict(s).items()} for s in self.stages]}
 
@@ -223,13 +225,15 @@ class Rollout:
             raise
         res.duration_s = time.monotonic() - t0
         res.canary_requests = sum(s.canary_requests for s in res.stages)
+        res.canary_routed = sum(s.routed_canary for s in res.stages)
         res.canary_slo_breaking = sum(s.canary_slo_breaking for s in res.stages)
         res.outcome = "promoted" if failure is None and res.promoted is not None else "rolled_back"
         res.reason = failure or f"promoted as champion #{res.promoted.record.seq if res.promoted else '?'}"
         self._end_run(res, config)
         self.store.audit({"action": f"rollout_{res.outcome}", "rollout": self.id, "trial": trial, "study": study,
                           "seq": res.promoted.record.seq if res.promoted else None, "reason": res.reason,
-                          "canary_requests": res.canary_requests, "canary_slo_breaking": res.canary_slo_breaking,
+                          "canary_requests": res.canary_requests, "canary_routed": res.canary_routed,
+                          "canary_slo_breaking": res.canary_slo_breaking,
                           "duration_s": round(res.duration_s, 2), "run_id": run_id})
         journal.clear(self.store)
         log.warning("rollout %s of %s: %s (%s)", self.id, self.spec.name, res.outcome.upper(), res.reason)
@@ -321,7 +325,8 @@ class Rollout:
                     rec.reason = (f"no breach over {rec.canary_requests:.0f} requests at 100% "
                                   f"(compared with stable at the stage before)")
                     break
-                v = judge(pairs, self.metrics, max_regression=ro.max_regression, confidence=self.confidence)
+                v = judge(pairs, self.metrics, max_regression=ro.max_regression, confidence=self.confidence,
+                          totals=self._totals(s0, s_prev, c0, c_prev))
                 rec.metrics = [asdict(m) for m in v.metrics]
                 if v.regressed or v.passed:
                     rec.outcome = "regressed" if v.regressed else "passed"
@@ -334,8 +339,14 @@ class Rollout:
                               f"{rec.canary_requests:.0f} canary requests): {rec.reason or 'too little traffic'}")
                 break
         if not rec.metrics and pairs and not all_stable:
-            v = judge(pairs, self.metrics, max_regression=ro.max_regression, confidence=self.confidence)
+            v = judge(pairs, self.metrics, max_regression=ro.max_regression, confidence=self.confidence,
+                      totals=self._totals(s0, s_prev, c0, c_prev))
             rec.metrics = [asdict(m) for m in v.metrics]
+
+    def _totals(self, s0: Snapshot | None, s1: Snapshot | None, c0: Snapshot | None,
+                c1: Snapshot | None) -> tuple[Window, Window]:
+        """(stable, canary) over the stage so far: what goodput is judged on."""
+        return figures(s0, s1, self.metrics, self.goodput_ms), figures(c0, c1, self.metrics, self.goodput_ms)
 
     def _breach(self, dep: Deployment, cl0: Server | None, cl1: Server | None, c0: Snapshot | None,
                 c1: Snapshot | None, rec: StageRecord, max_err: float) -> str | None:

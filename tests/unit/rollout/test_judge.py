@@ -54,10 +54,28 @@ def test_shares_and_slo_breaks_from_bucket_deltas() -> None:
     assert share_below(before, after, "ttft_ms", 0.3)[1] == pytest.approx((2 + 4 * 0.5) / 10)  # within a bucket
     assert slo_breaking(before, after, {"ttft": 1000.0}) == pytest.approx(2)
     w = figures(before, after, ["ttft_ms.mean", "goodput_fraction"], {"ttft": 500.0})
-    assert w.figures["ttft_ms.mean"] == pytest.approx(700.0)
-    assert w.figures["goodput_fraction"] == pytest.approx((6 + 0.5) / 11)  # continuity-corrected share
-    none_good = figures(before, after, ["goodput_fraction"], {"ttft": 1.0}).figures["goodput_fraction"]
-    assert none_good == pytest.approx((2 * 0.01 + 0.5) / 11)  # ~no request met it: still > 0, still compares
+    assert w.figures["ttft_ms.mean"] == pytest.approx(700.0) and w.figures["goodput_fraction"] == pytest.approx(0.6)
+
+
+def _gp(requests: float, share: float) -> Window:
+    return Window(requests, {"goodput_fraction": share})
+
+
+def test_goodput_is_judged_on_the_stage_pooled_counts() -> None:
+    """A window of a few canary requests cannot be paired on a share; the stage's counts are tested instead."""
+    one = [(_gp(15, 1.0), _gp(1, 1.0))] * 4
+    all_good = judge(one, ["goodput_fraction"], max_regression=0.1, confidence=0.95,
+                     totals=(_gp(60, 1.0), _gp(12, 1.0)))
+    assert all_good.passed and all_good.metrics[0].improvement == pytest.approx(0.0)
+    bad = judge(one, ["goodput_fraction"], max_regression=0.1, confidence=0.95, totals=(_gp(200, 0.99),
+                                                                                         _gp(40, 0.5)))
+    assert bad.regressed and "goodput_fraction" in bad.reason
+    few = judge(one, ["goodput_fraction"], max_regression=0.1, confidence=0.95, totals=(_gp(200, 1.0),
+                                                                                         _gp(10, 0.8)))
+    assert not few.passed and not few.regressed  # 2 of 10 missed: not yet shown either way
+    stable_zero = judge(one, ["goodput_fraction"], max_regression=0.1, confidence=0.95,
+                        totals=(_gp(100, 0.0), _gp(20, 1.0)))
+    assert stable_zero.passed  # a stable share of 0 (overloaded) does not keep a good canary undecided
 
 
 def test_judged_metrics_default_to_what_the_servers_export() -> None:
