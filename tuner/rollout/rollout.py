@@ -251,6 +251,8 @@ class Rollout:
                 res: RolloutResult) -> str | None:
         """Run the stages; None when all passed, else why the canary is rolled back."""
         addr = (dep.endpoint or "").removeprefix("http://").removeprefix("https://").rstrip("/")
+        if not addr:
+            return f"the {self.target.kind} target's deployment has no HTTP endpoint a load balancer can reach"
         self._step("adding", canary_addr=addr)
         self.lb.add_server(self.canary, addr, weight=0, health_path=self.ro.health_path)
         deadline = time.monotonic() + CANARY_UP_TIMEOUT_S
