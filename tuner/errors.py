@@ -86,3 +86,10 @@ class PromotionError(TunerError):
 class ObservationError(ConfigError):
     """Production signals do not give a workload: a series is missing or malformed, a window saw no request, a
     trace row is bad. The message names the series (or the file, line and column) and what to fix."""
+
+
+class StateError(TunerError):
+    """A file or store of the state dir is corrupt, unreadable, read-only or full. The message names the file or
+    directory, what is wrong and what to do; never reported as empty or absent."""
+
+    exit_code = 4

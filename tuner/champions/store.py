@@ -34,9 +34,10 @@ from typing import Any
 
 import yaml
 
-from tuner.base.files import atomic_write
+from tuner.base.files import atomic_write, read_text_bounded
 from tuner.base.proc import kill_point
-from tuner.errors import PromotionError
+from tuner.base.yamlio import parse_yaml
+from tuner.errors import ConfigError, PromotionError, StateError
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,43 @@ class ChampionRecord:
     def from_dict(cls, data: dict[str, Any]) -> ChampionRecord:
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         return cls(**known)
+
+    @classmethod
+    def load(cls, path: Path) -> ChampionRecord:
+        """The record of a champion file, checked whole: a StateError naming the file as corrupt when it is not
+        a regular file of at most MAX_RECORD_BYTES, not YAML, not a mapping, lacks a field (a foreign mapping;
+        a truncated file: the writer writes every field, the config first, so a cut loses the last ones) or holds
+        a field of the wrong type."""
+        def corrupt(why: str) -> StateError:
+            return StateError(f"{path}: corrupt champion record: {why}. Restore it from a copy or from the "
+                              "agent's history (champions/NNNNNN.yaml, one per promotion); `tuner rollback` finds "
+                              "the champion in force in the audit log")
+
+        try:
+            data, _ = parse_yaml(read_text_bounded(path, MAX_RECORD_BYTES), str(path))  # no duplicate keys
+        except ConfigError as exc:
+            raise corrupt(exc.raw_message + (f" (line {exc.line})" if exc.line else "")) from None
+        if not isinstance(data, dict):
+            raise corrupt(f"it holds {type(data).__name__ if data is not None else 'nothing'}, not a mapping")
+        missing = [k for k in cls.__dataclass_fields__ if k not in data]
+        if missing:
+            raise corrupt(f"field(s) {', '.join(missing)} missing (a truncated or foreign file)")
+        for name, types in _FIELD_TYPES.items():
+            value = data[name]
+            if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+                raise corrupt(f"field {name} is a {type(value).__name__}")
+        if data["seq"] < 1:
+            raise corrupt(f"field seq is {data['seq']}, not a sequence number >= 1")
+        return cls.from_dict(data)
+
+
+MAX_RECORD_BYTES = 4 * 2**20  # a champion file (a configuration and its provenance)
+_NONE = type(None)
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "seq": (int,), "agent": (str,), "config": (dict,), "study": (str, _NONE), "trial": (int, _NONE),
+    "values": (list, _NONE), "promoted_at": (int, float), "user": (str,), "reason": (str,), "evidence": (list,),
+    "verified": (bool,), "previous_seq": (int, _NONE), "model_name": (str, _NONE), "model_version": (str, _NONE),
+    "restored_from": (int, _NONE)}
 
 
 class ChampionStore:
@@ -184,18 +222,43 @@ class ChampionStore:
 
     # ------------------------------------------------------------ champion
     def champion(self) -> ChampionRecord | None:
-        if not self.champion_path.is_file():
+        """The champion in force; None when there is none; a StateError when its file is corrupt."""
+        if not os.path.lexists(self.champion_path):
             return None
-        data = yaml.safe_load(self.champion_path.read_text(encoding="utf-8"))
-        if not isinstance(data, dict):
-            raise PromotionError(f"{self.champion_path} does not hold a champion record")
-        return ChampionRecord.from_dict(data)
+        return ChampionRecord.load(self.champion_path)
 
     def record(self, seq: int) -> ChampionRecord | None:
+        """History record `seq`; None when it was never written; a StateError when its file is corrupt."""
         p = self.history_dir / f"{seq:06d}.yaml"
-        if not p.is_file():
+        if not os.path.lexists(p):
             return None
-        return ChampionRecord.from_dict(yaml.safe_load(p.read_text(encoding="utf-8")))
+        return ChampionRecord.load(p)
+
+    def champion_in_force(self) -> ChampionRecord | None:
+        """`champion()`, or when champion.yaml is corrupt the record the audit log last put in force (a warning
+        says so); a StateError naming both when neither can be read."""
+        try:
+            return self.champion()
+        except StateError as exc:
+            if self.champion_path.is_dir():  # nothing can be written in its place
+                raise StateError(f"{exc}; it is a directory: move it away, then run the command again") from None
+            cur = self.in_force_by_audit()
+            if cur is None:
+                raise StateError(f"{exc}; and the audit log names no readable history record in force") from None
+            log.warning("%s; the audit log puts champion #%d in force", exc, cur.seq)
+            return cur
+
+    def in_force_by_audit(self) -> ChampionRecord | None:
+        """When champion.yaml is corrupt: the history record the audit log last put in force (the last promote,
+        rollback or apply entry's seq), if it is readable; None otherwise."""
+        for entry in reversed(self.audit_log()):
+            seq = entry.get("seq")
+            if entry.get("action") in ("promote", "rollback") and isinstance(seq, int):
+                try:
+                    return self.record(seq)
+                except StateError:
+                    return None
+        return None
 
     def next_seq(self) -> int:
         seqs = [int(p.stem) for p in self.history_dir.glob("*.yaml") if p.stem.isdigit()]
@@ -210,7 +273,8 @@ class ChampionStore:
 
     def champion_text(self) -> str | None:
         """The champion in force as the journal keeps it (None: no champion)."""
-        return self.champion_path.read_text(encoding="utf-8") if self.champion_path.is_file() else None
+        path = self.champion_path  # a corrupt one as it is (undecodable bytes replaced)
+        return path.read_text(encoding="utf-8", errors="replace") if path.is_file() else None
 
     def _read_journal(self) -> dict[str, Any] | None:
         """The journal of a switch in flight; {} when one is there but unreadable (torn), None when none is."""

@@ -191,7 +191,7 @@ def rollback(agent: Path | None = typer.Argument(None, help=AGENT_HELP, show_def
         ctx = open_context(agent, state_dir)
         a, sd = ctx.agent, ctx.state_dir
         store = champion_store_for(a, sd)
-        cur = store.champion()
+        cur = store.champion_in_force() if hasattr(store, "champion_in_force") else store.champion()
         if cur is None or cur.previous_seq is None:
             raise TunerError(f"{a.name} has no previous champion to restore")
         if as_json and not yes:

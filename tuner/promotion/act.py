@@ -105,7 +105,8 @@ def rollback(store: ChampionStore, tracker: Tracker | None, *, apply_command: Se
              reason: str = "operator rollback") -> PromoteResult:
     """Restore the champion that preceded the current one (the same way a promote writes it)."""
     with store.lock():
-        cur = store.champion()
+        # a corrupt champion.yaml: the audit log says which history record is in force
+        cur = store.champion_in_force() if hasattr(store, "champion_in_force") else store.champion()
         if cur is None:
             raise PromotionError(f"{store.agent} has no champion to roll back")
         if cur.previous_seq is None:
