@@ -129,51 +129,11 @@ def switch_kills(work: Path, n: int, rng: random.Random) -> dict[str, Any]:
     return out
 
 
-# ---------------------------------------------------------------------------- the engine
-class _Engine:
-    """The reference engine (tiny preset, CPU) with a step log, as a subprocess."""
-
-    def __init__(self, work: Path) -> None:
-        from tuner.base.proc import free_port
-
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.steps, self.log = work / "steps.jsonl", work / "engine.log"
-        with self.log.open("wb") as f:
-            self.proc = subprocess.Popen([PY, "-m", "tuner.engine.server", "--port", str(self.port), "--cpu-threads",
-                                          "1", "--max-batch-size", "8", "--step-log", str(self.steps)],
-                                         cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
-        if not _wait(lambda: urllib.request.urlopen(self.url + "/health", timeout=5).status == 200, 120):
-            raise RuntimeError("engine did not start: " + self.log.read_text()[-2000:])
-
-    def metric(self, name: str) -> float:
-        with urllib.request.urlopen(self.url + "/metrics", timeout=WAIT_S) as r:
-            text = r.read().decode()
-        return sum(float(line.split()[-1]) for line in text.splitlines()
-                   if line.startswith((name + "{", name + " ")))
-
-    def busy(self) -> float:
-        return self.metric("vllm:num_requests_running") + self.metric("vllm:num_requests_waiting")
-
-    def post(self, path: str, raw: bytes) -> socket.socket:
-        s = socket.create_connection(("127.0.0.1", self.port), timeout=WAIT_S)
-        s.sendall(f"POST {path} HTTP/1.1\r\nHost: engine\r\nContent-Type: application/json\r\n"
-                  f"Content-Length: {len(raw)}\r\n\r\n".encode() + raw)
-        return s
-
-    def stop(self) -> bool:
-        """SIGTERM; True when the log holds no traceback."""
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        return "Traceback" not in self.log.read_text()
-
-
+# ---------------------------------------------------------------------------- the engine (classes 4, 5)
 def abandoned_requests(work: Path, n: int, rng: random.Random) -> dict[str, Any]:
-    eng = _Engine(work)
+    from tests.support.engine_proc import EngineProcess
+
+    eng = EngineProcess(work, cwd=REPO)
     out: dict[str, Any] = {"rounds": n, "sequences": 0, "hurt": 0, "kinds": {}}
     try:
         for i in range(n):
@@ -191,7 +151,7 @@ def abandoned_requests(work: Path, n: int, rng: random.Random) -> dict[str, Any]
                 body["prompt"] = ["y" * rng.randint(1, 40) for _ in range(prompts)]
             done0 = eng.metric("vllm:request_success_total")
             path = "/v1/chat/completions" if chat else "/v1/completions"
-            socks = [eng.post(path, json.dumps(body).encode()) for _ in range(clients)]
+            socks = [eng.post(path, body) for _ in range(clients)]
             # closed once the engine holds every sequence (a socket closed earlier may have its request submitted
             # after the check below), a random moment later
             _wait(lambda c=clients * prompts: eng.busy() >= c)
@@ -204,15 +164,9 @@ def abandoned_requests(work: Path, n: int, rng: random.Random) -> dict[str, Any]
                 problems.append("sequences kept running")
             if eng.metric("vllm:request_success_total") != done0:
                 problems.append("a sequence ran to its end for nobody")
-            before = eng.steps.read_text().count("\n") if eng.steps.exists() else 0
-            req = urllib.request.Request(eng.url + "/v1/completions", headers={"Content-Type": "application/json"},
-                                         data=json.dumps({"prompt": "next", "max_tokens": 8,
-                                                          "ignore_eos": True}).encode())
-            with urllib.request.urlopen(req, timeout=WAIT_S) as r:
-                ok = json.loads(r.read())["choices"][0]["finish_reason"] == "length"
-            steps = [json.loads(x) for x in eng.steps.read_text().splitlines()[before:]]
-            if not ok or not steps or max(s["running"] + s["waiting"] for s in steps) > 1:
-                problems.append("the next request did not run alone")
+            alone = eng.served_alone()
+            if alone is not None:
+                problems.append(f"the next request did not run alone: {alone}")
             if problems:
                 out["hurt"] += 1
                 print(f"  abandon round {i} ({kind}, {clients}x{prompts}): {problems}", flush=True)
@@ -258,7 +212,9 @@ def _poison(body: dict[str, Any], rng: random.Random, places: int) -> dict[str, 
 
 
 def invalid_unicode(work: Path, n: int, rng: random.Random) -> dict[str, Any]:
-    eng = _Engine(work)
+    from tests.support.engine_proc import EngineProcess
+
+    eng = EngineProcess(work, cwd=REPO)
     out: dict[str, Any] = {"requests": n, "hurt": 0, "statuses": {}}
     words = ["hello", "stop", "user", "weiß", "日本", "x" * 30, "a b c"]
     try:
