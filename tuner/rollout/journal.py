@@ -88,7 +88,7 @@ def recover(store: ChampionStore, state_dir: Path, lb: LoadBalancer | None = Non
     audit: dict[str, Any] = {"action": "rollout_recovered", "rollout": entry.get("id"), "phase": phase,
                              "stage": entry.get("stage"), "trial": entry.get("trial"), "study": entry.get("study"),
                              "interrupted_pid": entry.get("pid"), "reaped_groups": reaped,
-                             "outcome": "finished" if finished else "reverted"}
+                             "outcome": "settled" if finished else "reverted"}
     if lb is None:
         audit["reason"] = "no load balancer recorded: nothing to restore"
     else:
@@ -101,9 +101,9 @@ def recover(store: ChampionStore, state_dir: Path, lb: LoadBalancer | None = Non
                       "the next start tries again)", store.agent, exc)
             raise
         champ = store.champion()
-        audit["reason"] = (f"interrupted rollout ({phase}, pid {entry.get('pid')}): "
-                           + ("promotion settled, canary removed" if finished else "reverted, canary removed, "
-                              "stable weights restored")
+        done = ("promotion settled by the champion store's journal, canary removed" if finished
+                else "reverted, canary removed, stable weights restored")
+        audit["reason"] = (f"interrupted rollout ({phase}, pid {entry.get('pid')}): {done}"
                            + (f"; champion #{champ.seq}" if champ else "; no champion"))
         audit["champion_seq"] = champ.seq if champ else None
     store.audit(audit)

@@ -140,6 +140,8 @@ class HAProxy(LoadBalancer):
         self._ok(f"set server {self.backend}/{server} weight {int(weight)}")
 
     def add_server(self, server: str, addr: str, *, weight: int, health_path: str) -> None:
+        # HAProxy checks it with the backend's own `option httpchk` (the path there; health_path is for balancers
+        # that take one per server)
         self.remove_server(server)  # a leftover of an earlier rollout (its owner is gone: recovery ran)
         self._ok(f"add server {self.backend}/{server} {addr} weight {int(weight)} check inter 500ms fall 2 rise 1",
                  accept=("new server registered",))

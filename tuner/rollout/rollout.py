@@ -300,15 +300,23 @@ class Rollout:
                 break
             c1, s1 = self._scrape([canary_addr]), self._scrape(stable_addrs)
             lb1 = self.lb.servers()
-            cw = figures(c_prev, c1, self.metrics, self.goodput_ms)
-            sw = figures(s_prev, s1, self.metrics, self.goodput_ms)
-            if c1 is not None:
-                c_prev = c1
-            if s1 is not None:
-                s_prev = s1
-            if cw.requests > 0:
-                rec.windows += 1
-                pairs.append((sw, cw))
+            if c0 is None or s0 is None:  # a scrape at the stage's start failed: the stage starts now
+                c0, s0, lb0 = c0 or c1, s0 or s1, lb1
+                c_prev, s_prev = c0, s0
+                rec.duration_s = time.monotonic() - t_start
+                breach = self._breach(dep, None, lb1.get(self.canary), None, None, rec, max_err)
+                if breach is not None or rec.duration_s >= ro.max_stage_s:
+                    rec.outcome = "breach" if breach else "timeout"
+                    rec.reason = breach or "the replicas' /metrics could not be read"
+                    break
+                continue
+            if c1 is not None and s1 is not None:  # a window is a pair only when both sides were read
+                cw = figures(c_prev, c1, self.metrics, self.goodput_ms)
+                sw = figures(s_prev, s1, self.metrics, self.goodput_ms)
+                c_prev, s_prev = c1, s1
+                if cw.requests > 0:
+                    rec.windows += 1
+                    pairs.append((sw, cw))
             rec.canary_requests = _count(c0, c_prev)
             rec.stable_requests = _count(s0, s_prev)
             rec.canary_slo_breaking = slo_breaking(c0, c_prev, self.goodput_ms)

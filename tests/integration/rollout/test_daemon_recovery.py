@@ -52,3 +52,33 @@ def test_daemon_start_reverts_an_ownerless_rollout(tmp_path: Path) -> None:
         finally:
             proc.send_signal(signal.SIGTERM)
             finish(proc, log, timeout=60)
+
+
+def test_recovery_of_a_rollout_killed_while_promoting(tmp_path: Path) -> None:
+    """Killed between the champion file and the end of the promotion: the champion store's own journal restores
+    the former champion, the rollout's restores the balancer; neither leaves the other half-done."""
+    from tuner.champions.store import ChampionRecord
+    from tuner.promotion.act import promote_config
+    from tuner.rollout import journal as rj
+
+    with running_haproxy(tmp_path / "hx", {"stable0": "127.0.0.1:9"}) as bal:
+        lb = HAProxy(bal.socket, bal.backend)
+        lb.set_weight("stable0", 0)  # the last stage: all on the canary
+        lb.add_server("canary", "127.0.0.1:10", weight=100, health_path="/health")
+        store = ChampionStore(tmp_path / "state", "a")
+        promote_config(store, None, config={"x": 1}, apply_command=None, cwd=tmp_path, reason="former")
+        new = ChampionRecord(seq=2, agent="a", config={"x": 2}, previous_seq=1)
+        store.begin(new, "promote")  # the promote journal, then the new file, then the kill
+        store.write_champion(new)
+        atomic_write(rj.journal_path(store), json.dumps({"id": "dead", "lb": lb.describe(), "canary": "canary",
+                                                         "phase": "promoting", "stable_weights": {"stable0": 100},
+                                                         "pid": 999999}))
+        with store.lock():  # the next holder: the store's recovery first, then the rollout's
+            entry = rj.recover(store, tmp_path / "state")
+        assert entry is not None and entry["outcome"] == "settled" and entry["champion_seq"] == 1
+        champ = store.champion()
+        assert champ is not None and champ.config == {"x": 1}  # the interrupted promotion did not stick
+        servers = lb.servers()
+        assert "canary" not in servers and servers["stable0"].weight == 100
+        assert not rj.journal_path(store).exists() and not store.journal_path.exists()
+        assert rj.recover(store, tmp_path / "state") is None
