@@ -14,11 +14,16 @@ Part B, interleaved rounds (tests/support/vs_vllm_bench.py): in each round both 
 after the other, the order alternating, and each tool's medians come from its own per-request records with
 one definition per metric. They agree when the gap between their medians over the rounds is within the
 round-to-round spread (the noise) or 5%.
+
+Part C, both at once: both clients run together, each with half the concurrency, `vllm bench serve` longer;
+`tuner bench`'s run is cut into 3 time slices and each tool's medians per slice come from its requests sent
+in that slice, so both see the same load at the same moments; the same verdict over the slices.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
@@ -35,6 +40,7 @@ from tests.support.vs_vllm_bench import (  # noqa: E402
     first_chunk_rules,
     interleaved,
     record_streams,
+    simultaneous,
     verdict,
 )
 
@@ -80,7 +86,7 @@ def main() -> None:
              "below.", ""]
     rows = ["| server | load | round | tool | requests | prompt tokens (median) | median TTFT ms | median TPOT ms "
             "| median ITL ms | median E2EL ms | req/s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    verdicts = ["| server | metric | vllm bench serve | tuner bench | gap | round-to-round spread | agree |",
+    verdicts = ["| server | metric | vllm bench serve | tuner bench | gap | spread over rounds or slices | agree |",
                 "|---|---|---|---|---|---|---|"]
     same_streams: list[str] = []
     for name, argv, port, model, env, load in servers(args.servers.split(",")):
@@ -97,19 +103,25 @@ def main() -> None:
                     f"{rec['reader_equals_vllm_rule']}")
                 print(same_streams[-1], flush=True)
             r = interleaved(srv.url, model, MODEL_DIR, work / name.split()[0], load, rounds=args.rounds)
-        for i in range(args.rounds):
-            for tool, res in (("vllm bench serve", r.vllm[i]), ("tuner bench", r.tuner[i])):
-                rows.append(f"| {name} | {r.loads[i]} | {i + 1} | {tool} | {res['completed']:.0f} | "
-                            f"{res['prompt_tokens']:.0f} | {res['ttft']:.2f} | {res['tpot']:.3f} | {res['itl']:.3f} | "
-                            f"{res['e2el']:.2f} | {res['request_throughput']:.2f} |")
-                print(rows[-1], flush=True)
-        for metric in (*METRICS, "request_throughput"):
-            v = verdict(r, metric)
-            verdicts.append(f"| {name} | {metric} | {v['vllm']:.3f} | {v['tuner']:.3f} | {v['gap_frac'] * 100:+.1f}% "
-                            f"| {v['noise']:.3f} | {'yes' if v['agree'] else 'NO'} |")
-            print(verdicts[-1], flush=True)
+            half = dataclasses.replace(load, concurrency=max(1, load.concurrency // 2))
+            at_once = simultaneous(srv.url, model, MODEL_DIR, work / (name.split()[0] + "-sim"), half, slices=3)
+        for label, rr in (("round", r), ("slice, both at once", at_once)):
+            for i in range(len(rr.vllm)):
+                for tool, res in (("vllm bench serve", rr.vllm[i]), ("tuner bench", rr.tuner[i])):
+                    rows.append(f"| {name} | {rr.loads[min(i, len(rr.loads) - 1)]} | {label} {i + 1} | {tool} | "
+                                f"{res['completed']:.0f} | {res['prompt_tokens']:.0f} | {res['ttft']:.2f} | "
+                                f"{res['tpot']:.3f} | {res['itl']:.3f} | {res['e2el']:.2f} | "
+                                f"{res['request_throughput']:.2f} |")
+                    print(rows[-1], flush=True)
+            for metric in (*METRICS, "request_throughput"):
+                v = verdict(rr, metric)
+                how = "rounds" if label == "round" else "both at once"
+                verdicts.append(f"| {name} ({how}) | {metric} | {v['vllm']:.3f} | {v['tuner']:.3f} | "
+                                f"{v['gap_frac'] * 100:+.1f}% | {v['noise']:.3f} | {'yes' if v['agree'] else 'NO'} |")
+                print(verdicts[-1], flush=True)
     lines += ["## The same streams under two rules (load-independent)", "", *(same_streams or ["- not run"]), "",
-              "## Interleaved rounds", "", *rows, "", "## Verdict (medians over the rounds)", "", *verdicts, ""]
+              "## Interleaved rounds, then both at once", "", *rows, "",
+              "## Verdict (medians over the rounds, or over the slices)", "", *verdicts, ""]
     args.out.write_text("\n".join(lines))
     print(f"wrote {args.out}")
 

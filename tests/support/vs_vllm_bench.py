@@ -5,6 +5,7 @@ see the same load on a busy machine; each tool's median per round is computed fr
 records with one definition per metric (TTFT; TPOT = (latency - TTFT) / (output tokens - 1); ITL, every
 gap between chunks; E2EL), and the two agree when the gap between their medians over the rounds is within
 the round-to-round spread of either tool (the noise), or within `floor_frac` of the figure.
+`simultaneous` runs both at once instead, so that they see the same load at the same moments.
 Used by the vLLM-tier test and experiments/interop/vs_vllm_bench.py.
 """
 
@@ -101,6 +102,62 @@ def interleaved(url: str, model: str, tokenizer: Path, work: Path, load: Load, *
             getattr(out, tool).append(medians(res))
             if tool == "tuner":
                 out.tuner_raw.append(res)
+    return out
+
+
+def _slice(res: dict[str, Any], idx: list[int], span_s: float) -> dict[str, Any]:
+    """The result's per-request lists cut to `idx`, its request rate over `span_s`."""
+    keys = ("ttfts", "latencies", "itls", "output_lens", "input_lens", "errors")
+    out: dict[str, Any] = {k: [res[k][i] for i in idx] for k in keys}
+    out["request_throughput"] = len(idx) / span_s if span_s > 0 else 0.0
+    return out
+
+
+def simultaneous(url: str, model: str, tokenizer: Path, work: Path, load: Load, *, slices: int = 3,
+                 timeout_s: float = 600.0) -> Rounds:
+    """Both clients at once, each with `load` (the server sees twice its concurrency): `vllm bench serve`
+    runs longer, `tuner bench` starts once vLLM's main run has started; the tuner's run is cut into `slices`
+    consecutive time slices, and each tool's medians per slice come from its requests sent in that slice
+    (both clocks are CLOCK_MONOTONIC: vLLM's start_times, the tuner's clock_origin_s + start_times). Both
+    tools see the same load at the same moments, whatever the rest of the machine does."""
+    import time
+
+    work.mkdir(parents=True, exist_ok=True)
+    v_path, t_path, v_log = work / "vllm-sim.json", work / "tuner-sim.json", work / "vllm-sim.log"
+    for p in (v_path, t_path):
+        p.unlink(missing_ok=True)
+    long_load = Load(requests=load.requests * 6, concurrency=load.concurrency, prompt_tokens=load.prompt_tokens,
+                     output_tokens=load.output_tokens, warmups=load.warmups)
+    out = Rounds(loads=[" ".join(f"{x:.1f}" for x in os.getloadavg())])
+    with v_log.open("wb") as log:
+        proc = subprocess.Popen(vllm_bench_argv(url, model, tokenizer, v_path, long_load, seed=0), stdout=log,
+                                stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while b"Starting main benchmark run" not in v_log.read_bytes():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"vllm bench serve did not start its run:\n{v_log.read_text()[-3000:]}")
+            time.sleep(0.2)
+        _run(tuner_bench_argv(url, model, t_path, load, seed=1), work / "tuner-sim.log", timeout_s)
+        proc.wait(timeout_s)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    v, t = json.loads(v_path.read_text()), json.loads(t_path.read_text())
+    origin = t["tuner"]["clock_origin_s"]
+    t_start = [origin + x for x in t["start_times"]]
+    lo, hi = min(t_start), max(t_start)
+    if not (v["start_times"][0] <= lo and v["start_times"][-1] >= hi):
+        raise RuntimeError("vllm bench serve did not run over the whole of tuner bench's run")
+    edges = [lo + (hi - lo) * k / slices for k in range(slices + 1)]
+    span = (hi - lo) / slices
+    for k in range(slices):
+        def within(ts: list[float], k: int = k) -> list[int]:
+            return [i for i, x in enumerate(ts) if edges[k] <= x <= edges[k + 1]]
+        out.vllm.append(medians(_slice(v, within(v["start_times"]), span)))
+        out.tuner.append(medians(_slice(t, within(t_start), span)))
+    out.tuner_raw.append(t)
     return out
 
 

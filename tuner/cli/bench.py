@@ -212,6 +212,7 @@ def vllm_result(m: Measurement, *, url: str, model: str, workload: WorkloadSpec,
                     "prompt_format": workload.prompt_format, "extra_body": dict(workload.extra_body)},
         "definitions": definitions.as_json(),
         "prompt_lengths": dict(m.prompt_lengths),
+        "clock_origin_s": m.clock_origin_s,  # start_times + this = time.perf_counter(), as vLLM's start_times
         "not_measured": [] if streamed else ["ttft", "tpot", "itl"],
         "error_details": {k: {"count": n, "first_detail": d} for k, (n, d) in errors.items()},
         "scheduled_times": [r.scheduled_s for r in recs],

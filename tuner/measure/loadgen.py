@@ -85,6 +85,7 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
     cooldown_sent: int = 0  # requests sent after the measured window (cancelled once the measured ones finished)
     interrupted: bool = False  # stop_event was set: the run ended early
+    clock_origin_s: float = 0.0  # time.perf_counter() at the run's start: records' times are relative to it
 
 
 # --------------------------------------------------------------------------------------------- requests
@@ -506,7 +507,7 @@ async def run_async(cfg: RunConfig, plans: Sequence[RequestPlan], *, tok: Tokeni
                      "say so up front)")
     return RunResult(records=sorted(run.records, key=lambda r: r.index), wall_s=wall,
                      saturated=run.saturated, max_concurrent=run.max_concurrent, notes=notes,
-                     cooldown_sent=run.cooldown_sent, interrupted=run.interrupted)
+                     cooldown_sent=run.cooldown_sent, interrupted=run.interrupted, clock_origin_s=t0)
 
 
 async def _watch(stop: threading.Event, main: asyncio.Task[None], run: _Run) -> None:
@@ -718,4 +719,4 @@ def measure_endpoint(base_url: str, *, model: str, workload: WorkloadSpec, goodp
                      "each such chunk's gap evenly over its tokens (TPOT is per request and unaffected)")
     lengths.update(residual(result.records))
     return Measurement(summary=summary, records=tuple(result.records), telemetry=tel, notes=tuple(notes),
-                       prompt_lengths=lengths)
+                       prompt_lengths=lengths, clock_origin_s=result.clock_origin_s)

@@ -24,6 +24,7 @@ class Measurement:
     telemetry: dict[str, float] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     prompt_lengths: dict[str, Any] = field(default_factory=dict)
+    clock_origin_s: float = 0.0  # time.perf_counter() (CLOCK_MONOTONIC) the records' times count from
 
     def metrics(self) -> dict[str, float]:
         """Every number of this measurement, finite ones only (for tracking and constraints)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,8 @@ def test_bench_json_has_vllms_keys_and_shapes(tmp_path: Path) -> None:
     assert all(res["ttfts"][i] > 0 and len(res["itls"][i]) == 2 and res["generated_texts"][i] for i in ok)
     assert res["tuner"]["error_details"]["http_5xx"]["count"] == 3
     assert "tpot" in res["tuner"]["definitions"] and res["tuner"]["request"]["stream"] is True
+    # start_times + clock_origin_s: time.perf_counter() values, the clock of vLLM's own start_times
+    assert 0 < res["tuner"]["clock_origin_s"] + res["start_times"][0] < time.perf_counter()
 
 
 def test_bench_without_streaming_does_not_report_ttft(tmp_path: Path) -> None:
