@@ -130,7 +130,7 @@ def main() -> None:
     print(f"# detection experiment ({time.strftime('%Y-%m-%d %H:%M')})\n")
     print(f"windows of {cfg.interval_s:g} s; {TESTS} one-sided tests; CUSUM k = {cfg.k}, h = {cfg.h:.3f} "
           f"(for {cfg.false_alarms_per_day:g} false alarm a day); baseline from {cfg.learn_windows} windows; "
-          f"z clipped at {cfg.z_clip}; settle {cfg.settle_windows} window(s)\n")
+          f"z clipped at {cfg.clip:.2f}; settle {cfg.settle_windows} window(s)\n")
     print("command: `python experiments/detection/run.py " + " ".join(sys.argv[1:]) + "`\n")
     print("| phase | windows | step delay ms | rate /s | prompt | output | ITL ms mean | TTFT ms p50 |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -171,12 +171,12 @@ def main() -> None:
     print(f"{args.trials} trials each; a stationary stretch ({cfg.learn_windows} learning + {args.pre} windows) "
           f"then the change; up to {args.post} windows to find it.\n")
     print("| change | source | trials | found | missed | median delay (windows) | p90 delay | classified as "
-          "expected | first drift/anomaly events | with a saturation event |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---|---:|")
+          "expected | first drift/anomaly events | with a saturation event | with a false alarm before |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|")
     lead = cfg.learn_windows + args.pre
     for change in [c for c in EXPECT if c in phases or c in ("slowdown_model", "gpu_throttle")]:
         delays_w: list[int] = []
-        missed, right, sat, firsts = 0, 0, 0, {}
+        missed, right, sat, had_early, firsts = 0, 0, 0, 0, {}
         for tr in range(args.trials):
             i = rng.randrange(0, len(stat) - lead - args.post)
             before = stat[i:i + lead]
@@ -208,12 +208,14 @@ def main() -> None:
                 continue
             k = found[0]
             delays_w.append(k[0] - lead + 1)
-            right += k[1] == EXPECT[change] and not early
+            right += k[1] == EXPECT[change]
+            had_early += bool(early)
             firsts[f"{k[1]}/{k[2]}"] = firsts.get(f"{k[1]}/{k[2]}", 0) + 1
         med = statistics.median(delays_w) if delays_w else float("nan")
         p90 = sorted(delays_w)[int(0.9 * (len(delays_w) - 1))] if delays_w else float("nan")
         print(f"| {change} | {source} | {args.trials} | {len(delays_w)} | {missed} | {med:g} | {p90:g} | "
-              f"{right}/{args.trials} | {', '.join(f'{k} {v}' for k, v in sorted(firsts.items()))} | {sat} |")
+              f"{right}/{args.trials} | {', '.join(f'{k} {v}' for k, v in sorted(firsts.items()))} | {sat} | "
+              f"{had_early} |")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -68,7 +68,9 @@ class MonitorConfig:
     interval_s: float = 60.0  # the scrape interval: one window
     false_alarms_per_day: float = 1.0  # over all signals; sets the CUSUM threshold
     k: float = 1.0  # CUSUM allowance: tuned to shifts of 2 standard deviations of one window
-    z_clip: float | None = None  # residuals clipped to +-z_clip (one outlying window cannot alarm alone)
+    # residuals clipped to +-z_clip; by default (None) to h/2 + k + 0.25, where one window, however far out,
+    # cannot alarm alone and two at the clip do: a burst of one window on a busy host is no change
+    z_clip: float | None = None
     rel_floor: float = 0.02  # a baseline's scale is at least this share of its centre
     learn_windows: int = 20  # windows that make a baseline (after a start or a drift)
     settle_windows: int = 1  # an output alarm waits this long for an input alarm before it is an anomaly
@@ -82,6 +84,10 @@ class MonitorConfig:
     @property
     def h(self) -> float:
         return threshold(self.false_alarms_per_day, self.interval_s, TESTS, self.k)
+
+    @property
+    def clip(self) -> float:
+        return self.z_clip if self.z_clip is not None else self.h / 2 + self.k + 0.25
 
     @classmethod
     def from_spec(cls, spec: MonitorSpec, interval_s: float) -> MonitorConfig:
@@ -125,6 +131,7 @@ class Monitor:
     def __init__(self, config: MonitorConfig | None = None) -> None:
         self.config = config or MonitorConfig()
         self.h = self.config.h
+        self.clip = self.config.clip
         self.tracks = {name: SignalTrack(name, Cusum(self.config.h, self.config.k, RULES[name].direction),
                                          RULES[name].floor_abs) for name in SIGNALS}
         self.missing = MissingSeries()
@@ -175,18 +182,17 @@ class Monitor:
             if tr.baseline is None:
                 continue
             z = tr.baseline.z(x)
-            if self.config.z_clip is not None:
-                z = max(-self.config.z_clip, min(self.config.z_clip, z))
+            z = max(-self.clip, min(self.clip, z))
             side = tr.cusum.update(z)
             if side is not None:
                 alarms[name] = side
         inputs = {n: s for n, s in alarms.items() if n in INPUTS}
-        open_anomaly = next((o for o in self._open if o.kind == "anomaly"), None)
         for n, s in alarms.items():
             if n in INPUTS:
                 continue
-            if open_anomaly is not None:  # more symptoms of the anomaly already reported
-                open_anomaly.signals.setdefault(n, s)
+            same = next((o for o in self._open if o.kind == "anomaly" and o.cause == _cause([n])), None)
+            if same is not None:  # one more symptom of an anomaly already reported
+                same.signals.setdefault(n, s)
             else:
                 self._pending.setdefault(n, (self.windows, s))
         if inputs:
@@ -264,8 +270,7 @@ class Monitor:
         return ev
 
     def _anomaly(self, t: float, sides: Mapping[str, Literal["up", "down"]]) -> Event:
-        gpu = [n for n in sides if n in GPU_THROTTLE]
-        cause = "gpu_throttle" if gpu else ("gpu" if any(n in GPU for n in sides) else "latency")
+        cause = _cause(sides)
         ev = self._event("anomaly", t, cause, sides, f"performance anomaly ({cause}) at unchanged load: "
                          + self._describe(sides))
         self._open.append(_Open("anomaly", cause, dict(sides)))
@@ -334,3 +339,12 @@ class Monitor:
             return False
         res = kendalltau(range(n), vals, alternative="greater")
         return bool(res.pvalue < self.config.trend_p)
+
+
+def _cause(signals: Iterable[str]) -> str:
+    """An anomaly's cause from the signals that moved: a GPU throttle, another GPU change, else the server's
+    latency (or state)."""
+    names = list(signals)
+    if any(n in GPU_THROTTLE for n in names):
+        return "gpu_throttle"
+    return "gpu" if any(n in GPU for n in names) else "latency"
