@@ -153,7 +153,10 @@ def sync_champion_aliases(store: ChampionStore, tracker: Tracker) -> None:
         log.debug("champion aliases not checked: %s", exc)
         return
     for alias, version in want.items():
-        if tracker.alias_version(store.agent, alias) != version:
+        now = tracker.alias_target(store.agent, alias)
+        if now is None:
+            return  # MLflow does not answer (now marked down): the next start does it
+        if now[0] != version:
             log.info("MLflow alias %s@%s moved to %s (the champion in force)", store.agent, alias, version)
             tracker.set_alias(store.agent, alias, version)
 

@@ -175,8 +175,18 @@ def abandoned_requests(work: Path, n: int, rng: random.Random) -> dict[str, Any]
     return out
 
 
+def _surrogate(ch: str) -> bool:
+    return 0xD800 <= ord(ch) <= 0xDFFF
+
+
 def _with_surrogate(text: str, rng: random.Random) -> str:
-    at = rng.randint(0, len(text))
+    """`text` with a lone surrogate put in at a random place, never next to another one (a high and a low one
+    side by side are a valid pair: JSON's "\\ud83d\\ude00" is one emoji)."""
+    free = [i for i in range(len(text) + 1)
+            if not (i > 0 and _surrogate(text[i - 1])) and not (i < len(text) and _surrogate(text[i]))]
+    if not free:
+        text, free = text + "x", [len(text) + 1]
+    at = rng.choice(free)
     return text[:at] + chr(rng.randint(0xD800, 0xDFFF)) + text[at:]
 
 

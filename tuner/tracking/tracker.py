@@ -462,6 +462,20 @@ class Tracker:
 
         self._retry(f"alias {model_name}@{alias}", go)
 
+    def alias_target(self, model_name: str, alias: str) -> tuple[str | None] | None:
+        """The version `alias` points at, as a 1-tuple ((None,): no such alias or model), or None when MLflow does
+        not answer; bounded like every write (call_timeout_s once, then the store is marked down)."""
+
+        def go() -> tuple[str | None]:
+            try:
+                return (str(self.client.get_model_version_by_alias(model_name, alias).version),)
+            except Exception as exc:
+                if "RESOURCE_DOES_NOT_EXIST" in str(exc) or "not found" in str(exc).lower():
+                    return (None,)
+                raise
+
+        return self._retry(f"read alias {model_name}@{alias}", go)
+
     def alias_version(self, model_name: str, alias: str) -> str | None:
         """The version `alias` points at, or None (also when MLflow cannot be reached)."""
         if not self.enabled:
