@@ -224,6 +224,9 @@ class SamplerSpec(_Strict):
                                         description="tpe: candidates drawn per proposal (Optuna's default 24)")
     multivariate: bool = Field(default=False, description="tpe: model the parameters jointly, in groups of "
                                                           "parameters that occur together (conditional knobs)")
+    local_every: int | None = Field(default=None, ge=0, le=100, description=(
+        "auto: after the design, every k-th proposal is a local step from the incumbent (0: none; default: "
+        "tuner.search.samplers.AUTO_LOCAL_EVERY)"))
     resample_violations: int | None = Field(default=None, ge=0, le=10_000, description=(
         "a proposal that breaks a declared constraint or the target's resources is recorded as rejected (not "
         "deployed, no budget trial) and the sampler asked again, up to this many times per trial; 0: it is spent "

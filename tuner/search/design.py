@@ -150,15 +150,18 @@ class SpaceDesign:
         return self._configs[index]
 
 
-# the factors a numeric parameter is moved by in a local step from the incumbent
-LOCAL_FACTORS = (0.5, 0.8, 1.25, 2.0)
+# the factors a numeric parameter is moved by in a local step from the incumbent: a log-scaled range (spanning
+# decades: batch sizes, token budgets) by up to 8x either way, a linear one by up to 25%
+LOCAL_FACTORS_LOG = (0.125, 0.25, 0.5, 2.0, 4.0, 8.0)
+LOCAL_FACTORS = (0.8, 0.9, 1.1, 1.25)
 # system attribute of a local trial: the configuration it was given
 LOCAL_ATTR = "tuner:local"
 
 
 def neighbour(space: SearchSpace, config: dict[str, Any], rng: Any) -> dict[str, Any]:
     """`config` with one parameter (two, one time in three) moved: another choice of a categorical or bool, a
-    numeric one times a factor of LOCAL_FACTORS (clipped to its range); conditions re-applied."""
+    numeric one times a factor of LOCAL_FACTORS_LOG or LOCAL_FACTORS (clipped to its range); conditions
+    re-applied."""
     active = [p for p in space.params if p.name in config]
     if not active:
         return dict(config)
@@ -171,7 +174,7 @@ def neighbour(space: SearchSpace, config: dict[str, Any], rng: Any) -> dict[str,
                 out[p.name] = rng.choice(others)
             continue
         assert s.low is not None and s.high is not None
-        v = float(out.get(p.name, p.default)) * rng.choice(LOCAL_FACTORS)
+        v = float(out.get(p.name, p.default)) * rng.choice(LOCAL_FACTORS_LOG if s.log else LOCAL_FACTORS)
         v = min(max(v, s.low), s.high)
         out[p.name] = int(round(v)) if s.type == "int" else float(v)
     return with_defaults(space, out)

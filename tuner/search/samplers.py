@@ -53,20 +53,25 @@ def _auto(spec: SamplerSpec, space: SearchSpace) -> optuna.samplers.BaseSampler:
     experiments/search-suite (the options an agent gives override the design's size and kind)."""
     import optuna
 
-    n = 10 if spec.n_startup_trials is None else spec.n_startup_trials
+    from tuner.search.design import DesignThenSampler, group_sweep
+
     design = "group-sweep" if spec.initial_design == "sampler" else spec.initial_design
+    n = spec.n_startup_trials
+    if n is None:  # the whole sweep, then a few Sobol points around the defaults
+        n = (len(group_sweep(space, spec.seed)) if design == "group-sweep" else 0) + AUTO_SOBOL_POINTS
     extra: dict[str, Any] = {}
     if spec.n_ei_candidates is not None:
         extra["n_ei_candidates"] = spec.n_ei_candidates
     tpe = optuna.samplers.TPESampler(seed=spec.seed, n_startup_trials=0, multivariate=True, group=True, **extra)
-    from tuner.search.design import DesignThenSampler
-
+    local = AUTO_LOCAL_EVERY if spec.local_every is None else spec.local_every
     return DesignThenSampler(space, tpe, n_design=n, seed=spec.seed, around_defaults=design != "sobol",
-                             sweep_groups=design == "group-sweep", local_every=AUTO_LOCAL_EVERY)
+                             sweep_groups=design == "group-sweep", local_every=local)
 
 
 # after the design, every second proposal of the default sampler is a local step from the incumbent
 AUTO_LOCAL_EVERY = 2
+# Sobol points around the defaults after the layout sweep
+AUTO_SOBOL_POINTS = 2
 
 
 def default_resample(spec: SamplerSpec) -> int:
