@@ -5,7 +5,10 @@ each other on the same engine, each a `tuner bench` run of its own workload, whi
 every `--interval-s` seconds and appends {"t", "phase", "text"} to a gzipped JSONL file. The detection
 experiment (run.py) turns consecutive scrapes of one phase into windows and replays them.
 
-    nice -n 5 python experiments/detection/record.py --out experiments/detection/streams.jsonl.gz
+    nice -n 5 python experiments/detection/record.py --out experiments/detection/streams.jsonl.gz \
+        --only base,rate_x2,prompt_x2,output_x4,slowdown,stationary
+    nice -n 5 python experiments/detection/record.py --out experiments/detection/streams2.jsonl.gz \
+        --only base2,slowdown30
 """
 
 from __future__ import annotations
