@@ -540,7 +540,7 @@ def server_parts(a: argparse.Namespace, rng: random.Random) -> dict[str, Any]:
     def switch(work: Path) -> tuple[Any, ...]:
         t0 = time.monotonic()
         k = sv.switch_kills(work, a.switch_kills, rng)
-        return ("SIGKILL of tuner rollback/promote", f"{k['kills']}", k["disagreed"], 0, "-", "-", "-",
+        return ("SIGKILL of tuner rollback/promote", f"{k['kills']}", k["disagreed"], "-", "-", "-", "-",
                 f"{k['points']}; next start first {k['starts']}, then tuner run; "
                 f"{time.monotonic() - t0:.0f} s")
 
