@@ -26,7 +26,7 @@ import numpy as np
 from tuner.base.redact import redact_text
 from tuner.errors import ConfigError
 from tuner.measure.records import RequestRecord
-from tuner.measure.tokenize import COMMON_WORDS
+from tuner.measure.words import COMMON_WORDS
 
 log = logging.getLogger(__name__)
 
