@@ -190,20 +190,27 @@ def daemon_run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--segment-s", type=float, default=20)
+    ap.add_argument("--segment-s", type=float, default=60)
     ap.add_argument("--static-s", type=float, default=60, help="seconds of each phase on a static configuration")
     ap.add_argument("--after-s", type=float, default=40, help="daemon: seconds of each phase after its switch")
     ap.add_argument("--max-phase-s", type=float, default=600)
     ap.add_argument("--dwell-s", type=float, default=20)
     ap.add_argument("--window-s", type=float, default=20)
     ap.add_argument("--keep", type=Path, help="copy the daemon's journals here")
+    ap.add_argument("--statics", type=Path, help="the static configurations' results: read when the file "
+                    "exists (measured before), else measured and written there")
     args = ap.parse_args()
     loads = [load_average()]
     t_start = time.time()
     with tempfile.TemporaryDirectory(prefix="production-loop-") as d:
         tmp = Path(d)
-        statics = {name: static_run(name, cfg, args, tmp) for name, cfg in (("defaults", DEFAULTS),
-                                                                              ("flash", FLASH))}
+        if args.statics is not None and args.statics.is_file():  # measured before (a rerun of the daemon part)
+            statics = json.loads(args.statics.read_text())
+        else:
+            statics = {name: static_run(name, cfg, args, tmp) for name, cfg in (("defaults", DEFAULTS),
+                                                                                  ("flash", FLASH))}
+            if args.statics is not None:
+                args.statics.write_text(json.dumps(statics, indent=1))
         loads.append(load_average())
         dm = daemon_run(args, tmp)
         loads.append(load_average())

@@ -23,6 +23,7 @@ from tuner.promotion.act import check_and_act
 from tuner.promotion.audit import champion_summary
 from tuner.scenarios.act import adopt_baseline, put_in_service
 from tuner.scenarios.session import Planned, plan_cycle
+from tuner.scenarios.store import ScenarioBook
 from tuner.scenarios.table import traffic_text
 
 log = logging.getLogger(__name__)
@@ -129,8 +130,6 @@ def record_tuned_for(session: Session, cycle: int, run_id: str | None, out: dict
 
 def serve_if_in_service(ctx: Any, scenario: str, session: Session) -> dict[str, Any] | None:
     """A new champion of the scenario in service goes into service at once (the switch path)."""
-    from tuner.scenarios.store import ScenarioBook
-
     service = ScenarioBook(ctx.state_dir, ctx.name).service() or {}
     if service.get("scenario") != scenario:
         return None  # the switcher puts it in service when the traffic comes to this scenario
@@ -148,6 +147,8 @@ def cycle_job(agent_path: str, state_dir: str) -> None:
     st = next((a for a in rt.agents.values() if str(a.path) == agent_path), None)
     while st is not None and not rt.stop.is_set():
         outcome = _one_cycle(rt, st, agent_path, state_dir)
+        if st.tune_scenario is not None and ScenarioBook(state_dir, st.name).has_champion(st.tune_scenario):
+            st.tune_scenario = None  # asked again while its cycle ran, which gave it a champion
         if st.tune_scenario is None or outcome == "interrupted":
             break
         log.info("cycle of %s for scenario %s, asked for during the last cycle", st.name, st.tune_scenario)
