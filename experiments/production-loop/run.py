@@ -63,7 +63,7 @@ def agent_yaml(port: int, pidfile: Path, prod_log: Path, dwell_s: float, window_
             "pre_allocate": {"type": "categorical", "choices": [False, True], "default": False}},
             "constraints": [f"({flash}) == (batch_timeout_ms == 100.0)", f"({flash}) == (kv_pool_mb == 4096)",
                             f"({flash}) == pre_allocate"]},
-        "workload": {"duration_s": 20, "timeout_s": 300, "ignore_eos": True},  # each trial: 20 s of traffic
+        "workload": {"duration_s": 45, "timeout_s": 300, "ignore_eos": True},  # each trial: 45 s of traffic
         "objectives": [{"metric": "output_throughput", "direction": "maximize"}],
         "sampler": {"name": "random", "seed": 0, "resample_violations": 200},
         "budget": {"trials": 2},
@@ -216,6 +216,7 @@ def main() -> None:
         loads.append(load_average())
         if args.keep:
             args.keep.mkdir(parents=True, exist_ok=True)
+            (args.keep / "raw.json").write_text(json.dumps({"statics": statics, "daemon": dm}, default=str))
             for f in ("daemon.log", "state/prod/cycles.jsonl", "state/prod/scenarios/switches.jsonl"):
                 if (tmp / f).is_file():
                     shutil.copy(tmp / f, args.keep / Path(f).name)
@@ -233,8 +234,9 @@ def report(statics: dict[str, Any], dm: dict[str, Any], args: argparse.Namespace
     print("### Detection and switching (seconds from the traffic's change)\n")
     print("| phase | traffic from | detected (first decision) | decision | switched | champion in service |")
     print("|---|---|---:|---|---:|---|")
-    for ph in dm["phases"]:
-        later = [e for e in dm["journal"] if e["time"] >= ph["t0"] and e.get("scenario") == ph["phase"]]
+    ends = [p["t0"] for p in dm["phases"][1:]] + [float("inf")]
+    for ph, end in zip(dm["phases"], ends, strict=True):  # a phase's own decisions only
+        later = [e for e in dm["journal"] if ph["t0"] <= e["time"] < end and e.get("scenario") == ph["phase"]]
         first = min(later, key=lambda e: e["time"]) if later else None
         sw = next((e for e in sorted(later, key=lambda e: e["time"]) if e["kind"] == "switch"), None)
         cfg = sw.get("config") if sw else None
@@ -243,7 +245,8 @@ def report(statics: dict[str, Any], dm: dict[str, Any], args: argparse.Namespace
               f"{(sw['time'] - ph['t0']) if sw else float('nan'):.0f} | "
               f"{profile(cfg) if cfg else '-'} |" if first else f"| {ph['phase']} | - | - | - | - | - |")
     print("\n### Goodput and latency in each phase\n")
-    print("Output tokens/s over the phase (failed requests: those cut by a restart of the production server), "
+    print("Output tokens/s over the phase (failed: requests refused while the production server restarted; the "
+          "closed loop retries at once, so thousands in a few seconds), "
           "mean end-to-end latency of the completed requests. Daemon: the whole phase (it starts on the "
           "configuration of the phase before, and its tuning runs beside production on the same cores), and "
           "after its switch. Static: the phase's steady state.\n")
@@ -254,8 +257,9 @@ def report(statics: dict[str, Any], dm: dict[str, Any], args: argparse.Namespace
         base = statics["defaults"][ph["phase"]]
         rows = [("defaults (static)", base), ("Flash-style (static)", statics["flash"][ph["phase"]])]
         whole = summary(ph["segs"])
+        end = dm["phases"][i + 1]["t0"] if i + 1 < len(dm["phases"]) else float("inf")
         sw = [e["time"] for e in dm["journal"] if e["kind"] == "switch" and e["scenario"] == ph["phase"]
-              and e["time"] >= ph["t0"]]
+              and ph["t0"] <= e["time"] < end]
         after = [s for s in ph["segs"] if sw and s["start"] >= min(sw)]
         rows.append((f"daemon, phase {i + 1} whole", whole))
         if after:
