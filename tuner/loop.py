@@ -91,9 +91,7 @@ class Session:
 
     @property
     def agent_dir(self) -> Path:
-        d = self.state_dir / self.agent.name
-        d.mkdir(parents=True, exist_ok=True)
-        return d
+        return private_dir(self.state_dir / self.agent.name, tighten=False)
 
 
 def open_session(agent: Agent, state_dir: Path, *, target: Target | None = None,

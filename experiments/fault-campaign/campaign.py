@@ -329,7 +329,8 @@ def pg_restart(work: Path, trials: int, workers: int, restarts: int, down_s: flo
 HOSTILE = [float("nan"), float("inf"), float("-inf"), 10**30, -(10**30), -1, 0, 1, 1e-320, 0.5, "", "x", [], {},
            None, True, False, "x" * 10_000, [None], {"unknown": 1}, 2**64, "max_num_seqs / 0 > 1",
            "9 ** 9 ** 9 > 1", "'x' * 10 ** 10 == 'x'", "max_num_seqs < 'x'", " + ".join(["max_num_seqs"] * 5000),
-           "__import__('os')", "[1] * 10 ** 9"]
+           "__import__('os')", "[1] * 10 ** 9", "[[[1]*1000]*1000]*1000 == [[[1]*1000]*1000]*1000",
+           "max_num_seqs in [[max_num_seqs]*900]*900", 10**10, 1e12, 1e308, "99999999999999999999d"]
 RAW = ["name: &a [*a]\n",
        "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
            f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]\n" for i in range(1, 9)),
@@ -563,6 +564,33 @@ def server_parts(a: argparse.Namespace, rng: random.Random) -> dict[str, Any]:
     return {"switch": switch, "abandon": abandon, "unicode": unicode, "endpoint": endpoint}
 
 
+# ---------------------------------------------------------------------------- issue 30's classes 1, 3, 6-12, 14
+def input_state_parts(a: argparse.Namespace, rng: random.Random) -> dict[str, Any]:
+    """The parts in inputs_and_state.py: hostile specs through validate; damaged state dirs under four commands.
+    Counted in "specs crashed/hung" (inputs) and "trials lost" (state: a store shown as fine or empty loses
+    what it held)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import inputs_and_state as ins
+
+    def per_class(h: dict[str, Any]) -> str:
+        return ", ".join(f"{k} {m}/{v}" for k, (v, m) in sorted(h["by_class"].items()))
+
+    def inputs(work: Path) -> tuple[Any, ...]:
+        t0 = time.monotonic()
+        h = ins.hostile_inputs(work, a.inputs, rng)
+        return ("hostile inputs (tuner validate)", f"{h['variants']} specs", "-", "-", "-", h["mishandled"], "-",
+                f"mishandled per class: {per_class(h)}; {time.monotonic() - t0:.0f} s")
+
+    def state(work: Path) -> tuple[Any, ...]:
+        t0 = time.monotonic()
+        h = ins.damaged_state(work, a.states, rng)
+        return ("damaged state dir (status, report, run, rollback)", f"{h['variants']} state dirs", "-",
+                h["mishandled"], "-", "-", "-", f"mishandled per class: {per_class(h)}; {h['skipped']} skipped "
+                f"(no tmpfs); {time.monotonic() - t0:.0f} s")
+
+    return {"inputs": inputs, "state": state}
+
+
 # ---------------------------------------------------------------------------- main
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -580,8 +608,11 @@ def main() -> int:
     ap.add_argument("--abandon-rounds", type=int, default=8, help="rounds of abandoned requests (class 4)")
     ap.add_argument("--unicode-requests", type=int, default=200, help="bodies with lone surrogates (class 5)")
     ap.add_argument("--endpoint-rounds", type=int, default=3, help="rounds of idle/slow sockets (class 13)")
+    ap.add_argument("--inputs", type=int, default=50, help="generated hostile specs (classes 1, 3, 6, 7, 14)")
+    ap.add_argument("--states", type=int, default=15, help="damaged state dirs (classes 8-12)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--only", default="kills,daemon,outage,pg,specs,requests,switch,abandon,unicode,endpoint")
+    ap.add_argument("--only", default="kills,daemon,outage,pg,specs,requests,switch,abandon,unicode,endpoint,"
+                    "inputs,state")
     ap.add_argument("--out", type=Path, default=Path(__file__).with_name("results.md"))
     a = ap.parse_args()
     load0 = " ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -635,7 +666,7 @@ def main() -> int:
                 f"statuses {r['statuses']}; SIGTERM took {r['stop_s']} s")
 
     parts = {"kills": kills, "daemon": daemon, "outage": outage, "pg": pg, "specs": specs, "requests": requests,
-             **server_parts(a, rng)}
+             **server_parts(a, rng), **input_state_parts(a, rng)}
     with tempfile.TemporaryDirectory(prefix="fault-campaign-") as tmp:
         for name, part in parts.items():
             if name not in only:

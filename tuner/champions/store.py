@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from tuner.base.files import atomic_write, read_text_bounded
+from tuner.base.files import atomic_write, private_dir, private_file, read_text_bounded
 from tuner.base.proc import kill_point
 from tuner.base.yamlio import parse_yaml
 from tuner.errors import ConfigError, PromotionError, StateError
@@ -43,9 +43,9 @@ log = logging.getLogger(__name__)
 
 
 def append_jsonl(path: Path, entry: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent, tighten=False)
     line = json.dumps(entry, sort_keys=True, default=str) + "\n"
-    with open(path, "a", encoding="utf-8") as f:
+    with open(private_file(path), "a", encoding="utf-8") as f:
         f.write(line)
         f.flush()
         os.fsync(f.fileno())
@@ -156,7 +156,7 @@ class ChampionStore:
         self.agent = agent
         self.scenario = scenario  # a scenario's own champion (tuner.scenarios), else the agent's in service
         self.dir = Path(state_dir) / agent if scenario is None else scenario_dir(state_dir, agent, scenario)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.dir, tighten=False)
 
     @property
     def alias(self) -> str:
@@ -200,7 +200,7 @@ class ChampionStore:
     @contextlib.contextmanager
     def lock(self, timeout_s: float | None = None) -> Iterator[None]:
         """Serialise promotes and rollbacks of this agent across processes (fcntl.flock)."""
-        f = open(self.lock_path, "a+")  # noqa: SIM115 - closed below
+        f = open(private_file(self.lock_path), "a+")  # noqa: SIM115 - closed below
         try:
             deadline = None if timeout_s is None else time.monotonic() + timeout_s
             while True:

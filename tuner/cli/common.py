@@ -4,6 +4,7 @@ state-dir arguments, the one error line (`fail`) and the stop handlers. Command 
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from pathlib import Path
@@ -12,14 +13,47 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperGroup
 
 from tuner import __version__
+from tuner.base.files import state_fault
 from tuner.base.logs import configure_logging
 from tuner.base.redact import redact_text
 from tuner.base.textfmt import console_width
 from tuner.errors import TunerError
 
+
+def state_dir_of(args: list[str]) -> Path:
+    """The state dir a command line names (--state-dir), else $TUNER_STATE_DIR, else .tuner: where a command
+    writes, for the error line of a full or read-only disk."""
+    for i, a in enumerate(args):
+        if a == "--state-dir" and i + 1 < len(args):
+            return Path(args[i + 1])
+        if a.startswith("--state-dir="):
+            return Path(a.split("=", 1)[1])
+    return Path(os.environ.get("TUNER_STATE_DIR") or ".tuner")
+
+
+class _Commands(TyperGroup):
+    """The command group: a full or read-only disk under any command (Optuna's commit, SQLite, a file write)
+    is one error line naming the directory and exit 4, never a traceback (tuner.base.files.state_fault)."""
+
+    def invoke(self, ctx: Any) -> Any:
+        args = [str(a) for a in (*(getattr(ctx, "protected_args", None) or getattr(ctx, "_protected_args", [])),
+                                 *ctx.args)]  # before the subcommand consumes them
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, TunerError):
+            raise
+        except Exception as exc:
+            fault = state_fault(exc, state_dir_of(args))
+            if fault is None:
+                raise
+            raise fail(fault) from None
+
+
 app = typer.Typer(
+    cls=_Commands,
     name="tuner",
     help="Auto-tuning agent for LLM serving stacks: Optuna proposes, the target measures, MLflow records.",
     no_args_is_help=True,

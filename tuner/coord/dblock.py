@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from tuner.base.files import private_file
 from tuner.errors import TunerError
 
 log = logging.getLogger(__name__)
@@ -104,7 +105,7 @@ def _file_lock(engine: Any, name: str, timeout_s: float, poll_s: float) -> Itera
     path = Path(db).with_name(f"{Path(db).name}.{safe}.lock")
     deadline = time.monotonic() + timeout_s
     try:
-        f = open(path, "a")  # noqa: SIM115 - closed below
+        f = open(private_file(path), "a")  # noqa: SIM115 - closed below
     except OSError as exc:  # a read-only state dir: a reader that changes nothing needs no lock
         log.debug("no lock file %s: %s", path, exc)
         with _local(name):

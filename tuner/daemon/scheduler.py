@@ -27,6 +27,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 import tuner.daemon.monitoring  # noqa: F401 - registers the monitor as a consumer of the watch
 from tuner.agent import Agent, load_agent, locate
+from tuner.base.files import private_file
 from tuner.context import open_context
 from tuner.daemon import runtime
 from tuner.daemon.health import heartbeat_loop, serve_endpoint, write_heartbeat
@@ -215,7 +216,7 @@ def reload_agents(rt: Runtime) -> dict[str, list[str]]:
 
 def single_instance(state: Path) -> IO[str]:
     """One daemon per state dir: hold an exclusive flock for the daemon's life (released when it dies)."""
-    f = open(daemon_dir(state) / "daemon.lock", "a+")  # noqa: SIM115 - held until the daemon stops
+    f = open(private_file(daemon_dir(state) / "daemon.lock"), "a+")  # noqa: SIM115 - held until the daemon stops
     try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -107,14 +107,27 @@ def study_exists(url: str, name: str) -> bool:
     """Whether the storage holds the study, creating nothing (a SQLite file that is not there is no study)."""
     if url.startswith("sqlite:"):
         path = url.split(":///", 1)[-1]
-        if not path or path == ":memory:" or not Path(path).is_file():
+        if not path or path == ":memory:" or not os.path.lexists(path):
             return False
+        _check_sqlite(url)  # a damaged store is named as such, never as "no study yet"
     try:
         names = optuna.study.get_all_study_names(storage=open_storage(url))
     except Exception as exc:  # noqa: BLE001 - an unreachable or foreign database holds no study of ours
         log.debug("cannot list the studies of the storage: %s", exc)
         return False
     return name in names
+
+
+def _check_sqlite(url: str, *, new_ok: bool = False) -> None:
+    """A StateError for a damaged SQLite store or a read-only state dir (tuner.coord.sqlite). `new_ok`: an
+    empty file is a store about to be made (the study's opener checked it before making it)."""
+    from tuner.coord.sqlite import check_store, read_only_problem
+    from tuner.errors import StateError
+
+    check_store(url, new_ok=new_ok)
+    problem = read_only_problem(url)
+    if problem:
+        raise StateError(problem)
 
 
 def open_storage(url: str, *, heartbeat_s: int | None = None, lease_s: int | None = None
@@ -133,6 +146,7 @@ def open_storage(url: str, *, heartbeat_s: int | None = None, lease_s: int | Non
     if url.startswith("sqlite:"):
         from tuner.coord.sqlite import init_lock, tune_engine
 
+        _check_sqlite(url, new_ok=True)
         with init_lock(url):
             storage = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 30}}, **beat)
         tune_engine(storage.engine)
@@ -182,6 +196,10 @@ def with_db_retry(what: str, fn: Callable[[], T], *, deadline_s: float = DB_RETR
         try:
             return fn()
         except Exception as exc:
+            from tuner.base.files import state_fault
+
+            if state_fault(exc, ".") is not None:  # a full or read-only disk does not heal by waiting: at once
+                raise
             if not _transient(exc) or time.monotonic() + delay > t_end:
                 raise
             log.warning("%s: database unreachable (%s); retrying in %.1f s", what, type(exc).__name__, delay)
@@ -211,6 +229,8 @@ class TunerStudy:
         from tuner.coord.sqlite import sqlite_path
 
         db = sqlite_path(storage_url)
+        if db is not None:
+            _check_sqlite(storage_url)  # before an empty file is made: an emptied store is damage, not new
         if db is not None and db.parent.is_dir():
             from tuner.base.files import private_file
 
@@ -221,6 +241,8 @@ class TunerStudy:
                 storage=self.storage, sampler=make_sampler(spec.sampler, space), study_name=self.name,
                 directions=directions, load_if_exists=True,
             ), deadline_s=10)
+        except TunerError:  # a damaged store, a read-only or full state dir: said as it is
+            raise
         except Exception as exc:  # noqa: BLE001 - bad URL, missing driver, unreachable database
             hint = ""
             if storage_url.startswith("postgresql") and "import" in str(exc):

@@ -39,6 +39,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from tuner.base.files import private_file
 from tuner.base.proc import free_port, group_alive, pid_alive, process_start_ticks
 from tuner.base.redact import redact_text
 from tuner.errors import (
@@ -257,7 +258,7 @@ class ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         shown = redact_text(shlex.join(self.argv))  # a URL's password or token stays out of logs and artifacts
         log.info("starting server: %s (log %s)", shown, self.log_path)
-        with open(self.log_path, "ab") as logf:
+        with open(private_file(self.log_path), "ab") as logf:
             self._log_offset = logf.tell()  # the tail of *this* run only (the file may hold earlier ones)
             logf.write(f"$ {shown}\n".encode())
             logf.flush()

@@ -6,19 +6,19 @@ corrupt by every command that reads them, with their exit code and what to do, n
 from __future__ import annotations
 
 import random
+import shutil
+import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 from tests.support import agents
 from tests.support.spec_probe import special_file
-from tuner.agent import load_agent
 from tuner.champions.store import ChampionRecord, ChampionStore
 from tuner.cli.main import app
 from tuner.errors import StateError
-from tuner.loop import open_session, run_cycle
-from tuner.tracking.tracker import Tracker
 
 
 def _cli(*args: str) -> tuple[int, str]:
@@ -29,12 +29,12 @@ def _cli(*args: str) -> tuple[int, str]:
 
 @pytest.fixture(scope="module")
 def ran(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A sim agent with 2 finished trials (MLflow off) and two champions (#2 in force, #1 before it)."""
+    """A sim agent run by `tuner run` (2 trials, MLflow off) and two champions (#2 in force, #1 before it)."""
     d = tmp_path_factory.mktemp("state")
     agent = agents.write_agent(d / "agent.yaml", tracking={"enabled": False}, at={"workload.num_requests": 20})
     sd = d / "state"
-    session = open_session(load_agent(agent), sd, tracker=Tracker("sqlite:///unused.db", "x", enabled=False))
-    run_cycle(session, trials=2)
+    code, out = _cli("run", str(agent), "--trials", "2", "--state-dir", str(sd))  # records agent.json
+    assert code == 0, out
     store = ChampionStore(sd, "agent")
     for seq, prev in ((1, None), (2, 1)):
         store.write_champion(ChampionRecord(seq=seq, agent="agent", config={"max_num_seqs": 16 * seq},
@@ -121,3 +121,58 @@ def test_rollback_says_what_is_wrong_when_the_history_cannot_help(tmp_path: Path
     store.champion_path.write_text("garbage: true\n")
     code, out = _cli("rollback", str(agent), "--yes", "--state-dir", str(sd))
     assert code == StateError.exit_code and "corrupt champion record" in out and "audit log" in out, out
+
+
+def _store_damage(seed: int) -> list[tuple[str, Any]]:
+    rng = random.Random(seed)
+    return [("truncated", rng.uniform(0.1, 0.9)), ("emptied", 0), ("random", rng.randint(100, 5000)),
+            ("foreign", "CREATE TABLE t (x)"), ("fifo", None), ("zeroed-head", rng.randint(16, 100))]
+
+
+STORE_CASES = [c for seed in range(2) for c in _store_damage(seed)]
+
+
+def _damaged_copy(sd: Path, dst: Path, kind: str, arg: Any) -> Path:
+    """A copy of the state dir whose optuna.db (checkpointed, no -wal) is damaged as `kind` says."""
+    con = sqlite3.connect(sd / "optuna.db")
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    con.close()
+    shutil.copytree(sd, dst, ignore=shutil.ignore_patterns("*-wal", "*-shm"))
+    db = dst / "optuna.db"
+    data = db.read_bytes()
+    rng = random.Random(len(data))
+    db.unlink()
+    if kind == "truncated":
+        db.write_bytes(data[:int(len(data) * arg)])
+    elif kind == "emptied":
+        db.write_bytes(b"")
+    elif kind == "random":
+        db.write_bytes(bytes(rng.randrange(256) for _ in range(arg)))
+    elif kind == "foreign":
+        con = sqlite3.connect(db)
+        con.execute(arg)
+        con.close()
+    elif kind == "fifo":
+        special_file("fifo", dst, "optuna.db")
+    elif kind == "zeroed-head":
+        db.write_bytes(b"\0" * arg + data[arg:])
+    return dst
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("kind", "arg"), STORE_CASES, ids=[f"{k}-{i}" for i, (k, _) in enumerate(STORE_CASES)])
+def test_a_corrupt_optuna_store_is_named_by_every_command(ran: tuple[Path, Path], tmp_path: Path, kind: str,
+                                                         arg: Any) -> None:
+    agent, sd = ran
+    copy = _damaged_copy(sd, tmp_path / "state", kind, arg)
+    before = (copy / "optuna.db").read_bytes() if kind != "fifo" else b""
+    for cmd in (["status", "--json"], ["status"], ["report", "--out", str(tmp_path / "r.html")],
+                ["run", "--trials", "1"], ["promote"], ["history"]):
+        code, out = _cli(cmd[0], str(agent), *cmd[1:], "--state-dir", str(copy))
+        if cmd[0] == "history" and code == 0:
+            continue  # history reads the audit log, not the store
+        assert code == StateError.exit_code, (cmd, out)
+        assert "optuna.db" in out and ("corrupt Optuna store" in out or "not an Optuna store" in out), (cmd, out)
+        assert "no study" not in out.replace("it holds no study", ""), (cmd, out)
+    if kind != "fifo":
+        assert (copy / "optuna.db").read_bytes() == before  # never replaced by a new study
