@@ -21,6 +21,7 @@ def print_status(console: Console, data: dict[str, Any]) -> None:
     c = data["trials"]
     rejected = f", {c['REJECTED']} rejected proposals" if c.get("REJECTED") else ""
     rejected += f", {c['SCREENED']} proposals screened by the simulator" if c.get("SCREENED") else ""
+    rejected += f", {c['REPEATS']} repeats of a configuration proposed again" if c.get("REPEATS") else ""
     console.print(f"[bold]{data['agent']}[/] (study {data['study']}): {c.get('COMPLETE', 0)} finished "
                   f"({c.get('FEASIBLE', 0)} feasible, {c.get('INFEASIBLE', 0)} infeasible{rejected}), "
                   f"{c.get('FAIL', 0)} failed/interrupted, {c.get('RUNNING', 0)} running, "
