@@ -89,7 +89,7 @@ def test_promote_rollback_history_move_the_aliases(tmp_path: Path) -> None:
     r = run(app(), ["history", str(agent), "--json", "--state-dir", str(sd)])
     assert r.exit_code == 0, r.output
     h = json.loads(r.output)
-    assert set(h) == {"cycles", "verifications", "promotions", "events"}
+    assert set(h) == {"cycles", "verifications", "promotions", "events", "switches"}
     assert len(h["cycles"]) == 1 and h["cycles"][0]["trials_run"] == 4
     assert [(v["trial"], v["passed"]) for v in h["verifications"]] == [(n[32], True), (n[64], True), (n[16], False)]
     assert [p["action"] for p in h["promotions"]] == ["promote", "promote", "promote_rejected", "rollback"]
