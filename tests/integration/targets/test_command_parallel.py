@@ -15,7 +15,8 @@ def run(tmp_path: Path, parallel: int) -> tuple[float, GpuPool, list]:
     d = tmp_path / f"p{parallel}"
     d.mkdir()
     write_spec(d / "agent.yaml", fake_server_agent(
-        ttft_ms=list(range(100, 300, 10)), itl_ms=5, output_tokens=8, num_requests=6, server_args=["--ready-delay-s", "0.5"],
+        ttft_ms=list(range(100, 300, 10)), itl_ms=5, output_tokens=8, num_requests=6,
+        server_args=["--ready-delay-s", "0.5"],
         name=f"parallel-{parallel}", budget={"trials": 8}, gpus=list(range(8)), parallel_trials=parallel,
         at={"target.gpus_per_trial": 2}))
     agent = load_agent(d / "agent.yaml")
