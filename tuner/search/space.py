@@ -274,19 +274,25 @@ def parse_space(data: Any, *, file: str, lines: dict[Loc, int] | None = None, pr
     params: list[Param] = []
     seen: set[str] = set()
     names = set(sf.params) | set(sf.fixed) | set(sf.facts)
+
+    def compiled(src: str, loc: tuple[Any, ...], what: str) -> Expr:
+        """`src` compiled, naming only declared parameters; else a ConfigError located at `loc`."""
+        try:
+            expr = Expr(src)
+        except ExprError as exc:
+            raise ConfigError(str(exc), file=file, line=line_of(lines, loc),
+                              field=".".join(map(str, loc))) from None
+        unknown = expr.names - names
+        if unknown:
+            raise ConfigError(f"{what} names unknown parameter(s) {sorted(unknown)}", file=file,
+                              line=line_of(lines, loc), field=".".join(map(str, loc)))
+        return expr
+
     for name, ps in sf.params.items():
         loc = (*prefix, "params", name, "when")
         when = None
         if ps.when:
-            try:
-                when = Expr(ps.when)
-            except ExprError as exc:
-                raise ConfigError(str(exc), file=file, line=line_of(lines, loc),
-                                  field=".".join(map(str, loc))) from None
-            unknown = when.names - names
-            if unknown:
-                raise ConfigError(f"condition names unknown parameter(s) {sorted(unknown)}", file=file,
-                                  line=line_of(lines, loc), field=".".join(map(str, loc)))
+            when = compiled(ps.when, loc, "condition")
             later = when.names - seen - set(sf.fixed) - set(sf.facts)
             if later:
                 raise ConfigError(f"condition reads {sorted(later)}, which must be declared before {name!r}",
@@ -295,17 +301,7 @@ def parse_space(data: Any, *, file: str, lines: dict[Loc, int] | None = None, pr
         seen.add(name)
     constraints = []
     for i, src in enumerate(sf.constraints):
-        loc = (*prefix, "constraints", i)
-        try:
-            expr = Expr(src)
-        except ExprError as exc:
-            raise ConfigError(str(exc), file=file, line=line_of(lines, loc),
-                              field=".".join(map(str, loc))) from None
-        unknown = expr.names - names
-        if unknown:
-            raise ConfigError(f"constraint names unknown parameter(s) {sorted(unknown)}", file=file,
-                              line=line_of(lines, loc), field=".".join(map(str, loc)))
-        constraints.append(expr)
+        constraints.append(compiled(src, (*prefix, "constraints", i), "constraint"))
     space = SearchSpace(params, constraints, sf.fixed, target=sf.target, source=file, facts=sf.facts)
     try:
         space.check_expressions(space.defaults())
