@@ -74,7 +74,7 @@ class ScenarioSwitching:
     def act(self, d: Any, obs: Any) -> None:
         from tuner.errors import PromotionError
         from tuner.scenarios.act import put_in_service, record_decision
-        from tuner.scenarios.regions import propose
+        from tuner.scenarios.regions import propose, traffic_dims
         from tuner.scenarios.session import observation_record
         from tuner.tracking.tracker import Tracker
 
@@ -90,7 +90,8 @@ class ScenarioSwitching:
                 self.switcher.active = d.previous  # try again on the next observation after the dwell
             return
         if d.kind == "propose":
-            scn = propose(d.point, self.book.next_proposed_name(self.spec), self.spec.switching.propose_width)
+            scn = propose(d.point, self.book.next_proposed_name(self.spec), self.spec.switching.propose_width,
+                          traffic_dims(obs.workload.arrival.kind))
             self.book.add_proposed(scn)
             self.switcher.add(scn)
             record_decision(self.agent, self.rt.state_dir, "propose", scn.name, reason=d.reason, tracker=tracker,

@@ -36,6 +36,13 @@ class Server:
     requests: int = 0  # requests sent to it since the balancer started (HAProxy: stot)
     errors_5xx: int = 0  # 5xx answers it gave (hrsp_5xx)
     errors_conn: int = 0  # connection and response errors (econ + eresp)
+    sessions: int = 0  # requests it is serving now (HAProxy: scur)
+    check: str = ""  # the last health check's result (HAProxy: check_status, INI before the first one)
+
+    @property
+    def checked_up(self) -> bool:
+        """Up, and (when it is health-checked) by a check it passed, not by the initial assumption."""
+        return self.up and not self.check.startswith("INI")
 
     @property
     def up(self) -> bool:
@@ -129,7 +136,8 @@ class HAProxy(LoadBalancer):
 
             out[r["svname"]] = Server(name=r["svname"], addr=r.get("addr") or "", weight=num("weight"),
                                       status=r.get("status") or "", requests=num("stot"),
-                                      errors_5xx=num("hrsp_5xx"), errors_conn=num("econ") + num("eresp"))
+                                      errors_5xx=num("hrsp_5xx"), errors_conn=num("econ") + num("eresp"),
+                                      sessions=num("scur"), check=r.get("check_status") or "")
         if not out and f"\n{self.backend},BACKEND," not in "\n" + text[2:]:
             raise LoadBalancerError(f"HAProxy has no backend {self.backend!r}")
         return out
@@ -164,6 +172,34 @@ class HAProxy(LoadBalancer):
                     return
                 raise LoadBalancerError(f"HAProxy would not delete {self.backend}/{server}: {out[:300]}")
             time.sleep(0.2)
+
+
+def replace_server(lb: LoadBalancer, old: str, new: str, addr: str, *, health_path: str = "/health",
+                   up_timeout_s: float = 120.0, drain_s: float = 600.0, poll_s: float = 0.2) -> dict[str, float]:
+    """Move a backend from server `old` to a new server `new` at `addr` without downtime (a blue-green step):
+    `new` joins at `old`'s weight and must pass the health check within `up_timeout_s` (else it leaves again
+    and `old` keeps the traffic: LoadBalancerError); then `old` gets weight 0 (no new requests: they all go to
+    `new`), finishes the requests it holds (up to `drain_s`) and leaves. Returns the seconds each step took
+    (`up_s`: until `new` was UP, the moment traffic moved; `drain_s`: until `old`'s last request ended)."""
+    t0 = time.monotonic()
+    servers = lb.servers()
+    if old not in servers:
+        raise LoadBalancerError(f"backend {lb.backend!r} has no server {old!r} to replace")
+    lb.add_server(new, addr, weight=max(1, servers[old].weight), health_path=health_path)
+    deadline = time.monotonic() + up_timeout_s
+    while not ((s := lb.servers().get(new)) is not None and s.checked_up):
+        if time.monotonic() >= deadline:
+            lb.remove_server(new)
+            raise LoadBalancerError(f"{new} at {addr} did not pass {lb.backend!r}'s health check within "
+                                    f"{up_timeout_s:.0f}s; {old} keeps the traffic")
+        time.sleep(poll_s)
+    lb.set_weight(old, 0)
+    up_s = time.monotonic() - t0
+    deadline = time.monotonic() + drain_s
+    while (s := lb.servers().get(old)) is not None and s.sessions > 0 and time.monotonic() < deadline:
+        time.sleep(poll_s)
+    lb.remove_server(old)
+    return {"up_s": up_s, "drain_s": time.monotonic() - t0 - up_s}
 
 
 def load_balancer(spec: object, agent_dir: Path) -> LoadBalancer:

@@ -112,10 +112,18 @@ def _log_gap(a: Mapping[str, float], b: Mapping[str, float]) -> float:
     return math.sqrt(sum(math.log(max(a[d], 1e-9) / max(b[d], 1e-9)) ** 2 for d in common))
 
 
-def propose(point: Mapping[str, float], name: str, width: float) -> ScenarioSpec:
-    """A scenario around an observed point: each statistic divided and multiplied by `width`."""
+def traffic_dims(arrival_kind: str) -> tuple[str, ...]:
+    """The dimensions the traffic itself sets. In a closed loop (a fixed number of clients, each sending its
+    next request when the last one ends) the request rate is the server's answer and moves with the
+    configuration in service, so it does not describe the traffic."""
+    return tuple(d for d in SCENARIO_DIMS if not (arrival_kind == "closed" and d == "rate_per_s"))
+
+
+def propose(point: Mapping[str, float], name: str, width: float,
+            dims: Sequence[str] = SCENARIO_DIMS) -> ScenarioSpec:
+    """A scenario around an observed point: each statistic of `dims` divided and multiplied by `width`."""
     bounds = {d: {"min": round(point[d] / width, 3), "max": round(point[d] * width, 3)}
-              for d in SCENARIO_DIMS if d in point and point[d] > 0}
+              for d in SCENARIO_DIMS if d in dims and d in point and point[d] > 0}
     return ScenarioSpec.model_validate({"name": name, "description": "proposed by the daemon from observed traffic",
                                         **bounds})
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.haproxy import running_haproxy
-from tuner.rollout.lb import HAProxy, LoadBalancerError
+from tuner.rollout.lb import HAProxy, LoadBalancerError, replace_server
 
 pytestmark = pytest.mark.process
 
@@ -25,11 +25,14 @@ class _Origin:
     def __init__(self, name: str) -> None:
         self.name = name
         self.healthy = True
+        self.slow_s = 0.0  # how long a request off /health takes
         origin = self
 
         class H(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
                 ok = origin.healthy or self.path != "/health"
+                if self.path != "/health":
+                    time.sleep(origin.slow_s)
                 body = origin.name.encode()
                 self.send_response(200 if ok else 503)
                 self.send_header("Content-Length", str(len(body)))
@@ -106,3 +109,44 @@ def test_weights_add_remove_and_health(tmp_path: Path, origins: dict[str, _Origi
             HAProxy(bal.socket, "nosuch").servers()
     with pytest.raises(LoadBalancerError, match="cannot reach"):
         lb.servers()
+
+
+def test_a_server_is_replaced_without_a_failed_request(tmp_path: Path, origins: dict[str, _Origin]) -> None:
+    """replace_server: requests in flight on the old server finish there, every new one goes to the new server,
+    none fails; a new server that never passes its health check leaves and the old one keeps the traffic."""
+    origins["stable0"].slow_s = 1.5
+    with running_haproxy(tmp_path / "hx", {"stable0": origins["stable0"].addr}) as bal:
+        lb = HAProxy(bal.socket, bal.backend)
+        _wait(lambda: lb.servers()["stable0"].up)
+        answers: list[str] = []
+        failed: list[str] = []
+        stop = threading.Event()
+
+        def client() -> None:
+            while not stop.is_set():
+                try:
+                    with urllib.request.urlopen(bal.url + "/v1/x", timeout=30) as r:
+                        answers.append(r.read().decode())
+                except OSError as exc:
+                    failed.append(str(exc))
+
+        threads = [threading.Thread(target=client, daemon=True) for _ in range(4)]
+        for t in threads:
+            t.start()
+        _wait(lambda: len(answers) >= 4)
+        steps = replace_server(lb, "stable0", "green", origins["other"].addr, up_timeout_s=30, drain_s=30)
+        assert set(lb.servers()) == {"green"} and steps["drain_s"] > 0  # the old one finished its requests
+        n = len(answers)
+        _wait(lambda: len(answers) >= n + 8)
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+        assert failed == []
+        assert set(answers[n:]) == {"other"} and answers[0] == "stable0"
+
+        origins["stable0"].healthy = False
+        with pytest.raises(LoadBalancerError, match="health check"):
+            replace_server(lb, "green", "blue", origins["stable0"].addr, up_timeout_s=3)
+        assert set(lb.servers()) == {"green"} and lb.servers()["green"].weight == 100
+        with pytest.raises(LoadBalancerError, match="no server"):
+            replace_server(lb, "nosuch", "x", origins["other"].addr)
