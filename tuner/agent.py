@@ -105,6 +105,7 @@ def check_metrics(spec: AgentSpec, file: str | None = None, lines: dict[Loc, int
             raise ConfigError(f"rollout.metrics: {metric!r} cannot be judged on live traffic ({why}); judged are "
                               "goodput_fraction and the latencies with a server series (ttft_ms.*, itl_ms.*, "
                               "e2el_ms.mean/p99)", file=file, line=line, field=f"rollout.metrics[{i}]")
+    _check_rate_objective(spec, file, lines)
     latency_slos = [s for s in spec.slos if s.max is not None and catalog.is_latency(s.metric)]
     for i, o in enumerate(spec.objectives):
         row = catalog.lookup(o.metric)
@@ -112,6 +113,42 @@ def check_metrics(spec: AgentSpec, file: str | None = None, lines: dict[Loc, int
             bases = ", ".join(m.name for m in catalog.CATALOG.values() if m.latency)
             raise error(f"objective {o.metric} counts requests that meet the latency SLOs: add at least one slo "
                         f"on {bases} with a max", "objectives", i)
+
+
+RATE_OBJECTIVE = "max_rate_under_slo"
+
+
+def _check_rate_objective(spec: AgentSpec, file: str | None, lines: dict[Loc, int]) -> None:
+    """The rules of the `max_rate_under_slo` objective (a capacity search per trial, tuner.study.rate_objective)."""
+    def error(msg: str, kind: str, i: int, key: str = "metric") -> ConfigError:
+        return ConfigError(msg, file=file, line=line_of(lines, (kind, i, key)),
+                           field=f"{kind}[{i}].{key}")
+
+    for i, s in enumerate(spec.slos):
+        if s.metric == RATE_OBJECTIVE:
+            raise error(f"{RATE_OBJECTIVE} is what a trial's capacity search finds, not a measured metric: use it as "
+                        "an objective (objectives: [{metric: max_rate_under_slo, direction: maximize}])", "slos", i)
+    for i, o in enumerate(spec.objectives):
+        if o.metric != RATE_OBJECTIVE:
+            if o.search is not None:
+                raise error(f"search bounds the capacity search of {RATE_OBJECTIVE}; objective {o.metric} has "
+                            "none: remove it", "objectives", i, "search")
+            continue
+        rule = None
+        if o.direction != "maximize":
+            rule = f"{RATE_OBJECTIVE} is a rate to maximise: direction: maximize"
+        elif not any(s.max is not None for s in spec.slos):
+            rule = (f"{RATE_OBJECTIVE} is the highest rate meeting the upper-bound SLOs: add at least one slo with "
+                    "a max (e.g. {metric: ttft_ms.p99, max: 500})")
+        elif spec.workload.arrival.kind == "trace":
+            rule = f"{RATE_OBJECTIVE} probes the workload at rates of its own: a trace's arrivals cannot be re-rated"
+        elif spec.workload.auto_rate:
+            rule = (f"{RATE_OBJECTIVE} searches the rate per trial: workload.arrival.rate_per_s: auto (one rate "
+                    "sized for the study) contradicts it; give a fixed rate_per_s or a closed loop")
+        elif spec.executor.kind != "local":
+            rule = f"{RATE_OBJECTIVE} runs its capacity search on the local executor only (executor.kind: local)"
+        if rule is not None:
+            raise error(rule, "objectives", i)
 
 
 def _check_files(agent: Agent, lines: dict[Loc, int]) -> None:

@@ -20,6 +20,7 @@ Better = Literal["higher", "lower", "none"]
 LOADGEN = "loadgen"
 SERVER = "server /metrics"
 DEPLOYMENT = "deployment"
+CAPACITY = "capacity search"
 
 LATENCY_STATS = ("mean", "median", "std", "p50", "p90", "p95", "p99")
 ERROR_KINDS = ("connect", "timeout", "http_4xx", "http_5xx", "overload_503", "stream_broken", "rejected")
@@ -65,6 +66,8 @@ _ROWS = [
     Metric("e2el_ms", "ms", "lower", LOADGEN, "end-to-end request latency", latency=True, goodput_key="e2el",
            server_key="server_e2el_ms"),
     Metric("cold_start_s", "s", "lower", DEPLOYMENT, "start of the deployment until it served"),
+    Metric("max_rate_under_slo", "req/s", "higher", CAPACITY, "highest open-loop request rate at which the "
+           "configuration meets every upper-bound SLO (an objective only: a bounded capacity search per trial)"),
     Metric("server_kv_cache_usage_frac", "fraction", "none", SERVER, "mean KV-cache usage during the run"),
     Metric("server_kv_cache_usage_frac_max", "fraction", "none", SERVER, "peak KV-cache usage"),
     Metric("server_num_requests_running_max", "requests", "none", SERVER, "peak running requests"),

@@ -26,7 +26,16 @@ from tuner.champions.store import ChampionStore
 from tuner.errors import InfeasibleConfig, Interrupted, PromotionError, TrialError
 from tuner.measure.failures import error_rate_slo, request_failure
 from tuner.measure.measurement import Measurement
-from tuner.study.objectives import FAILURE_CONSTRAINT, Evaluation, evaluate, failed_evaluation, goodput_thresholds_ms
+from tuner.study.objectives import (
+    FAILURE_CONSTRAINT,
+    Evaluation,
+    early_stop_rule,
+    evaluate,
+    failed_evaluation,
+    goodput_thresholds_ms,
+    pruned_evaluation,
+)
+from tuner.study.rate_objective import measure_max_rate, search_spec
 from tuner.study.study import LeaseLost, SearchExhausted, TunerStudy, default_storage
 from tuner.study.summary import environment_failure
 from tuner.targets.base import Target, TrialContext
@@ -53,6 +62,8 @@ class TrialOutcome:
     duration_s: float = 0.0
     gpus: tuple[int, ...] = ()
     interrupted: bool = False
+    pruned: str | None = None  # why the run was stopped early (tuner.measure.early_stop): recorded PRUNED
+    capacity: dict[str, Any] | None = None  # the trial's capacity search (max_rate_under_slo): runs, seconds
 
 
 @dataclass
@@ -318,7 +329,13 @@ def run_cycle(
     summary: dict[str, float] = {"trials_run": len(outcomes), "trials_repeated": len(repeats),
                                  "trials_feasible": sum(o.feasible for o in outcomes),
                                  "trials_failed": sum(o.cause is not None for o in outcomes),
+                                 "trials_pruned": sum(o.pruned is not None for o in outcomes),
                                  "cycle_wall_s": wall_s}
+    cost = [o.capacity for o in outcomes if o.capacity]
+    if cost:  # what the capacity searches of max_rate_under_slo cost, in all
+        summary["capacity_probe_runs"] = float(sum(int(c.get("runs") or 0) for c in cost))
+        summary["capacity_probe_load_s"] = sum(float(c.get("load_s") or 0.0) for c in cost)
+        summary["capacity_probe_wall_s"] = sum(float(c.get("wall_s") or 0.0) for c in cost)
     if best:
         for i, v in enumerate(best[0].values):
             summary[f"best_value_{i}"] = v
@@ -347,14 +364,19 @@ def run_cycle(
 
 def measure_config(session: Session, config: dict[str, Any], ctx: TrialContext, *,
                    on_deployment: Callable[[Any], None] | None = None) -> tuple[Measurement, Any]:
-    """Deploy `config`, measure the agent's workload once, tear down. Returns (measurement, log path).
+    """Deploy `config`, measure the agent's workload once (with a `max_rate_under_slo` objective: its capacity
+    search, tuner.study.rate_objective), tear down. Returns (measurement, log path).
 
     `on_deployment(dep)` runs after the measurement, before teardown (verification reads the quality probe).
     """
     spec = session.agent.spec
     goodput = goodput_thresholds_ms(spec.slos)
     with session.target.deploy(config, ctx) as dep:
-        m = dep.measure(spec.workload, goodput_ms=goodput, seed=ctx.seed)
+        if search_spec(spec) is not None:  # max_rate_under_slo: a bounded capacity search on this deployment
+            m = measure_max_rate(dep, spec, seed=ctx.seed, base_dir=session.agent.path.parent,
+                                 stop=ctx.stop_event, goodput_ms=goodput)
+        else:
+            m = dep.measure(spec.workload, goodput_ms=goodput, seed=ctx.seed)
         if on_deployment is not None:
             on_deployment(dep)
         return m, dep.log_path
@@ -388,8 +410,11 @@ def run_trial(session: Session, parent_run_id: str | None, stop: threading.Event
         if bad:
             raise InfeasibleConfig(f"violates constraint(s): {'; '.join(bad)}")
         need = session.target.gpus_needed(config)
+        # the baseline is measured whole (the reference of the run's table and of the noise); a capacity
+        # search has its own early stop (a saturated probe)
+        prune = None if baseline or search_spec(spec) is not None else early_stop_rule(spec)
         ctx = TrialContext(trial_number=number, state_dir=session.state_dir, seed=spec.workload.seed + number,
-                           stop_event=stop, label=f"trial-{number}")
+                           stop_event=stop, label=f"trial-{number}", early_stop=prune)
         if session.executor is not None:  # Ray places the trial on a node and gives it the GPUs
             m, log_path, placement = session.executor.measure(session, config, ctx, need,
                                                                 goodput_thresholds_ms(session.agent.spec.slos))
@@ -418,11 +443,19 @@ def run_trial(session: Session, parent_run_id: str | None, stop: threading.Event
         log.exception("trial %d raised an unexpected error", number)
     run_s = time.monotonic() - t_run
     ts = time.monotonic()
+    pruned: dict[str, Any] | None = None
     if m is not None:
         ev: Evaluation = evaluate(m, spec.objectives, spec.slos)
         metrics = m.metrics()
         attrs["metrics"] = metrics
+        if m.capacity_search is not None:
+            attrs["capacity_search"] = m.capacity_search
         failed = request_failure(m, error_rate_slo(spec.slos))
+        if failed is None and m.early_stop is not None:  # stopped early: PRUNED, its partial measurement kept
+            pruned = m.early_stop
+            ev = pruned_evaluation(m, spec)
+            attrs["pruned"] = pruned
+            attrs["error"] = f"pruned: {pruned.get('reason')}"
         if failed is not None:  # measured, but the server refused or broke the requests: say why
             cause, error = failed[0], redact_text(failed[1])
             # infeasible whatever the SLOs: nothing was served (the constraint of trials never measured)
@@ -449,17 +482,18 @@ def run_trial(session: Session, parent_run_id: str | None, stop: threading.Event
         else 0
     if baseline:
         n_repeats = max(n_repeats, spec.noise.baseline_repeats)
-    if n_repeats and m is not None and cause is None and not stop.is_set():
+    if n_repeats and m is not None and cause is None and pruned is None and not stop.is_set():
         overhead += time.monotonic() - ts
         attrs["repeats"] = repeat_trial(session, number, config, stop, gpu_pool, n_repeats)
         ts = time.monotonic()
     rec = TrialRecord(number=number, baseline=baseline, config=config, evaluation=ev, metrics=metrics,
                       measurement=m, cause=cause, error=error, log_path=log_path, gpus=gpus, cycle=cycle,
-                      parent_run_id=parent_run_id)
+                      parent_run_id=parent_run_id, pruned=pruned)
 
     def tell(r: TrialRecord) -> None:
         try:
-            session.study.tell(trial, ev, attrs=attrs)
+            session.study.tell(trial, ev, attrs=attrs,
+                               pruned_at=int(pruned["completed"]) if pruned is not None else None)
         except LeaseLost as exc:  # failed by another process meanwhile: the measurement still goes to MLflow
             log.warning("%s; its measurement is kept in MLflow only", exc)
             r.cause = r.cause or "worker_lost"
@@ -468,13 +502,25 @@ def run_trial(session: Session, parent_run_id: str | None, stop: threading.Event
     session.recorder.record(rec, tell)
     cause, error = rec.cause, rec.error
     overhead += time.monotonic() - ts
-    if cause is None:
+    if cause is None and pruned is not None:
+        log.info("trial %d pruned after %.1fs: %s", number, run_s, pruned.get("reason"))
+    elif cause is None:
         log.info("trial %d finished in %.1fs: %s%s", number, run_s,
                  ", ".join(f"{o.metric}={v:.4g}" for o, v in zip(spec.objectives, ev.values, strict=True)),
                  "" if ev.feasible else " (violates an SLO)")
     return TrialOutcome(number, params, ev.values, ev.feasible, cause=cause, error=error, metrics=metrics,
                         overhead_s=overhead, duration_s=run_s, gpus=gpus,
-                        repeat_of=repeat_of if isinstance(repeat_of, int) else None)
+                        repeat_of=repeat_of if isinstance(repeat_of, int) else None,
+                        pruned=str(pruned.get("reason")) if pruned is not None and cause is None else None,
+                        capacity=_capacity_cost(m))
+
+
+def _capacity_cost(m: Measurement | None) -> dict[str, Any] | None:
+    """What a trial's capacity search cost (probe runs, seconds of load, wall seconds), or None without one."""
+    c = m.capacity_search if m is not None else None
+    if not c:
+        return None
+    return {k: c.get(k) for k in ("runs", "load_s", "wall_s", "rate_per_s", "converged")}
 
 
 def _beats_best(session: Session, ev: Evaluation) -> bool:

@@ -166,9 +166,37 @@ class WorkloadSpec(_Strict):
 
 
 # ---------------------------------------------------------------- objectives and SLOs
+class CapacitySearchSpec(_Strict):
+    """The bounded capacity search of the `max_rate_under_slo` objective (tuner.study.rate_objective): per trial,
+    short open-loop runs of the workload at rates grown from `start_rate_per_s` until one breaks an upper-bound
+    SLO, then narrowed to `rel_tol`; at most `max_runs` runs of `run_s` each."""
+
+    max_runs: int = Field(default=6, ge=2, le=20, description="probe runs per trial at most")
+    start_rate_per_s: float = Field(default=4.0, gt=0, le=MAX_RATE_PER_S, description="the first probe's rate")
+    min_rate_per_s: float = Field(default=0.25, gt=0, le=MAX_RATE_PER_S, description=(
+        "below this rate the search gives up (the trial's value is 0)"))
+    max_rate_per_s: float | None = Field(default=None, gt=0, le=MAX_RATE_PER_S, description=(
+        "the search does not probe above this rate (null: no cap)"))
+    rel_tol: float = Field(default=0.25, gt=0, le=1, description=(
+        "the search stops once the bracket [highest passing, lowest failing] is narrower than this share"))
+    growth: float = Field(default=2.0, gt=1, le=10, description="rate factor between probes until one fails")
+    run_s: float | None = Field(default=None, gt=0, le=MAX_TRIAL_S, description=(
+        "seconds of arrivals per probe (null: the workload's duration_s, else long enough for its num_requests "
+        "at the probe's rate, within 5-20 s)"))
+
+    @model_validator(mode="after")
+    def _check(self) -> CapacitySearchSpec:
+        if self.max_rate_per_s is not None and self.max_rate_per_s < self.min_rate_per_s:
+            raise ValueError(f"max_rate_per_s ({self.max_rate_per_s:g}) is below min_rate_per_s "
+                             f"({self.min_rate_per_s:g})")
+        return self
+
+
 class Objective(_Strict):
     metric: str = Field(description="a name of the metric catalog (tuner.catalog; checked by the loader)")
     direction: Literal["maximize", "minimize"]
+    search: CapacitySearchSpec | None = Field(default=None, description=(
+        "max_rate_under_slo only: the bounds of its capacity search per trial (default: CapacitySearchSpec())"))
 
 
 class SLO(_Strict):
@@ -246,6 +274,19 @@ class NoiseSpec(_Strict):
     baseline_repeats: int = Field(default=1, ge=0, le=10, description=(
         "extra measurements of the baseline even with repeats off, so that the run-to-run noise is known and "
         "a best within it is said to be (each is a deployment, not charged to the trial budget)"))
+
+
+class PruningSpec(_Strict):
+    """A running trial whose partial measurement already breaks an upper-bound latency SLO by far is stopped and
+    recorded PRUNED with what it measured (tuner.measure.early_stop). The baseline is never pruned."""
+
+    enabled: bool = Field(default=True, description="false: every trial runs its whole workload")
+    factor: float = Field(default=3.0, gt=1, le=1e6, description=(
+        "prune when a latency SLO's value over the requests completed so far exceeds this many times its max"))
+    min_requests: int = Field(default=20, ge=1, le=MAX_REQUESTS, description=(
+        "measured requests that must have completed before a trial may be pruned"))
+    check_every: int = Field(default=5, ge=1, le=MAX_REQUESTS, description=(
+        "completed measured requests between two checks of the partial measurement"))
 
 
 # user:password@ up to the last '@' a host follows (the password may hold '/', '@', '?', '#'), or a password
@@ -542,6 +583,7 @@ class AgentSpec(_Strict):
     budget: Budget = Budget()
     sampler: SamplerSpec = SamplerSpec()
     noise: NoiseSpec = NoiseSpec()
+    pruning: PruningSpec = PruningSpec()
     storage: str | None = None
     lease: LeaseSpec = LeaseSpec()
     executor: ExecutorSpec = ExecutorSpec()

@@ -65,6 +65,8 @@ def run(
             def on_trial(o: TrialOutcome) -> None:
                 if o.cause:
                     last = f"#{o.number}: {o.cause}"
+                elif o.pruned:
+                    last = f"#{o.number}: pruned"
                 else:
                     last = f"#{o.number}: {spec.objectives[0].metric}={fmt(o.values[0])}" + (
                         "" if o.feasible else " (violates SLO)")
@@ -115,7 +117,8 @@ def _print_run_json(session: Any, result: Any) -> None:
            "environment_stop": result.environment_stop,
            "trials": [{"number": o.number, "params": o.params, "values": o.values if o.cause is None else None,
                        "feasible": o.feasible, "cause": o.cause, "error": o.error, "metrics": o.metrics,
-                       "duration_s": round(o.duration_s, 3)} for o in result.outcomes],
+                       "duration_s": round(o.duration_s, 3), "pruned": o.pruned, "capacity_search": o.capacity}
+                      for o in result.outcomes],
            "baseline": trial_summary(study.baseline()), "best": [trial_summary(t) for t in study.best()]}
     typer.echo(json.dumps(out, default=str))
 

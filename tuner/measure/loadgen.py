@@ -33,6 +33,7 @@ import numpy as np
 
 from tuner.base.redact import redact_text
 from tuner.errors import ConfigError
+from tuner.measure.early_stop import EarlyStop, EarlyStopRule
 from tuner.measure.measurement import Measurement
 from tuner.measure.metrics import prompt_length_check, summarise
 from tuner.measure.promptfit import FittedPrompts, fitted_for_server, residual, tokenize_counter, usage_counter
@@ -85,6 +86,7 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
     cooldown_sent: int = 0  # requests sent after the measured window (cancelled once the measured ones finished)
     interrupted: bool = False  # stop_event was set: the run ended early
+    early_stop: EarlyStop | None = None  # the early-stop rule ended the run (its partial breaks an SLO by far)
     clock_origin_s: float = 0.0  # time.perf_counter() at the run's start: records' times are relative to it
 
 
@@ -270,8 +272,11 @@ def _cycle(plans: Sequence[RequestPlan], closed: bool) -> Iterator[RequestPlan]:
 
 class _Run:
     def __init__(self, cfg: RunConfig, client: _Client, plans: Sequence[RequestPlan],
-                 progress: Progress | None) -> None:
+                 progress: Progress | None, early_stop: EarlyStopRule | None = None) -> None:
         self.cfg = cfg
+        self.rule = early_stop
+        self.stopped_early: EarlyStop | None = None
+        self.main: asyncio.Task[None] | None = None  # the dispatching task, cancelled by an early stop
         self.client = client
         self.source = _cycle(plans, cfg.closed_loop)
         self.records: list[RequestRecord] = []
@@ -356,6 +361,22 @@ class _Run:
             if self.measuring_over and self.measured_done >= self.measured_sent:
                 self.all_measured_done.set()
             self._report()
+            self._judge()
+
+    def _judge(self) -> None:
+        """Stop the run when the early-stop rule finds its partial measurement breaking an SLO by far."""
+        rule = self.rule
+        if rule is None or self.stopped_early is not None or self.interrupted or self.all_measured_done.is_set():
+            return
+        if not rule.due(self.measured_done):
+            return
+        stop = rule.judge(self.records, at_s=self.now())
+        if stop is None:
+            return
+        self.stopped_early = stop
+        log.info("stopping the run early: %s", stop.text())
+        if self.main is not None:
+            self.main.cancel()
 
     async def closed(self) -> None:
         conc = self.cfg.concurrency or 1
@@ -467,11 +488,14 @@ def _pool_size(cfg: RunConfig) -> int:
 
 
 async def run_async(cfg: RunConfig, plans: Sequence[RequestPlan], *, tok: Tokenizer | None = None,
-                    progress: Progress | None = None, stop_event: threading.Event | None = None) -> RunResult:
+                    progress: Progress | None = None, stop_event: threading.Event | None = None,
+                    early_stop: EarlyStopRule | None = None) -> RunResult:
     """Drive `plans` against cfg.base_url and return every request's record.
 
     Setting `stop_event` (from any thread) ends the run within ~50 ms: requests in flight are abandoned
-    (no records) and the result says `interrupted`."""
+    (no records) and the result says `interrupted`. `early_stop` judges the completed requests as they come
+    and ends the run the same way once its partial measurement breaks an SLO by far (the result's
+    `early_stop` says why)."""
     tok = tok or load_tokenizer(None)
     conn = aiohttp.TCPConnector(limit=_pool_size(cfg), limit_per_host=0, keepalive_timeout=60,
                                 enable_cleanup_closed=False, ttl_dns_cache=300)
@@ -479,14 +503,14 @@ async def run_async(cfg: RunConfig, plans: Sequence[RequestPlan], *, tok: Tokeni
                                      timeout=aiohttp.ClientTimeout(total=None),
                                      skip_auto_headers=("User-Agent",)) as session:
         t0 = time.perf_counter()
-        run = _Run(cfg, _Client(cfg, session, tok, t0), plans, progress)
+        run = _Run(cfg, _Client(cfg, session, tok, t0), plans, progress, early_stop)
         with _quiet_gc():
-            main = asyncio.create_task(run.closed() if cfg.closed_loop else run.open())
+            main = run.main = asyncio.create_task(run.closed() if cfg.closed_loop else run.open())
             watcher = asyncio.create_task(_watch(stop_event, main, run)) if stop_event is not None else None
             try:
                 await main
             except asyncio.CancelledError:
-                if not run.interrupted:
+                if not run.interrupted and run.stopped_early is None:
                     raise
                 for t in list(run.tasks):
                     t.cancel()
@@ -501,13 +525,16 @@ async def run_async(cfg: RunConfig, plans: Sequence[RequestPlan], *, tok: Tokeni
         notes.append(f"stopped early: more than {cfg.max_in_flight} requests in flight (saturated)")
     if run.interrupted:
         notes.append("interrupted: stop requested mid-run; requests in flight were abandoned")
+    elif run.stopped_early is not None:
+        notes.append(f"stopped early: {run.stopped_early.text()}; requests in flight were abandoned")
     if run.client.ignore_eos_refused is not None:
         notes.append(f"the server refused ignore_eos ({run.client.ignore_eos_refused[:160]}): requests were sent "
                      "without it, so answers may end before the asked output length (ignore_eos: false to "
                      "say so up front)")
     return RunResult(records=sorted(run.records, key=lambda r: r.index), wall_s=wall,
                      saturated=run.saturated, max_concurrent=run.max_concurrent, notes=notes,
-                     cooldown_sent=run.cooldown_sent, interrupted=run.interrupted, clock_origin_s=t0)
+                     cooldown_sent=run.cooldown_sent, interrupted=run.interrupted, clock_origin_s=t0,
+                     early_stop=None if run.interrupted else run.stopped_early)
 
 
 async def _watch(stop: threading.Event, main: asyncio.Task[None], run: _Run) -> None:
@@ -539,18 +566,20 @@ def run_fresh(coro: Any) -> Any:
 
 
 def run_sync(cfg: RunConfig, plans: Sequence[RequestPlan], *, tok: Tokenizer | None = None,
-             progress: Progress | None = None, stop_event: threading.Event | None = None) -> RunResult:
+             progress: Progress | None = None, stop_event: threading.Event | None = None,
+             early_stop: EarlyStopRule | None = None) -> RunResult:
     """run_async on a fresh event loop (in a helper thread when this thread already runs a loop)."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         return run_fresh(  # type: ignore[no-any-return]
-            run_async(cfg, plans, tok=tok, progress=progress, stop_event=stop_event))
+            run_async(cfg, plans, tok=tok, progress=progress, stop_event=stop_event, early_stop=early_stop))
     box: dict[str, Any] = {}
 
     def target() -> None:
         try:
-            box["r"] = run_fresh(run_async(cfg, plans, tok=tok, progress=progress, stop_event=stop_event))
+            box["r"] = run_fresh(run_async(cfg, plans, tok=tok, progress=progress, stop_event=stop_event,
+                                           early_stop=early_stop))
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
             box["e"] = exc
 
@@ -628,7 +657,7 @@ def measure_endpoint(base_url: str, *, model: str, workload: WorkloadSpec, goodp
                      progress: Callable[[int, int], None] | None = None,
                      max_in_flight: int | None = None,
                      stop_event: threading.Event | None = None, keep_text: bool = False,
-                     fit_prompt_lengths: bool = False) -> Measurement:
+                     fit_prompt_lengths: bool = False, early_stop: EarlyStopRule | None = None) -> Measurement:
     """Run `workload` against an OpenAI-compatible server at `base_url` and summarise it.
 
     Sync (own event loop; safe from worker threads). `base_dir` resolves relative dataset/trace paths;
@@ -640,6 +669,8 @@ def measure_endpoint(base_url: str, *, model: str, workload: WorkloadSpec, goodp
     (summary `interrupted` = 1, with a note). `keep_text` keeps each request's generated text.
     `fit_prompt_lengths` (without a tokenizer) makes synthesised prompts the asked length as the server counts
     them, before the run (tuner.measure.promptfit); the Measurement's `prompt_lengths` says how and how well.
+    `early_stop` (tuner.measure.early_stop) ends the run once its partial measurement breaks an SLO by far:
+    the Measurement holds the requests completed by then and its `early_stop` says why.
     """
     from tuner.measure.datasets import plans_for
     from tuner.measure.gpu import GpuSampler
@@ -685,7 +716,7 @@ def measure_endpoint(base_url: str, *, model: str, workload: WorkloadSpec, goodp
         poller.start()
     sampler = GpuSampler(gpu_indices).start() if gpu_indices else None
     try:
-        result = run_sync(cfg, plans, tok=tok, progress=progress, stop_event=stop_event)
+        result = run_sync(cfg, plans, tok=tok, progress=progress, stop_event=stop_event, early_stop=early_stop)
     finally:
         if sampler is not None:
             sampler.stop()
@@ -719,4 +750,5 @@ def measure_endpoint(base_url: str, *, model: str, workload: WorkloadSpec, goodp
                      "each such chunk's gap evenly over its tokens (TPOT is per request and unaffected)")
     lengths.update(residual(result.records))
     return Measurement(summary=summary, records=tuple(result.records), telemetry=tel, notes=tuple(notes),
-                       prompt_lengths=lengths, clock_origin_s=result.clock_origin_s)
+                       prompt_lengths=lengths, clock_origin_s=result.clock_origin_s,
+                       early_stop=result.early_stop.to_attr() if result.early_stop is not None else None)

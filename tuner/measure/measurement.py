@@ -25,6 +25,12 @@ class Measurement:
     notes: tuple[str, ...] = ()
     prompt_lengths: dict[str, Any] = field(default_factory=dict)
     clock_origin_s: float = 0.0  # time.perf_counter() (CLOCK_MONOTONIC) the records' times count from
+    # the run was stopped early, its partial measurement breaking an SLO by far (tuner.measure.early_stop
+    # EarlyStop.to_attr()); None: it ran to its end
+    early_stop: dict[str, Any] | None = None
+    # a capacity search made this measurement (tuner.study.rate_objective): the found rate, its cost and every
+    # probe run's figures; None: one run of the workload
+    capacity_search: dict[str, Any] | None = None
 
     def metrics(self) -> dict[str, float]:
         """Every number of this measurement, finite ones only (for tracking and constraints)."""

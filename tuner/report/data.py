@@ -78,10 +78,10 @@ def _state(t: FrozenTrial) -> str:
 
 def _row(t: FrozenTrial) -> TrialRow:
     state = _state(t)
-    measured = state in ("feasible", "infeasible")
+    measured = state in ("feasible", "infeasible", "pruned")  # a pruned trial: its partial measurement
     cons = dict(t.constraints or {})
     broken = [k.split(":", 1)[1] for k, v in cons.items() if k.startswith("slo:") and v > 0] \
-        if state == "infeasible" else []
+        if state in ("infeasible", "pruned") else []
     return TrialRow(
         number=t.number, state=state, baseline=bool(t.user_attrs.get("baseline")),
         values=list(t.values) if measured and t.values else [],

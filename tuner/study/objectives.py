@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tuner import catalog
+from tuner.measure.early_stop import EarlyStopRule
 from tuner.measure.measurement import Measurement
 from tuner.spec import SLO, AgentSpec, Objective
 
@@ -78,6 +79,29 @@ def evaluate(m: Measurement, objectives: Sequence[Objective], slos: Sequence[SLO
     cons = {f"slo:{slo.metric}": violation(slo, m.value(slo.metric)) for slo in slos}
     cons[FAILURE_CONSTRAINT] = 0.0
     return Evaluation(values=values, constraints=cons)
+
+
+def early_stop_rule(spec: AgentSpec) -> EarlyStopRule | None:
+    """The rule that prunes a running trial of `spec` (its `pruning:` section over its upper-bound latency SLOs),
+    or None when pruning is off or no SLO can be judged on a partial run (tuner.measure.early_stop)."""
+    p = spec.pruning
+    limits = {s.metric: float(s.max) for s in spec.slos if s.max is not None and catalog.is_latency(s.metric)}
+    if not p.enabled or not limits:
+        return None
+    return EarlyStopRule(limits=limits, factor=p.factor, min_requests=p.min_requests, check_every=p.check_every)
+
+
+def pruned_evaluation(m: Measurement, spec: AgentSpec) -> Evaluation:
+    """What a pruned trial scores: its partial measurement's values, and the violations of the SLOs a partial
+    run can judge (the upper-bound latency ones: each at least factor - 1, so the trial is infeasible, ranked
+    with the measured misses by the same relative excess); an SLO a partial run cannot judge counts 0."""
+    ev = evaluate(m, spec.objectives, spec.slos)
+    rule = early_stop_rule(spec)
+    judged = set(rule.limits) if rule is not None else set()
+    cons = {k: (v if k.split(":", 1)[1] in judged else 0.0) for k, v in ev.constraints.items()
+            if k.startswith("slo:")}
+    cons[FAILURE_CONSTRAINT] = 0.0
+    return Evaluation(values=ev.values, constraints=cons)
 
 
 def pessimistic(obj: Objective) -> float:

@@ -11,10 +11,11 @@ sized anew (another target, another `load`) is a new study lineage, as any workl
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -126,6 +127,32 @@ def run_seconds(workload: WorkloadSpec, rate_per_s: float) -> float:
     return min(max(RUN_S, trial_s, MIN_REQUESTS / rate_per_s), MAX_RUN_S)
 
 
+def probe_run(dep: Any, workload: WorkloadSpec, rate_per_s: float, *, run_s: float, seed: int, base_dir: Any,
+              backlog_s: float, stop: Any = None, goodput_ms: Mapping[str, float] | None = None,
+              telemetry: bool = False) -> Measurement:
+    """One run of a capacity search on the deployment `dep`: `workload`'s requests at `rate_per_s`, open loop,
+    for `run_s` (capacity_workload). On a server the run stops early once its backlog shows it saturated (the
+    summary's `saturated`), and a server that died or answered 5xx is a classified TrialError; `telemetry`: the
+    server's /metrics and the GPUs are read as in a trial. Raises Interrupted when `stop` is set."""
+    from tuner.errors import Interrupted
+    from tuner.targets.process import HttpDeployment
+
+    w = capacity_workload(workload, rate_per_s, run_s=run_s, warmup_s=WARMUP_S)
+    if not isinstance(dep, HttpDeployment):
+        return dep.measure(w, goodput_ms=goodput_ms or {}, seed=seed)  # type: ignore[no-any-return]
+    from tuner.measure.loadgen import measure_endpoint
+
+    m = measure_endpoint(dep.base_url, model=dep.model, workload=w, goodput_ms=goodput_ms or {}, seed=seed,
+                         base_dir=base_dir, tokenizer=dep.tokenizer,
+                         max_in_flight=in_flight_limit(rate_per_s, backlog_s),
+                         stop_event=stop, metrics_url=dep.metrics_url if telemetry else None,
+                         gpu_indices=dep.ctx.gpus if telemetry else ())
+    if m.summary.get("interrupted"):
+        raise Interrupted("stop requested during a capacity-search run")
+    dep.check_after_run(m)  # the server died or answered 5xx: a classified failure
+    return dataclasses.replace(m, cold_start_s=dep.cold_start_s)
+
+
 def size(session: Any, *, on_step: Callable[[CapacityStep, int], None] | None = None,
          stop: Any = None) -> RateSizing:
     """Deploy the baseline of `session` (tuner.loop.Session) once and size its rate. Raises SizingError.
@@ -135,7 +162,6 @@ def size(session: Any, *, on_step: Callable[[CapacityStep, int], None] | None = 
     `run_seconds(rate)` of open-loop arrivals."""
     from tuner.errors import Interrupted
     from tuner.targets.base import TrialContext
-    from tuner.targets.process import HttpDeployment
 
     spec = session.agent.spec
     space = session.agent.space
@@ -160,16 +186,8 @@ def size(session: Any, *, on_step: Callable[[CapacityStep, int], None] | None = 
             dep = stack.enter_context(session.target.deploy(config, ctx))
 
             def run(rate: float) -> Measurement:
-                w = capacity_workload(spec.workload, rate, run_s=run_seconds(spec.workload, rate), warmup_s=WARMUP_S)
-                if isinstance(dep, HttpDeployment):  # stops a clearly saturated run early
-                    from tuner.measure.loadgen import measure_endpoint
-
-                    m = measure_endpoint(dep.base_url, model=dep.model, workload=w, goodput_ms={}, seed=seed,
-                                         base_dir=session.agent.path.parent, tokenizer=dep.tokenizer,
-                                         max_in_flight=in_flight_limit(rate, backlog_s), stop_event=ctx.stop_event)
-                    dep.check_after_run(m)  # the server died or answered 5xx: a classified failure
-                    return m
-                return dep.measure(w, goodput_ms={}, seed=seed)
+                return probe_run(dep, spec.workload, rate, run_s=run_seconds(spec.workload, rate), seed=seed,
+                                 base_dir=session.agent.path.parent, backlog_s=backlog_s, stop=ctx.stop_event)
 
             # warm-up (not counted): a fresh server's first requests pay its lazy start-up
             w_up = spec.workload.model_copy(update={

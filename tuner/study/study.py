@@ -390,7 +390,7 @@ class TunerStudy:
             earlier = self.same_config(self.space.full_config(chosen), told=True)
             if earlier is not None:
                 if _ran(earlier) and earlier.values and "cause" not in earlier.user_attrs and \
-                        self.repeats_of(earlier) < self.max_repeats():
+                        earlier.state == TrialState.COMPLETE and self.repeats_of(earlier) < self.max_repeats():
                     trial.set_user_attr("repeat_of", earlier.number)
                     log.info("proposal %d is trial %d's configuration again: measured as its repeat",
                              trial.number, earlier.number)
@@ -448,7 +448,7 @@ class TunerStudy:
         """The first earlier trial (finished, measured or failed) that ran exactly `config`, or None; with
         `told`, also one that was only told (rejected, screened: a prediction)."""
         for t in self.trials():
-            if t.state not in (TrialState.COMPLETE, TrialState.FAIL) or "config" not in t.user_attrs:
+            if t.state not in (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED) or "config" not in t.user_attrs:
                 continue
             if not told and not _ran(t):
                 continue
@@ -562,8 +562,14 @@ class TunerStudy:
             chosen[p.name] = v
         return trial, chosen
 
-    def tell(self, trial: Trial, ev: Evaluation, *, attrs: Mapping[str, Any]) -> FrozenTrial:
-        """Record the measurement. Raises LeaseLost when another process failed the trial meanwhile."""
+    def tell(self, trial: Trial, ev: Evaluation, *, attrs: Mapping[str, Any],
+             pruned_at: int | None = None) -> FrozenTrial:
+        """Record the measurement. Raises LeaseLost when another process failed the trial meanwhile.
+
+        `pruned_at`: the trial was stopped early after that many completed requests (tuner.measure.early_stop):
+        it is told PRUNED, never feasible, with its partial measurement's constraints; a single-objective study
+        gets the partial value as the intermediate value at that step (Optuna's trial.report), which Optuna
+        makes the pruned trial's value."""
         def go() -> FrozenTrial:
             with self.lock("tell"):
                 self._check_running(trial)
@@ -571,8 +577,12 @@ class TunerStudy:
                     trial.set_constraint(key, float(value))
                 for key, value in attrs.items():
                     trial.set_user_attr(key, _jsonable(value))
-                trial.set_user_attr("feasible", ev.feasible)
-                return self.study.tell(trial, ev.values)
+                trial.set_user_attr("feasible", ev.feasible and pruned_at is None)
+                if pruned_at is None:
+                    return self.study.tell(trial, ev.values)
+                if len(self.study.directions) == 1 and math.isfinite(ev.values[0]):
+                    trial.report(ev.values[0], pruned_at)
+                return self.study.tell(trial, state=TrialState.PRUNED)
 
         try:
             return with_db_retry(f"tell trial {trial.number}", go)

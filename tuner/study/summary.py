@@ -137,6 +137,27 @@ def advice(spec: AgentSpec, misses: Sequence[NearMiss]) -> str:
     return "every configuration broke an SLO: loosen the SLOs or widen the search space"
 
 
+def cost_lines(outcomes: Sequence[Any]) -> list[str]:
+    """What the cycle's trials were spared and what they spent beyond one run: the pruned trials (stopped early,
+    their partial measurement kept) and, with a `max_rate_under_slo` objective, the capacity searches' cost."""
+    lines = []
+    pruned = [o for o in outcomes if getattr(o, "pruned", None)]
+    if pruned:
+        shown = "; ".join(f"trial {o.number} after {o.duration_s:.0f} s: {o.pruned}" for o in pruned[:5])
+        lines.append(f"pruned {len(pruned)} trial(s), an SLO broken by far before the end (partial measurement "
+                     f"kept): {shown}" + (" ..." if len(pruned) > 5 else ""))
+    cost = [o.capacity for o in outcomes if getattr(o, "capacity", None)]
+    if cost:
+        runs = sum(int(c.get("runs") or 0) for c in cost)
+        load = sum(float(c.get("load_s") or 0.0) for c in cost)
+        wall = sum(float(c.get("wall_s") or 0.0) for c in cost)
+        n = len(cost)
+        lines.append(f"capacity search (max_rate_under_slo): {runs} probe run(s) over {n} trial(s), per trial "
+                     f"{runs / n:.1f} run(s), {load / n:.0f} s of load, {wall / n:.0f} s wall; "
+                     f"{sum(1 for c in cost if c.get('converged'))} converged")
+    return lines
+
+
 def run_summary(trials: Sequence[Any], spec: AgentSpec, *, feasible: bool, cycle_outcomes: Sequence[Any] = ()
                 ) -> list[str]:
     """The lines printed under the final table: failure causes of this cycle, and when no trial of the study
@@ -145,6 +166,7 @@ def run_summary(trials: Sequence[Any], spec: AgentSpec, *, feasible: bool, cycle
     causes = Counter(str(o.cause) for o in cycle_outcomes if getattr(o, "cause", None))
     if causes:
         lines.append("failed trials by cause: " + ", ".join(f"{c} x{n}" for c, n in causes.most_common()))
+    lines += cost_lines(cycle_outcomes)
     if not feasible:
         misses = nearest_misses(trials, spec)
         if misses:

@@ -27,6 +27,9 @@ class TrialContext:
     seed: int = 0
     stop_event: threading.Event = field(default_factory=threading.Event)
     label: str = ""  # e.g. "trial-7" or "verify-champion-2": names the log file
+    # tuner.measure.early_stop.EarlyStopRule: a measure() stops once its partial measurement breaks an SLO by
+    # far (Measurement.early_stop says why); None: every run goes to its end
+    early_stop: Any = None
 
     @property
     def log_dir(self) -> Path:

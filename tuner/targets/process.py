@@ -471,6 +471,7 @@ class HttpDeployment(Deployment):
             metrics_url=self.metrics_url,
             gpu_indices=self.ctx.gpus,
             stop_event=self.ctx.stop_event,
+            early_stop=self.ctx.early_stop,
         )
         if m.summary.get("interrupted"):
             raise Interrupted("stop requested during the run")

@@ -158,9 +158,16 @@ class SimDeployment(Deployment):
             "sim_noise_factor": res.noise_factor,
             "sim_busy_fraction": st.busy_s / max(res.end_s * cfg.data_parallel_size, 1e-9),
         }
-        return Measurement(summary=summarise(res.records, goodput_ms=goodput_ms or None),
-                           records=tuple(res.records), cold_start_s=cfg.cold_start_s, telemetry=telemetry,
-                           notes=tuple(notes))
+        records, stopped = list(res.records), None
+        if self.ctx.early_stop is not None:  # what a live run watched by the rule would have kept
+            from tuner.measure.early_stop import replay
+
+            records, stopped = replay(records, self.ctx.early_stop)
+            if stopped is not None:
+                notes = [*notes, f"stopped early at {stopped.at_s:.1f} s of simulated time: {stopped.text()}"]
+        return Measurement(summary=summarise(records, goodput_ms=goodput_ms or None), records=tuple(records), cold_start_s=cfg.cold_start_s,
+                           telemetry=telemetry, notes=tuple(notes),
+                           early_stop=stopped.to_attr() if stopped is not None else None)
 
 
 class SimTarget(Target):

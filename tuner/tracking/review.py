@@ -36,11 +36,14 @@ def broken_slos(ev: Evaluation) -> list[str]:
     return [k.split(":", 1)[1] for k, v in ev.constraints.items() if k.startswith("slo:") and v > 0]
 
 
-def trial_run_name(number: int, *, baseline: bool, ev: Evaluation, cause: str | None) -> str:
-    """`trial-12 infeasible ttft_ms.p99`, `trial-3 failed out_of_memory`, `trial-0 baseline feasible`."""
+def trial_run_name(number: int, *, baseline: bool, ev: Evaluation, cause: str | None, pruned: bool = False) -> str:
+    """`trial-12 infeasible ttft_ms.p99`, `trial-3 failed out_of_memory`, `trial-0 baseline feasible`,
+    `trial-5 pruned ttft_ms.p99` (stopped early)."""
     head = f"trial-{number}" + (" baseline" if baseline else "")
     if cause is not None:
         return f"{head} failed {cause}"
+    if pruned:
+        return f"{head} pruned {' '.join(broken_slos(ev))}".rstrip()
     if ev.feasible:
         return f"{head} feasible"
     broken = broken_slos(ev)

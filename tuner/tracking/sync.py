@@ -124,6 +124,10 @@ def _finite(mapping: Mapping[str, Any]) -> dict[str, float]:
             if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v))}
 
 
+# the states of a trial whose MLflow run is written (a pruned one holds its partial measurement)
+FINISHED_STATES = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
+
+
 def trial_payload(t: FrozenTrial, objectives: list[str]) -> tuple[dict[str, Any], dict[str, float], str]:
     """Params, metrics and the MLflow status of a finished Optuna trial, as the loop logs them."""
     ua = t.user_attrs
@@ -143,8 +147,8 @@ def trial_payload(t: FrozenTrial, objectives: list[str]) -> tuple[dict[str, Any]
 
 def _status(t: FrozenTrial) -> str:
     cause = t.user_attrs.get("cause")
-    if t.state == TrialState.COMPLETE and not cause:
-        return "FINISHED"
+    if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and not cause:
+        return "FINISHED"  # a pruned trial's run holds its partial measurement (tag state: PRUNED)
     if cause == "interrupted" or t.state == TrialState.FAIL and "interrupt" in str(t.user_attrs.get("error", "")):
         return "KILLED"
     return "FAILED"
@@ -200,7 +204,7 @@ def _abandoned(tracker: Tracker, run: Any) -> bool:
 
 
 def _cycle_summary(trials: list[FrozenTrial]) -> dict[str, float]:
-    done = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL)]
+    done = [t for t in trials if t.state in FINISHED_STATES]
     return {"trials_run": len(done), "trials_feasible": sum(bool(t.user_attrs.get("feasible")) for t in done),
             "trials_failed": sum(bool(t.user_attrs.get("cause")) for t in done)}
 
@@ -262,7 +266,7 @@ def _reconcile(tracker: Tracker, study: Any, agent: str, objectives: list[str], 
         rec = user_attrs.get(f"cycle:{r.data.tags.get('cycle')}") if kind == "cycle" else None
         v = stored_by_run.get(run_id) or stored_by_key.get(r.data.tags.get(VERIFICATION_KEY_TAG, "")) \
             if kind == "verification" else None
-        if t is not None and t.state in (TrialState.COMPLETE, TrialState.FAIL):
+        if t is not None and t.state in FINISHED_STATES:
             params, metrics, status = trial_payload(t, objectives)
             tracker.log(run_id, params=params, metrics=metrics, tags={BACKFILLED_TAG: "true", "state": t.state.name})
             tracker.end_run(run_id, status)
@@ -320,7 +324,7 @@ def _reconcile(tracker: Tracker, study: Any, agent: str, objectives: list[str], 
     for number in sorted(trials):
         t = trials[number]
         if number in trial_runs or number in tracker.tracking_trials or \
-                t.state not in (TrialState.COMPLETE, TrialState.FAIL) or _writer_may_live(t):
+                t.state not in FINISHED_STATES or _writer_may_live(t):
             continue
         params, metrics, status = trial_payload(t, objectives)
         c = t.user_attrs.get("cycle")

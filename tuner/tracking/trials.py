@@ -48,6 +48,7 @@ class TrialRecord:
     gpus: tuple[int, ...] = ()
     cycle: int | None = None
     parent_run_id: str | None = None
+    pruned: dict[str, Any] | None = None  # stopped early (tuner.measure.early_stop): Optuna holds it PRUNED
 
 
 @dataclass
@@ -75,20 +76,23 @@ class TrialRecorder:
             return
         ev = rec.evaluation
         tags: dict[str, Any] = {
-            "kind": "trial", "trial": rec.number, "baseline": rec.baseline, "state": "COMPLETE",
+            "kind": "trial", "trial": rec.number, "baseline": rec.baseline,
+            "state": "PRUNED" if rec.pruned is not None else "COMPLETE",
             "feasible": ev.feasible, "failure_cause": rec.cause or "", "agent": self.spec.name,
             "study": self.study_name, **{f"target.{k}": v for k, v in self.description.items()}}
         if rec.error:
             tags["error"] = redact_text(rec.error)[:1000]
         if rec.gpus:
             tags["gpus"] = ",".join(map(str, rec.gpus))
+        if rec.pruned is not None:
+            tags["pruned"] = str(rec.pruned.get("reason", ""))[:1000]
         if rec.cycle is not None:
             tags["cycle"] = rec.cycle
         if rec.cause is None and not ev.feasible:
             tags["slo_broken"] = ",".join(k.split(":", 1)[1] for k, v in ev.constraints.items()
                                           if k.startswith("slo:") and v > 0)
         tags["host"], tags["pid"] = socket.gethostname(), os.getpid()
-        name = trial_run_name(rec.number, baseline=rec.baseline, ev=ev, cause=rec.cause)
+        name = trial_run_name(rec.number, baseline=rec.baseline, ev=ev, cause=rec.cause, pruned=rec.pruned is not None)
         run_id = tr.start_run(name, parent_run_id=rec.parent_run_id, tags=tags, params=rec.config)
         key, rest = trial_metrics(self.spec, ev, rec.metrics, measured=rec.measurement is not None)
         if key:  # first, in a batch of their own: the few columns the runs table should show
@@ -98,6 +102,14 @@ class TrialRecorder:
         tr.log_text(run_id, yaml.safe_dump({"trial": rec.number, "config": redact(rec.config)}, sort_keys=True),
                     "config.yaml")
         m = rec.measurement
+        if m is not None and m.capacity_search is not None:
+            import json
+
+            tr.log_text(run_id, json.dumps(m.capacity_search, indent=1, default=str), "capacity_search.json")
+        if rec.pruned is not None:
+            import json
+
+            tr.log_text(run_id, json.dumps(rec.pruned, indent=1), "pruned.json")
         if m is not None and m.records:
             tr.log_text(run_id, records_csv(m.records), "requests.csv")
             log_latency_plot(tr, run_id, m.records, name)
