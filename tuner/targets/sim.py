@@ -165,7 +165,8 @@ class SimDeployment(Deployment):
             records, stopped = replay(records, self.ctx.early_stop)
             if stopped is not None:
                 notes = [*notes, f"stopped early at {stopped.at_s:.1f} s of simulated time: {stopped.text()}"]
-        return Measurement(summary=summarise(records, goodput_ms=goodput_ms or None), records=tuple(records), cold_start_s=cfg.cold_start_s,
+        return Measurement(summary=summarise(records, goodput_ms=goodput_ms or None), records=tuple(records),
+                           cold_start_s=cfg.cold_start_s,
                            telemetry=telemetry, notes=tuple(notes),
                            early_stop=stopped.to_attr() if stopped is not None else None)
 
