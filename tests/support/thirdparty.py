@@ -75,9 +75,11 @@ def _wait_healthy(srv: Server, timeout_s: float) -> None:
 @contextmanager
 def running(argv: list[str], *, port: int, model: str, log: Path, env: dict[str, str] | None = None,
             timeout_s: float = 180.0) -> Iterator[Server]:
-    """Start argv (its own process group), wait for /health, yield it; the group is ended afterwards."""
+    """Start argv (its own process group, in this session: a new session would be a new scheduler autogroup,
+    which starves a CPU server's front end on a busy host), wait for /health, yield it; the group is ended
+    afterwards."""
     with log.open("ab") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, process_group=0,
                                 env={**os.environ, **(env or {})})
     srv = Server(url=f"http://127.0.0.1:{port}", model=model, log=log, proc=proc)
     try:

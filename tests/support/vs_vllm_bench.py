@@ -20,9 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tuner.measure.loadgen import ONE_BURST_S  # a stream whose tokens all came at once: the server held them
+
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_BIN = ROOT / ".venv-vllm" / "bin" / "vllm"
 METRICS = ("ttft", "tpot", "itl", "e2el")
+
 
 
 @dataclass(frozen=True)
@@ -60,8 +63,11 @@ def medians(res: dict[str, Any]) -> dict[str, float]:
     tpot = [(res["latencies"][i] - res["ttfts"][i]) * 1000 / (res["output_lens"][i] - 1)
             for i in ok if res["output_lens"][i] > 1]
     itl = [x * 1000 for i in ok for x in res["itls"][i]]
+    multi = [i for i in ok if res["output_lens"][i] > 1]
+    burst = [i for i in multi if res["latencies"][i] - res["ttfts"][i] <= ONE_BURST_S]
     return {"ttft": statistics.median(ttft), "tpot": statistics.median(tpot), "itl": statistics.median(itl),
             "e2el": statistics.median(e2el), "completed": float(len(ok)),
+            "one_burst_frac": len(burst) / len(multi) if multi else 0.0,
             "request_throughput": float(res["request_throughput"]),
             "prompt_tokens": float(statistics.median(res["input_lens"][i] for i in ok))}
 

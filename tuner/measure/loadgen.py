@@ -605,7 +605,25 @@ def client_summary(records: Sequence[RequestRecord], result: RunResult) -> dict[
         s = sorted(r.scheduled_s for r in meas)
         if len(s) > 1 and s[-1] > s[0]:
             out["offered_rate_per_s"] = (len(s) - 1) / (s[-1] - s[0])
+        multi = [r for r in meas if r.ok and r.streamed and len(r.token_times_s) > 1]
+        if multi:
+            burst = sum(1 for r in multi if r.token_times_s[-1] - r.token_times_s[0] <= ONE_BURST_S)
+            out["one_burst_streams"] = float(burst)
+            out["one_burst_frac"] = burst / len(multi)
     return out
+
+
+ONE_BURST_S = 0.001  # a stream whose tokens all arrived within this of each other came in one burst
+
+
+def one_burst_note(summary: Mapping[str, float]) -> str | None:
+    """A warning when many streams came in one burst: their TTFT is late and their TPOT/ITL near 0."""
+    frac = summary.get("one_burst_frac", 0.0)
+    if frac < 0.1:
+        return None
+    return (f"{summary['one_burst_streams']:.0f} streamed requests ({frac:.0%}) got every token in one burst: the "
+            "server sent nothing until the answer was done (its front end fell behind, e.g. a CPU server "
+            "starved on a busy host; see docs/metrics.md), so their TTFT is late and TPOT/ITL read near 0")
 
 
 def energy_per_output_token(energy_j: float, records: Sequence[RequestRecord]) -> float | None:
@@ -745,6 +763,9 @@ def measure_endpoint(base_url: str, *, model: str, workload: WorkloadSpec, goodp
             notes.append(mismatch)
     if not workload.stream:
         notes.append("stream off: TTFT, TPOT and ITL are not measured (only end-to-end latency)")
+    burst_note = one_burst_note(summary)
+    if burst_note:
+        notes.append(burst_note)
     if summary.get("multi_token_chunks", 0) > 0:
         notes.append(f"{summary['multi_token_chunks']:.0f} streamed chunks carried several tokens: ITL splits "
                      "each such chunk's gap evenly over its tokens (TPOT is per request and unaffected)")

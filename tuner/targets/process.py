@@ -3,7 +3,9 @@
 One careful way to start a server:
 
 - an argument list, never a shell; the trial's environment (CUDA_VISIBLE_DEVICES for its GPUs);
-- its own process group (``start_new_session=True``), led by a guard (``tuner/targets/guard.py``) that runs
+- its own process group (``process_group=0``; not a new session: on Linux a new session is also a new
+  scheduler autogroup, which gets one share of the CPU against every other session, so on a shared host the
+  server starved its own front end: see docs/metrics.md), led by a guard (``tuner/targets/guard.py``) that runs
   the server as its child and takes the whole group down, the server's own children included, when the tuner
   dies however it dies (the guard holds the read end of a pipe only the tuner can write: EOF means gone);
 - a PID registry in the state dir (``<state-dir>/pids/<pgid>.json``) that :func:`reap_orphans` reads on the
@@ -242,7 +244,7 @@ class ServerProcess:
 
     @property
     def pgid(self) -> int | None:
-        return self.pid  # start_new_session makes the child the leader of its own group
+        return self.pid  # process_group=0 makes the child the leader of its own group
 
     @property
     def returncode(self) -> int | None:
@@ -275,7 +277,7 @@ class ServerProcess:
                     stderr=subprocess.STDOUT,
                     env=env,
                     cwd=self.cwd,
-                    start_new_session=True,
+                    process_group=0,
                     pass_fds=(lifeline_r,),
                 )
             except OSError as exc:

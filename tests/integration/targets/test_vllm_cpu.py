@@ -276,10 +276,13 @@ def test_tuner_bench_measures_what_vllm_bench_serve_measures(tmp_path: Path, vll
     # shared with other jobs two client processes measuring at the same moments differed by up to 37% in
     # median TTFT, in either direction (experiments/interop); interleaved rounds moved 13-109 ms. A clock
     # started or stopped at the wrong event (scheduling, the last token, [DONE]) is far outside that.
-    # TTFT is the figure issue 27 is about. TPOT and E2EL are not asserted here: on a quiet host the tuner's
-    # median TPOT on real vLLM read 0.0 ms against vllm bench serve's 2.6 ms in two runs (the tuner saw the
-    # tokens of most requests at one arrival time), under load they agreed; open, see the closing note
-    for metric in ("ttft",):
+    # The server runs in this session (tests/support/thirdparty.running): started in a session of its own
+    # (its own scheduler autogroup) on a busy host, vLLM's front end sent most answers in one burst (TTFT
+    # late, TPOT 0 for both tools, docs/metrics.md), and neither tool then measures streaming at all
+    for tool in ("vllm", "tuner"):
+        bursts = [x["one_burst_frac"] for x in getattr(rounds, tool)]
+        assert max(bursts) < 0.25, (tool, "answers came in one burst", bursts, rounds.loads)
+    for metric in ("ttft", "tpot", "e2el"):
         v = verdict(rounds, metric)
         assert abs(v["tuner"] - v["vllm"]) <= max(3 * v["noise"], 0.5 * v["vllm"]), (metric, v, rounds.loads)
     for res in rounds.tuner_raw:  # by default, prompts from the server's own /tokenize: the asked length

@@ -335,3 +335,21 @@ def test_gpu_sampler_reads_every_counter_through_nvml() -> None:
     assert r["gpu_tensor_util_pct_mean"] == 30 and r["gpu_sm_occupancy_pct_mean"] == 40
     assert nv.alloc == nv.freed and nv.shutdown == 1  # GPM samples freed, NVML shut down
     assert GpuSampler([3], nvml=FakeNvml(count=1)).start().result() == {}  # absent index: nothing, no error
+
+
+def test_a_stream_whose_tokens_all_came_at_once_is_counted_as_one_burst_and_warned_about() -> None:
+    from tuner.measure.loadgen import RunResult, client_summary, one_burst_note
+
+    def rec(i: int, span_s: float) -> RequestRecord:
+        times = tuple(1.0 + span_s * k / 7 for k in range(8))
+        return RequestRecord(index=i, scheduled_s=0.0, sent_s=0.9, first_token_s=times[0], done_s=times[-1],
+                             prompt_tokens=8, output_tokens=8, token_times_s=times)
+
+    recs = [rec(i, 0.0005 if i < 3 else 0.05) for i in range(10)]
+    s = client_summary(recs, RunResult(records=recs, wall_s=2.0))
+    assert s["one_burst_streams"] == 3 and s["one_burst_frac"] == pytest.approx(0.3)
+    note = one_burst_note(s)
+    assert note is not None and "3 streamed requests (30%)" in note
+    streamed = [rec(i, 0.05) for i in range(10)]
+    s2 = client_summary(streamed, RunResult(records=streamed, wall_s=2.0))
+    assert s2["one_burst_frac"] == 0.0 and one_burst_note(s2) is None
