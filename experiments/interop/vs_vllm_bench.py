@@ -85,7 +85,8 @@ def main() -> None:
              f"The machine: {os.cpu_count()} cores shared with other jobs; load average (1, 5, 15 min) per round "
              "below.", ""]
     rows = ["| server | load | round | tool | requests | prompt tokens (median) | median TTFT ms | median TPOT ms "
-            "| median ITL ms | median E2EL ms | req/s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| median ITL ms | median E2EL ms | req/s | one-burst answers |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     verdicts = ["| server | metric | vllm bench serve | tuner bench | gap | spread over rounds or slices | agree |",
                 "|---|---|---|---|---|---|---|"]
     same_streams: list[str] = []
@@ -111,7 +112,7 @@ def main() -> None:
                     rows.append(f"| {name} | {rr.loads[min(i, len(rr.loads) - 1)]} | {label} {i + 1} | {tool} | "
                                 f"{res['completed']:.0f} | {res['prompt_tokens']:.0f} | {res['ttft']:.2f} | "
                                 f"{res['tpot']:.3f} | {res['itl']:.3f} | {res['e2el']:.2f} | "
-                                f"{res['request_throughput']:.2f} |")
+                                f"{res['request_throughput']:.2f} | {res['one_burst_frac']:.0%} |")
                     print(rows[-1], flush=True)
             for metric in (*METRICS, "request_throughput"):
                 v = verdict(rr, metric)
