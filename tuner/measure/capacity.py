@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tuner.measure.measurement import Measurement
+from tuner.measure.metrics import offered_rate_per_s
 from tuner.spec import Arrival, WorkloadSpec
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,9 @@ def check(m: Measurement, slos: Mapping[str, float], offered_rate: float | None 
     if m.summary.get("saturated", 0.0) > 0:
         bad.append("saturated (backlog limit reached)")
         worst = math.inf
-    offered = m.summary.get("offered_rate_per_s", offered_rate or 0.0)
+    # what was offered: the load generator's figure, else the requests' scheduled times (a simulator's run), else
+    # the rate asked for
+    offered = m.summary.get("offered_rate_per_s") or offered_rate_per_s(m.records) or offered_rate or 0.0
     if offered:
         # completions per second over the run, less one typical request latency (the drain at the end)
         s = m.summary

@@ -35,7 +35,7 @@ from tuner.base.redact import redact_text
 from tuner.errors import ConfigError
 from tuner.measure.early_stop import EarlyStop, EarlyStopRule
 from tuner.measure.measurement import Measurement
-from tuner.measure.metrics import prompt_length_check, summarise
+from tuner.measure.metrics import offered_rate_per_s, prompt_length_check, summarise
 from tuner.measure.promptfit import FittedPrompts, fitted_for_server, residual, tokenize_counter, usage_counter
 from tuner.measure.records import RequestPlan, RequestRecord
 from tuner.measure.stream import StreamReader, spread, token_times
@@ -602,9 +602,9 @@ def client_summary(records: Sequence[RequestRecord], result: RunResult) -> dict[
         lag = np.array([(r.sent_s - r.scheduled_s) * 1000.0 for r in meas])
         out["client_queue_ms_mean"] = float(lag.mean())
         out["client_queue_ms_p99"] = float(np.percentile(lag, 99))
-        s = sorted(r.scheduled_s for r in meas)
-        if len(s) > 1 and s[-1] > s[0]:
-            out["offered_rate_per_s"] = (len(s) - 1) / (s[-1] - s[0])
+        offered = offered_rate_per_s(meas)
+        if offered is not None:
+            out["offered_rate_per_s"] = offered
         multi = [r for r in meas if r.ok and r.streamed and len(r.token_times_s) > 1]
         if multi:
             burst = sum(1 for r in multi if r.token_times_s[-1] - r.token_times_s[0] <= ONE_BURST_S)

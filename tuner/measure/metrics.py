@@ -109,6 +109,15 @@ def summarise(
     return out
 
 
+def offered_rate_per_s(records: Iterable[RequestRecord]) -> float | None:
+    """The request rate the measured (non-warm-up) requests were scheduled at, from their scheduled times; None
+    with fewer than two or no time between them."""
+    s = sorted(r.scheduled_s for r in records if not r.warmup)
+    if len(s) > 1 and s[-1] > s[0]:
+        return (len(s) - 1) / (s[-1] - s[0])
+    return None
+
+
 def first_errors(records: Iterable[RequestRecord]) -> dict[str, tuple[int, str]]:
     """Each error kind of the measured requests: (how many, the first one's detail)."""
     out: dict[str, tuple[int, str]] = {}

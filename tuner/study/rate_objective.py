@@ -73,7 +73,7 @@ def measure_max_rate(dep: Any, spec: AgentSpec, *, seed: int, base_dir: Path, st
     passing = [i for i, s in enumerate(res.steps) if s.ok and s.rate_per_s == res.rate_per_s]
     pick = passing[-1] if passing else min(range(len(runs)), key=lambda i: runs[i][0])
     load_s = sum(float(m.summary.get("duration", 0.0) or 0.0) for _, m, _ in runs)
-    probes = [{"rate_per_s": round(rate, 6), "ok": step.ok, "worst_ratio": step.worst_ratio if
+    probes = [{"rate_per_s": rate, "ok": step.ok, "worst_ratio": step.worst_ratio if
                math.isfinite(step.worst_ratio) else None, "violations": "; ".join(step.violations),
                "wall_s": round(w, 3), **{k: m.summary[k] for k in PROBE_KEYS if k in m.summary}}
               for (rate, m, w), step in zip(runs, res.steps, strict=True)]

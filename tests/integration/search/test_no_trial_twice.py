@@ -5,48 +5,35 @@ budget trial."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import optuna
 
-from tuner.agent import load_agent
+from tests.support import agents
+from tuner.agent import Agent, load_agent
 from tuner.loop import open_session, run_cycle
 from tuner.search.design import SpaceDesign, group_sweep
 from tuner.study.objectives import total_violation
 
-AGENT = """\
-name: twice
-target: {{kind: sim, hardware: a100-80gb-sxm, model: {model}, num_gpus: {gpus}}}
-search_space:
-  params:
-    tensor_parallel_size: {{type: categorical, choices: [1, 2, 4, 8], default: {tp}}}
-    data_parallel_size: {{type: categorical, choices: [1, 2, 4, 8], default: 1}}
-    max_num_seqs: {{type: categorical, choices: [32, 256], default: 256}}
-  constraints:
-    - tensor_parallel_size * data_parallel_size <= 8
-workload:
-  arrival: {{kind: closed, concurrency: 16}}
-  prompt_tokens: {{dist: fixed, value: 64}}
-  output_tokens: {{dist: fixed, value: 16}}
-  num_requests: 24
-objectives:
-  - {{metric: output_throughput, direction: maximize}}
-slos:
-  - {{metric: ttft_ms.p99, max: {ttft}}}
-sampler: {sampler}
-budget: {{trials: {trials}}}
-tracking: {{enabled: false}}
-"""
-
 
 def _agent(tmp_path: Path, *, gpus: int = 8, model: str = "llama-3-8b", tp: int = 1, ttft: float = 5000,
-           sampler: str = "{name: tpe, seed: 0, resample_violations: 50}", trials: int = 12):
-    p = tmp_path / "agent.yaml"
-    p.write_text(AGENT.format(gpus=gpus, model=model, tp=tp, ttft=ttft, sampler=sampler, trials=trials))
-    return load_agent(p)
+           sampler: dict[str, Any] | None = None, trials: int = 12) -> Agent:
+    spec = agents.agent_spec(
+        name="twice", slos=[{"metric": "ttft_ms.p99", "max": ttft}], budget={"trials": trials},
+        sampler=sampler or {"name": "tpe", "seed": 0, "resample_violations": 50}, tracking={"enabled": False},
+        search_space={"params": {
+            "tensor_parallel_size": {"type": "categorical", "choices": [1, 2, 4, 8], "default": tp},
+            "data_parallel_size": {"type": "categorical", "choices": [1, 2, 4, 8], "default": 1},
+            "max_num_seqs": {"type": "categorical", "choices": [32, 256], "default": 256},
+        }, "constraints": ["tensor_parallel_size * data_parallel_size <= 8"]},
+        at={"target.model": model, "target.num_gpus": gpus, "workload.arrival": {"kind": "closed", "concurrency": 16},
+            "workload.prompt_tokens": {"dist": "fixed", "value": 64},
+            "workload.output_tokens": {"dist": "fixed", "value": 16}, "workload.num_requests": 24})
+    return load_agent(agents.write_spec(tmp_path / "agent.yaml", spec))
 
 
 def test_the_layout_sweep_on_a_4_gpu_target_proposes_only_layouts_it_can_place(tmp_path: Path) -> None:
-    session = open_session(_agent(tmp_path, gpus=4, sampler="{name: auto, seed: 0}"), tmp_path / "state")
+    session = open_session(_agent(tmp_path, gpus=4, sampler={"name": "auto", "seed": 0}), tmp_path / "state")
     space = session.agent.space
     layouts = {(c["tensor_parallel_size"], c["data_parallel_size"]) for c in group_sweep(space, 0)}
     assert layouts and all(tp * dp <= 4 for tp, dp in layouts)  # the declared constraint allows 8
@@ -74,10 +61,13 @@ def test_memory_bounds_the_proposals(tmp_path: Path) -> None:
 
 def test_a_rejected_proposal_ranks_below_every_measured_slo_miss(tmp_path: Path) -> None:
     # a TTFT SLO no configuration meets: every measured trial misses it; constraint-breakers are rejected
-    session = open_session(_agent(tmp_path, ttft=0.001, sampler="{name: random, seed: 0, resample_violations: 50}"),
+    session = open_session(_agent(tmp_path, ttft=0.001,
+                                  sampler={"name": "random", "seed": 0, "resample_violations": 50}),
                            tmp_path / "state")
     run_cycle(session, trials=8)
-    trials = [t for t in session.study.trials() if t.state == optuna.trial.TrialState.COMPLETE]
+    # a trial pruned for its partial measurement's miss is a measured miss too
+    trials = [t for t in session.study.trials()
+              if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)]
     measured = [t for t in trials if "metrics" in t.user_attrs and "cause" not in t.user_attrs]
     rejected = [t for t in trials if t.user_attrs.get("rejected")]
     assert measured and rejected
@@ -94,7 +84,7 @@ def test_a_rejected_proposal_ranks_below_every_measured_slo_miss(tmp_path: Path)
 
 def test_a_reproposed_configuration_is_a_repeat_not_a_budget_trial(tmp_path: Path) -> None:
     # 16 allowed configurations; 14 budget trials of random search draw many configurations twice
-    agent = _agent(tmp_path, sampler="{name: random, seed: 3, resample_violations: 50}", trials=14)
+    agent = _agent(tmp_path, sampler={"name": "random", "seed": 3, "resample_violations": 50}, trials=14)
     session = open_session(agent, tmp_path / "state")
     result = run_cycle(session, trials=14)
     configs = [tuple(sorted(o.params.items())) for o in result.outcomes]
