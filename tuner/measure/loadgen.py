@@ -403,6 +403,9 @@ class _Run:
         if not tasks:
             return
         everything: asyncio.Future[Any] = asyncio.gather(*tasks)
+        # a run cancelled here (a stop request, an early stop) leaves the gather to end with its cancelled
+        # requests: its outcome is read, not logged as "never retrieved"
+        everything.add_done_callback(lambda f: f.cancelled() or f.exception())
         measured: asyncio.Future[Any] = asyncio.create_task(self.all_measured_done.wait())
         try:
             await asyncio.wait([everything, measured], return_when=asyncio.FIRST_COMPLETED)
