@@ -24,7 +24,9 @@ def print_status(console: Console, data: dict[str, Any]) -> None:
     rejected += f", {c['REPEATS']} repeats of a configuration proposed again" if c.get("REPEATS") else ""
     console.print(f"[bold]{data['agent']}[/] (study {data['study']}): {c.get('COMPLETE', 0)} finished "
                   f"({c.get('FEASIBLE', 0)} feasible, {c.get('INFEASIBLE', 0)} infeasible{rejected}), "
-                  f"{c.get('FAIL', 0)} failed/interrupted, {c.get('RUNNING', 0)} running, "
+                  f"{c.get('FAIL', 0)} failed/interrupted, "
+                  + (f"{c['PRUNED']} pruned (stopped early, an SLO broken by far), " if c.get("PRUNED") else "")
+                  + f"{c.get('RUNNING', 0)} running, "
                   f"{c.get('WAITING', 0)} waiting", highlight=False)
     rows = [("baseline", data.get("baseline"))] + [("best", b) for b in data.get("best") or []]
     table = Table(title="trials")

@@ -98,3 +98,31 @@ def test_pruning_off_runs_every_trial_to_its_end(tmp_path: Path) -> None:
 def test_a_factor_it_does_not_reach_does_not_prune(tmp_path: Path) -> None:
     session, _ = run(tmp_path, pruning={"factor": 1e5}, tracking={"enabled": False})
     assert optuna.trial.TrialState.PRUNED not in {t.state for t in session.study.trials()}
+
+
+def test_run_status_and_report_show_the_pruned_trial(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from tuner.cli.main import app
+
+    p = write(tmp_path, tracking={"enabled": False})
+    sd = tmp_path / "state"
+    session = open_session(load_agent(p), sd)  # the baseline first, then the configurations to run
+    session.study.study.enqueue_trial({"max_num_seqs": 2})
+    session.study.study.enqueue_trial({"max_num_seqs": 128})
+    runner = CliRunner()
+    res = runner.invoke(app, ["run", str(p), "--trials", "3", "--state-dir", str(sd)])
+    assert res.exit_code == 0, res.output
+    assert "pruned 1 trial(s)" in res.output and "trial 1 after" in res.output, res.output
+    res = runner.invoke(app, ["status", str(p), "--state-dir", str(sd)])
+    assert res.exit_code == 0 and "1 pruned" in res.output, res.output
+    res = runner.invoke(app, ["run", str(p), "--trials", "1", "--state-dir", str(sd), "--json"])
+    # the three configurations ran (one pruned): none is left, the pruned one is not deployed again
+    assert json.loads(res.output.strip().splitlines()[-1])["trials"] == []
+    from tuner.report.data import gather
+    from tuner.study.study import TunerStudy
+
+    agent = load_agent(p)
+    study = TunerStudy(agent.spec, agent.space, storage_url=f"sqlite:///{sd / 'optuna.db'}")
+    rows = {r.number: r for r in gather(agent, sd, study, plots=False).rows}
+    assert rows[1].state == "pruned" and rows[1].broken == ["ttft_ms.p99"] and rows[1].values
