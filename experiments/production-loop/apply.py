@@ -1,7 +1,13 @@
-"""The agent's apply command: restart the production server on its port with the configuration of the champion
-file (TUNER_CHAMPION_FILE), as an operator's deploy hook would. The server's pid is kept in `--pidfile`.
+"""The agent's apply command: put the configuration of the champion file (TUNER_CHAMPION_FILE) in service without
+downtime, as an operator's deploy hook would: start a server with it beside the one serving, and move the
+production backend of the load balancer to it (tuner.rollout.lb.replace_server: the new server passes its
+health check, the old one gets no new request, finishes those it holds, leaves, and is stopped).
 
-    python apply.py --port 8123 --pidfile prod.pid [--config-json '{...}']   (no champion file: that config)
+    python apply.py --state prod.json --lb-socket hx/haproxy.sock --backend llm --log prod.log --events ev.jsonl
+    python apply.py --state prod.json --log prod.log --config-json '{...}'     (the first server, no balancer yet)
+
+`--state` holds the serving server's name, port and pid; `--events` gets one line per move (when the traffic
+moved, how long the new server took to start and the old one to drain).
 """
 
 from __future__ import annotations
@@ -14,46 +20,83 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DEFAULTS, server_argv, wait_ready  # noqa: E402
+from common import DEFAULTS, free_port, server_argv, wait_ready  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 KNOBS = set(DEFAULTS)
 
 
-def restart(config: dict, port: int, pidfile: Path, log: Path) -> None:
-    if pidfile.is_file():
-        pid = int(pidfile.read_text())
+def start_server(config: dict[str, Any], name: str, log: Path, tries: int = 3) -> dict[str, Any]:
+    """A reference-engine server with `config` on a free port, ready; returns its state record. A start that
+    fails (another process took the port between its choice and the bind, on this shared machine) is tried
+    again on another port; the server's output goes to `log`."""
+    for attempt in range(1, tries + 1):
+        port = free_port()
+        with open(log, "ab") as out:
+            out.write(f"--- {name} on :{port} (attempt {attempt}) {config}\n".encode())
+            out.flush()
+            proc = subprocess.Popen(server_argv(config, port), stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+                                    start_new_session=True)  # outlives this hook
         try:
-            os.kill(pid, signal.SIGTERM)
-            for _ in range(300):
-                os.kill(pid, 0)
-                time.sleep(0.1)
-        except ProcessLookupError:
-            pass
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(server_argv(config, port), stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                                start_new_session=True)  # outlives this hook
-    pidfile.write_text(str(proc.pid))
-    wait_ready(f"http://127.0.0.1:{port}", proc)
+            wait_ready(f"http://127.0.0.1:{port}", proc)
+            return {"name": name, "port": port, "pid": proc.pid, "config": config}
+        except RuntimeError as exc:
+            proc.kill()
+            print(f"{name} on :{port} did not start ({exc}): {log.read_text(errors='replace')[-1500:]}",
+                  file=sys.stderr)
+            if attempt == tries:
+                raise
+    raise AssertionError("unreachable")
+
+
+def stop_server(pid: int, timeout_s: float = 30.0) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            os.kill(pid, 0)
+            time.sleep(0.1)
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--pidfile", type=Path, required=True)
+    ap.add_argument("--state", type=Path, required=True)
     ap.add_argument("--log", type=Path, required=True)
+    ap.add_argument("--lb-socket")
+    ap.add_argument("--backend", default="llm")
+    ap.add_argument("--events", type=Path)
     ap.add_argument("--config-json")
     args = ap.parse_args()
     if args.config_json:
         config = json.loads(args.config_json)
     else:
         config = yaml.safe_load(Path(os.environ["TUNER_CHAMPION_FILE"]).read_text())["config"]
-    restart({k: v for k, v in {**DEFAULTS, **config}.items() if k in KNOBS}, args.port, args.pidfile, args.log)
-    print(f"production server on :{args.port} restarted with {config}")
+    config = {k: v for k, v in {**DEFAULTS, **config}.items() if k in KNOBS}
+    old = json.loads(args.state.read_text()) if args.state.is_file() else None
+    name = f"s{int(old['name'][1:]) + 1}" if old else "s0"
+    t0 = time.time()
+    new = start_server(config, name, args.log)
+    started = time.time()
+    if old is not None and args.lb_socket:
+        from tuner.rollout.lb import HAProxy, replace_server
+
+        steps = replace_server(HAProxy(args.lb_socket, args.backend), old["name"], name,
+                               f"127.0.0.1:{new['port']}", drain_s=600)
+        stop_server(int(old["pid"]))
+        if args.events is not None:
+            with open(args.events, "a") as f:
+                f.write(json.dumps({"time": started + steps["up_s"], "kind": "traffic_moved", "from": old["name"],
+                                    "to": name, "config": config, "start_s": started - t0, **steps}) + "\n")
+    args.state.write_text(json.dumps(new))
+    print(f"production backend on {name} (:{new['port']}) with {config}")
 
 
 if __name__ == "__main__":

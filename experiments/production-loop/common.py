@@ -21,9 +21,10 @@ DEFAULTS: dict[str, Any] = {"batching": "static", "max_batch_size": 8, "batch_ti
 # the seed's Flash-style serving configuration, as far as the engine expresses it on a CPU
 FLASH: dict[str, Any] = {"batching": "static", "max_batch_size": 32, "batch_timeout_ms": 100.0, "kv_pool_mb": 4096,
                          "pre_allocate": True, "quantization": "none"}
-PHASES: dict[str, dict[str, int]] = {  # many short concurrent requests; one long task at a time
+PHASES: dict[str, dict[str, int]] = {  # many short concurrent requests; a single long task (one client's chain of
+    # short sequential calls, an agent's loop: each call waits for the one before)
     "concurrent": {"concurrency": 32, "prompt_tokens": 32, "output_tokens": 16},
-    "single": {"concurrency": 1, "prompt_tokens": 32, "output_tokens": 192},
+    "single": {"concurrency": 1, "prompt_tokens": 32, "output_tokens": 8},
 }
 
 
