@@ -36,7 +36,14 @@ from tuner.study.objectives import (
     pruned_evaluation,
 )
 from tuner.study.rate_objective import measure_max_rate, search_spec
-from tuner.study.study import LeaseLost, SearchExhausted, TunerStudy, default_storage
+from tuner.study.study import (
+    DatabaseUnreachable,
+    LeaseLost,
+    SearchExhausted,
+    TunerStudy,
+    default_storage,
+    with_db_retry,
+)
 from tuner.study.summary import environment_failure
 from tuner.targets.base import Target, TrialContext
 from tuner.targets.process import reap_orphans
@@ -185,8 +192,16 @@ def sync_mlflow(session: Session) -> None:
     except Exception as exc:  # noqa: BLE001 - the trials and cycles are still made complete
         log.warning("cannot read the verifications to make MLflow complete: %s", redact_text(str(exc)))
         verifications = []
-    reconcile(session.tracker, session.study.study, agent=spec.name, objectives=[o.metric for o in spec.objectives],
-              state_dir=session.state_dir, description=session.description, verifications=verifications)
+    # one reconciler at a time for the whole fleet (workers have state dirs of their own): two at once both
+    # found a trial's run missing and both wrote it
+    try:
+        with session.study.lock("mlflow-sync"):
+            reconcile(session.tracker, session.study.study, agent=spec.name,
+                      objectives=[o.metric for o in spec.objectives], state_dir=session.state_dir,
+                      description=session.description, verifications=verifications)
+    except Exception as exc:  # noqa: BLE001 - the lock's database is down or held too long: the next sync does it
+        log.warning("MLflow not made complete now (%s); the next start or recovery does it",
+                    redact_text(str(exc)) or type(exc).__name__)
 
 
 def finish_tracking(session: Session, *, interrupted: bool = False) -> None:
@@ -384,12 +399,29 @@ def measure_config(session: Session, config: dict[str, Any], ctx: TrialContext, 
 
 def run_trial(session: Session, parent_run_id: str | None, stop: threading.Event, gpu_pool: Any, *,
               asked: tuple[Any, dict[str, Any]] | None = None, cycle: int | None = None) -> TrialOutcome:
-    """Measure one trial (asked here, or `asked` by the caller) and record it in Optuna and MLflow."""
-    spec = session.agent.spec
-    space = session.agent.space
+    """Measure one trial (asked here, or `asked` by the caller) and record it in Optuna and MLflow.
+
+    Whatever fails after the ask is the trial's: an error nobody foresaw (a bug, a database call that broke)
+    fails the trial with cause `internal_error` and the loop goes on; only a database that stays unreachable
+    (DatabaseUnreachable, one line) ends it."""
     ts = time.monotonic()
     trial, params = asked if asked is not None else session.study.ask()
     overhead = time.monotonic() - ts
+    try:
+        return _measure_and_record(session, parent_run_id, stop, gpu_pool, trial, params, overhead, cycle)
+    except (DatabaseUnreachable, SearchExhausted):
+        raise
+    except Exception as exc:  # noqa: BLE001 - a failing trial is recorded with its cause, never a dead loop
+        error = redact_text(f"{type(exc).__name__}: {exc}")
+        log.exception("trial %d could not be completed", trial.number)
+        session.study.tell_interrupted(trial, "internal_error", error=error)
+        return TrialOutcome(trial.number, params, [], False, cause="internal_error", error=error)
+
+
+def _measure_and_record(session: Session, parent_run_id: str | None, stop: threading.Event, gpu_pool: Any,
+                        trial: Any, params: dict[str, Any], overhead: float, cycle: int | None) -> TrialOutcome:
+    spec = session.agent.spec
+    space = session.agent.space
     number = trial.number
     config = space.full_config(params)
     baseline = bool(trial.user_attrs.get("baseline"))
@@ -478,8 +510,8 @@ def run_trial(session: Session, parent_run_id: str | None, stop: threading.Event
         attrs["gpus"] = list(gpus)
     attrs["duration_s"] = round(run_s, 4)
     repeat_of = trial.user_attrs.get("repeat_of")
-    n_repeats = spec.noise.repeats if repeat_of is None and (baseline or (ev.feasible and _beats_best(session, ev))) \
-        else 0
+    n_repeats = spec.noise.repeats if repeat_of is None and (baseline or (ev.feasible and with_db_retry(
+        "read the best trial", lambda: _beats_best(session, ev)))) else 0
     if baseline:
         n_repeats = max(n_repeats, spec.noise.baseline_repeats)
     if n_repeats and m is not None and cause is None and pruned is None and not stop.is_set():

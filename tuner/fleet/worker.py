@@ -24,7 +24,7 @@ from typing import Any
 from optuna.trial import TrialState
 
 from tuner.loop import Session, TrialOutcome, finish_tracking, reap, run_trial
-from tuner.study.study import with_db_retry
+from tuner.study.study import SearchExhausted, with_db_retry
 from tuner.tracking.sync import FLEET_RUN_ATTR
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,9 @@ def run_worker(session: Session, *, trials: int | None = None, wall_time_s: floa
     wall = wall_time_s if wall_time_s is not None else spec.budget.wall_time_s
     poll_s = float(spec.lease.heartbeat_s)
     study = session.study
+    # every worker opens the study with the agent's seed: left so, their samplers would propose one sequence
+    # between them, each configuration once per worker (Optuna reseeds its own parallel workers alike)
+    study.study.sampler.reseed_rng()
     reap(session)
     run_id = fleet_run(session, budget)
     if gpu_pool is None:
@@ -122,7 +125,11 @@ def run_worker(session: Session, *, trials: int | None = None, wall_time_s: floa
             if t_take - last_reap[0] >= poll_s:  # a lost trial is seen within a beat of its lease's end
                 last_reap[0] = t_take
                 with_db_retry("reap lost trials", study.reap_stale)
-            asked = with_db_retry("take a slot of the budget", slot)
+            try:
+                asked = with_db_retry("take a slot of the budget", slot)
+            except SearchExhausted as exc:  # every configuration ran: no trial left to spend the budget on
+                log.warning("%s: this worker ends", exc)
+                return None
             if asked is not None:
                 return asked, time.monotonic() - t_take
             if not with_db_retry("read the running trials", lambda: _others_running(session)):

@@ -167,6 +167,10 @@ class SearchExhausted(TunerError):
     another trial would spend one twice, so the cycle ends."""
 
 
+class DatabaseUnreachable(TunerError):
+    """The study's database did not answer for DB_RETRY_S: said in one line, never as a traceback."""
+
+
 class LeaseLost(TunerError):
     """The trial was failed by another process (its lease expired) before its owner told it."""
 
@@ -176,6 +180,8 @@ class LeaseLost(TunerError):
 def _transient(exc: BaseException) -> bool:
     from sqlalchemy.exc import DBAPIError, OperationalError
 
+    if isinstance(exc, DatabaseUnreachable):
+        return False  # an inner retry gave up already
     seen: BaseException | None = exc
     for _ in range(8):
         if seen is None:
@@ -186,6 +192,16 @@ def _transient(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def _last_line(exc: BaseException) -> str:
+    """The driver's own words (the innermost error's first line): `connection refused`, not SQLAlchemy's
+    wrapping of it."""
+    inner = exc
+    for _ in range(8):
+        inner = inner.__cause__ or inner.__context__ or inner
+    lines = str(inner).strip().splitlines()
+    return f"{type(inner).__name__}: {lines[0] if lines else ''}"
 
 
 def with_db_retry(what: str, fn: Callable[[], T], *, deadline_s: float = DB_RETRY_S) -> T:
@@ -200,8 +216,11 @@ def with_db_retry(what: str, fn: Callable[[], T], *, deadline_s: float = DB_RETR
 
             if state_fault(exc, ".") is not None:  # a full or read-only disk does not heal by waiting: at once
                 raise
-            if not _transient(exc) or time.monotonic() + delay > t_end:
+            if not _transient(exc):
                 raise
+            if time.monotonic() + delay > t_end:
+                raise DatabaseUnreachable(f"{what}: the study's database did not answer for {deadline_s:.0f} s "
+                                          f"({redact_text(_last_line(exc))})") from exc
             log.warning("%s: database unreachable (%s); retrying in %.1f s", what, type(exc).__name__, delay)
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
@@ -241,6 +260,9 @@ class TunerStudy:
                 storage=self.storage, sampler=make_sampler(spec.sampler, space), study_name=self.name,
                 directions=directions, load_if_exists=True,
             ), deadline_s=10)
+        except DatabaseUnreachable as exc:  # named with the storage, as every other fault of opening it
+            raise ConfigError(f"cannot open the Optuna storage {redact_url(storage_url)!r}: {exc}",
+                              field="storage") from None
         except TunerError:  # a damaged store, a read-only or full state dir: said as it is
             raise
         except Exception as exc:  # noqa: BLE001 - bad URL, missing driver, unreachable database
@@ -368,16 +390,31 @@ class TunerStudy:
         attribute `repeat_of`: the loop measures it as a noise sample of the earlier trial, no budget trial);
         after that it is told at once with the earlier trial's result (`duplicate_of`, never deployed) and the
         sampler is asked again; after DUPLICATE_LIMIT such answers in a row a configuration no trial ran is
-        drawn from the space's design instead. With a screener (`sampler.screen`, tuner.study.screen), a
+        drawn from the space's design instead. A configuration another worker (or thread) runs now is treated
+        alike: a repeat of that trial while it has fewer than `max_repeats()`, else set aside (told FAIL as a
+        copy, `duplicate_of`) and the sampler asked again. With a screener (`sampler.screen`, tuner.study.screen), a
         proposal the simulator predicts far outside the SLOs or far worse than the best is told as screened (the
         prediction, infeasible, `screened`; never deployed, no budget trial), up to `max_per_trial` times. An
         enqueued trial (the baseline, `tuner` A/B points) is returned as it is.
+
+        A trial this asked whose ask then failed (the database went away mid-ask: the caller retries, asking
+        a new one) is released: no more heartbeats, failed as `interrupted` when the database answers (else
+        by the next reaper), so it never holds a slot of the budget while its owner lives.
         """
+        held: list[Trial] = []
+        try:
+            return self._ask(held)
+        except BaseException:
+            if held:
+                self._abandon(held[-1])
+            raise
+
+    def _ask(self, held: list[Trial]) -> tuple[Trial, dict[str, Any]]:
         limit = self.resample_limit()
         screen = self.spec.sampler.screen
         rejected = screened = duplicates = predicted = 0
         while True:
-            trial, chosen = self._ask_once()
+            trial, chosen = self._ask_once(held)
             if self._enqueued(trial) and not trial.user_attrs.get("unseen"):
                 return trial, chosen
             bad = self.space.violations(chosen)
@@ -388,15 +425,23 @@ class TunerStudy:
                 self._reject(trial, chosen, bad)
                 continue
             earlier = self.same_config(self.space.full_config(chosen), told=True)
-            if earlier is not None:
-                if _ran(earlier) and earlier.values and "cause" not in earlier.user_attrs and \
-                        earlier.state == TrialState.COMPLETE and self.repeats_of(earlier) < self.max_repeats():
-                    trial.set_user_attr("repeat_of", earlier.number)
-                    log.info("proposal %d is trial %d's configuration again: measured as its repeat",
-                             trial.number, earlier.number)
+            # or another worker (or thread) runs it now: a second budget trial of it would be waste
+            running = None if earlier is not None else self._running_with(self.space.full_config(chosen), trial)
+            if earlier is not None or running is not None:
+                of = earlier or running
+                assert of is not None
+                measured = running is not None or (_ran(of) and bool(of.values) and "cause" not in of.user_attrs
+                                                   and of.state == TrialState.COMPLETE)
+                if measured and self.repeats_of(of) < self.max_repeats():
+                    trial.set_user_attr("repeat_of", of.number)
+                    log.info("proposal %d is trial %d's configuration again%s: measured as its repeat",
+                             trial.number, of.number, " (running now)" if running is not None else "")
                     return trial, chosen
                 duplicates += 1
-                self._duplicate(trial, earlier)
+                if earlier is not None:
+                    self._duplicate(trial, earlier)
+                else:
+                    self._set_aside(trial, of)
                 if duplicates >= DUPLICATE_LIMIT and not self._enqueue_unseen():
                     raise SearchExhausted(f"study {self.name!r}: every configuration the sampler proposes ran "
                                           "already and the space's design finds none that did not")
@@ -472,6 +517,35 @@ class TunerStudy:
                  "error": f"trial {earlier.number} had this configuration already"}
         self.tell(trial, ev, attrs=attrs)
 
+    def _running_with(self, config: Mapping[str, Any], trial: Trial) -> FrozenTrial | None:
+        """A running trial other than `trial` (another worker's, or another thread's) whose configuration is
+        `config`, not a repeat itself; None when none runs it."""
+        want = _jsonable(dict(config))
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if t.number == trial.number or t.user_attrs.get("repeat_of") is not None:
+                continue
+            if _jsonable(self.space.full_config(t.params)) == want:
+                return t
+        return None
+
+    def _set_aside(self, trial: Trial, running: FrozenTrial) -> None:
+        """Tell `trial` FAIL as a copy of `running` (its configuration runs now, with its repeats: there is
+        no result to answer it with yet; never deployed, no budget trial; a failed trial teaches the sampler
+        nothing, so it is asked again)."""
+        def go() -> None:
+            with self.lock("tell"):
+                storage = self.study._storage
+                for key, value in {"duplicate_of": running.number, "cause": "duplicate", "feasible": False,
+                                   "config": self.space.full_config(trial.params),
+                                   "error": f"trial {running.number} runs this configuration now"}.items():
+                    storage.set_trial_user_attr(trial._trial_id, key, _jsonable(value))
+                self.study.tell(trial, state=TrialState.FAIL)
+
+        try:
+            with_db_retry(f"tell trial {trial.number}", go)
+        finally:
+            self._told(trial)
+
     def _enqueue_unseen(self) -> bool:
         """Queue the first configuration of the space's design (around the defaults) that no trial ran and
         that breaks nothing; False when none is found."""
@@ -531,10 +605,12 @@ class TunerStudy:
             return self.lock("ask")
         return contextlib.nullcontext()
 
-    def _ask_once(self) -> tuple[Trial, dict[str, Any]]:
+    def _ask_once(self, held: list[Trial]) -> tuple[Trial, dict[str, Any]]:
+        """A new trial (appended to `held` as soon as it exists) and its sampled active parameters."""
         # two threads asking at once on SQLite can both pop the same queued trial: _ask_lock
         with self._ask_lock, self._owning_lock():
             trial = with_db_retry("ask a trial", self.study.ask)
+            held.append(trial)
             with _IN_FLIGHT_LOCK:
                 _IN_FLIGHT.add((self.storage_url, trial._trial_id))
             owner = _this_process()
@@ -589,12 +665,15 @@ class TunerStudy:
         finally:
             self._told(trial)
 
-    def tell_interrupted(self, trial: Trial, reason: str = "interrupted") -> None:
+    def tell_interrupted(self, trial: Trial, reason: str = "interrupted", *, error: str | None = None) -> None:
+        """Tell `trial` FAIL with cause `reason` (and `error`), unless it is no longer running."""
         def go() -> None:
             with self.lock("tell"):
                 if self.study._storage.get_trial(trial._trial_id).state != TrialState.RUNNING:
                     return  # already failed by a reaper
                 trial.set_user_attr("cause", reason)
+                if error is not None:
+                    trial.set_user_attr("error", error[:2000])
                 trial.set_user_attr("feasible", False)
                 self.study.tell(trial, state=TrialState.FAIL)
 
@@ -608,6 +687,29 @@ class TunerStudy:
         if t.state != TrialState.RUNNING:
             raise LeaseLost(f"trial {trial.number} was failed by another process "
                             f"(cause {t.user_attrs.get('cause')!r}) before it was told: its lease expired")
+
+    def _abandon(self, trial: Trial) -> None:
+        """Release a trial whose ask failed: stop beating it and fail it (`interrupted`, a lost trial: its slot
+        is redone) if it is still running. One try: with the database down the reaper fails it later (this
+        host's reaper at once, as it is no longer in flight here; another host's when its lease runs out)."""
+        self._told(trial)
+        try:
+            with self.lock("tell", timeout_s=10.0):
+                storage = self.study._storage
+                t = storage.get_trial(trial._trial_id)
+                if t.state != TrialState.RUNNING:
+                    return
+                storage.set_trial_user_attr(trial._trial_id, "cause", "interrupted")
+                storage.set_trial_user_attr(trial._trial_id, "feasible", False)
+                self.study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+                fixed = t.system_attrs.get("fixed_params")
+                if isinstance(fixed, dict):  # an enqueued trial (the baseline): queued again, for the next ask
+                    self.study.enqueue_trial(fixed, user_attrs={k: v for k, v in t.user_attrs.items()
+                                                                if k not in ("host", "pid")}, skip_if_exists=False)
+            log.warning("trial %d failed (interrupted): its ask did not complete", trial.number)
+        except Exception as exc:  # noqa: BLE001 - the database may be down: a reaper fails it later
+            log.warning("trial %d: its ask did not complete and it cannot be failed now (%s); a reaper fails "
+                        "it", trial.number, type(exc).__name__)
 
     def _told(self, trial: Trial) -> None:
         self.heartbeat.remove(trial._trial_id)

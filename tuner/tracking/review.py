@@ -83,9 +83,9 @@ def _log_pngs(tracker: Tracker, run_id: str | None, pngs: Mapping[str, bytes], f
 def log_latency_plot(tracker: Tracker, run_id: str | None, records: Sequence[RequestRecord], title: str) -> None:
     if run_id is None or not records:
         return
-    from tuner.tracking.plots import latency_cdf
+    try:  # the import too: a plotting library that fails to load (a venv being reinstalled) must not either
+        from tuner.tracking.plots import latency_cdf
 
-    try:
         data = latency_cdf(records, title=title)
     except Exception as exc:  # noqa: BLE001 - a plot must never fail a trial
         log.warning("latency plot of %s failed: %s", title, exc)
@@ -98,9 +98,9 @@ def log_cycle_plots(tracker: Tracker, run_id: str | None, trials: Sequence[Froze
     """The study's plots (every trial so far) on the cycle's run, under plots/."""
     if run_id is None or not tracker.enabled:
         return
-    from tuner.tracking.plots import study_plots
-
     try:
+        from tuner.tracking.plots import study_plots
+
         pngs = study_plots(trials, spec)
     except Exception as exc:  # noqa: BLE001 - plots are a view; the trials are recorded already
         log.warning("cycle plots failed: %s", exc)

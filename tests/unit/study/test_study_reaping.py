@@ -91,3 +91,38 @@ def test_a_trial_being_asked_is_not_reaped(tmp_path: Path) -> None:
     assert reaper.study.reap_stale() == []
     th.join(10)
     assert reaper.study.trial(asked[0].number).state == TrialState.RUNNING  # type: ignore[attr-defined]
+
+
+class _DatabaseGoneMidAsk:
+    """Stands in for the failure model at the step of an ask where the database went away (a PostgreSQL
+    restart): its read raises the error SQLAlchemy raises then. The worker's retry then asks a new trial."""
+
+    def fit(self, configs: object, failed: object) -> None:
+        from sqlalchemy.exc import OperationalError
+
+        raise OperationalError("SELECT trial_params ...", {}, Exception("terminating connection"))
+
+    def rejects(self, config: object) -> None:
+        return None
+
+
+def test_a_trial_whose_ask_failed_is_released_and_holds_no_slot(tmp_path: Path) -> None:
+    """The fleet's hang after a PostgreSQL restart: an ask that failed after Optuna made its trial left that
+    trial RUNNING and beaten by its live owner forever, holding a slot of the budget; every worker then waited
+    for it. The trial is failed as lost (its slot is redone) and no longer beaten."""
+    from sqlalchemy.exc import OperationalError
+
+    (session,) = sessions(tmp_path, 1)
+    study = session.study
+    baseline, _ = study.ask()
+    study.tell(baseline, Evaluation(values=[1.0], constraints={}), attrs={"config": {}})
+    study.failure_model = _DatabaseGoneMidAsk()
+    with pytest.raises(OperationalError):
+        study.ask()
+    (lost,) = [t for t in study.trials() if t.number != baseline.number]
+    assert lost.state == TrialState.FAIL and lost.user_attrs["cause"] == "interrupted"
+    assert lost._trial_id not in study.heartbeat.trials
+    assert study.counted() == 1  # the baseline only: the lost trial's slot is free again
+    study.failure_model = None
+    again, _ = study.ask()  # the retry
+    assert again.number == lost.number + 1 and study.trial(again.number).state == TrialState.RUNNING

@@ -113,3 +113,23 @@ def test_a_beaten_trial_outlives_its_lease(tmp_path: Path) -> None:
     assert other.study.reap_stale() == []
     done = owner.study.tell(trial, Evaluation(values=[1.0], constraints={}), attrs={})
     assert done.state == TrialState.COMPLETE and owner.study.trial(trial.number).user_attrs["host"]
+
+
+def test_a_database_that_stays_unreachable_is_said_in_one_line() -> None:
+    """A worker whose database did not come back died with SQLAlchemy's traceback; now the retry's end is a
+    TunerError (the CLI's one error line) naming the step, the wait and the driver's words."""
+    import socket
+
+    import sqlalchemy
+
+    from tuner.study.study import DatabaseUnreachable, with_db_retry
+
+    with socket.socket() as s:  # a port nothing listens on: connection refused, at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    engine = sqlalchemy.create_engine(f"postgresql+psycopg://tuner:s3cret@127.0.0.1:{port}/study")
+    with pytest.raises(DatabaseUnreachable) as err:
+        with_db_retry("take a slot of the budget", lambda: engine.connect(), deadline_s=1.0)
+    msg = str(err.value)
+    assert msg.startswith("take a slot of the budget: the study's database did not answer for 1 s")
+    assert "refused" in msg.lower() and "\n" not in msg and "s3cret" not in msg, msg
