@@ -1,11 +1,12 @@
 """Stopping a run early: its partial measurement already breaks an upper-bound latency SLO by far.
 
-While a run goes on, every `check_every` completed measured requests the rule summarises the measured requests
-completed so far (tuner.measure.metrics.summarise, the same figures as the whole run's) and, once at least
-`min_requests` of them are done, stops the run when a latency SLO's value exceeds `factor` x its max. Only
-upper bounds on latencies are judged: over the completed requests a latency quantile is a lower estimate (the
-slow requests still in flight are not in it), so a partial value far above the limit means the whole run's
-would be too; a throughput or a lower bound on a partial run says nothing of the whole one.
+While a run goes on, every `check_every` completed measured requests (less often in a long run: `due`) the
+rule summarises the measured requests completed so far (tuner.measure.metrics.summarise, the same figures as
+the whole run's) and, once at least `min_requests` of them are done, stops the run when a latency SLO's value
+exceeds `factor` x its max. Only upper bounds on latencies are judged: over the completed requests a latency
+quantile is a lower estimate (the slow requests still in flight are not in it), so a partial value far above
+the limit means the whole run's would be too; a throughput or a lower bound on a partial run says nothing of
+the whole one.
 
 The load generator (tuner.measure.loadgen) calls `judge` as requests complete and the simulator target replays
 its requests in completion order; neither knows studies: the loop turns a stop into a PRUNED trial.
@@ -52,8 +53,13 @@ class EarlyStopRule:
     check_every: int = 5
 
     def due(self, completed: int) -> bool:
-        """Whether the partial measurement is judged after `completed` measured requests."""
-        return completed >= self.min_requests and completed % self.check_every == 0
+        """Whether the partial measurement is judged after `completed` measured requests: from `min_requests`
+        on, every `check_every` of them up to 64 x check_every, then every 2 x check_every up to twice that, and
+        so on (each judgement summarises every completed request: a long run is judged 32 times per doubling of
+        its completed requests, not n / check_every times)."""
+        ratio = completed // (self.check_every * 64)
+        step = self.check_every << ratio.bit_length()
+        return completed >= self.min_requests and completed % step == 0
 
     def judge(self, records: Sequence[RequestRecord], at_s: float = 0.0) -> EarlyStop | None:
         """The stop `records` (those completed so far; warm-up ones are left out) call for, or None."""

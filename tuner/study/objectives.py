@@ -16,7 +16,8 @@ from tuner.spec import SLO, AgentSpec, Objective
 # relative excess, capped at MEASURED_CAP; a metric missing or undefined (NaN) counts MISSING_VIOLATION; a
 # configuration that produced no measurement (refused, out of memory, never deployed because it breaks a
 # declared constraint or the target's resources) counts MISSING_VIOLATION for every SLO plus its cause's rank
-# (FAILURE_RANK), so it ranks below every measured miss whatever its cause.
+# (FAILURE_RANK), so it ranks below every measured miss whatever its cause. A trial pruned for its partial
+# measurement (pruned_evaluation) counts the relative excess of the SLOs the partial run judged, as a measured miss.
 MISSING_VIOLATION = 1e6
 MEASURED_CAP = 1e4
 # Constraint key recorded on trials that never produced a measurement.

@@ -36,6 +36,10 @@ def test_warmup_requests_do_not_count() -> None:
 
 def test_due_every_check_from_min_requests() -> None:
     assert [n for n in range(1, 26) if RULE.due(n)] == [10, 15, 20, 25]
+    # a long run is judged 32 times per doubling of its completed requests, not n / 5
+    assert sum(RULE.due(n) for n in range(10_240, 20_480)) == 32
+    # every 5 up to 64 x 5 = 320, then every 10
+    assert [n for n in range(300, 400) if RULE.due(n)] == [300, 305, 310, 315, 320, 330, 340, 350, 360, 370, 380, 390]
 
 
 def test_replay_keeps_what_completed_before_the_stop() -> None:
