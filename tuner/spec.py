@@ -413,10 +413,24 @@ class MonitorSpec(_Strict):
     dcgm_prometheus_url: str | None = Field(default=None, description="a Prometheus holding the DCGM "
                                             "exporter's series for the serving GPUs")
     dcgm_selector: str = Field(default="", description='label matchers of those GPUs, e.g. Hostname="node-1"')
+    cpu_wait_source: str | None = Field(default=None, max_length=4096, description="where the server's wait "
+                                        "for a CPU is read (tuner.monitor.contention): pid:<N> (that process's "
+                                        "threads) or a PSI file such as its cgroup's cpu.pressure; latencies are "
+                                        "then judged at the window's CPU wait")
+    expect_from_champion: bool = Field(default=True, description="latency expectations from the champion's trial "
+                                       "carried to the observed load by the agent's screening simulator "
+                                       "(sampler.screen.model), where it has one")
     on_anomaly: Literal["alert", "reverify"] = Field(default="reverify", description="reverify: verify the "
                                                      "champion against the baseline, roll back if it lost")
 
     _u = field_validator("dcgm_prometheus_url")(classmethod(lambda cls, v: _no_password(v, "dcgm_prometheus_url")))
+
+    @field_validator("cpu_wait_source")
+    @classmethod
+    def _wait_source(cls, v: str | None) -> str | None:
+        if v is not None and v.startswith("pid:") and not v[4:].isdigit():
+            raise ValueError("pid:<N> needs a process id (digits), e.g. pid:1234; or name a PSI file")
+        return v
 
 
 class WatchSpec(_Strict):

@@ -1,6 +1,6 @@
 """Record real /metrics streams of the reference engine (tuner serve-engine, CPU) under `tuner bench` load.
 
-One engine per `engine` group of phases (its per-step delay fixed at start); inside a group the phases follow
+One engine per group of phases (its step slowdown fixed at start); inside a group the phases follow
 each other on the same engine, each a `tuner bench` run of its own workload, while one thread scrapes /metrics
 every `--interval-s` seconds and appends {"t", "phase", "text"} to a gzipped JSONL file. The detection
 experiment (run.py) turns consecutive scrapes of one phase into windows and replays them.
@@ -27,10 +27,7 @@ from pathlib import Path
 
 BASE_RATE = 2.0
 BASE_STEP_DELAY_MS = 5.0
-SLOW_STEP_DELAY_MS = 7.0  # about +30 % of the base step time on a quiet host
-SLOW30_STEP_DELAY_MS = 10.0  # about +30 % of the step time measured on this shared host (README)
-
-
+SLOWDOWN_FRAC = 0.3  # the engine's step_slowdown_frac: every step takes 1.3 times as long, whatever the host
 def workload(rate: float = BASE_RATE, prompt_mean: float = 100, prompt_max: int = 220, output_mean: float = 16,
              output_max: int = 60) -> str:
     return (f"arrival: {{kind: poisson, rate_per_s: {rate}}}\n"
@@ -39,21 +36,36 @@ def workload(rate: float = BASE_RATE, prompt_mean: float = 100, prompt_max: int 
             "duration_s: 1\nignore_eos: true\n")
 
 
-# (engine step delay ms, [(phase, seconds, workload YAML)])
+# (engine step slowdown fraction, [(phase, seconds, workload YAML)]); every engine runs --step-delay-ms 5.
+# The held-out stationary run (stationary_b) comes last and is never used to tune the detector.
 PLAN: list[tuple[float, list[tuple[str, float, str]]]] = [
-    (BASE_STEP_DELAY_MS, [
-        ("base", 300, workload()),
-        ("rate_x2", 300, workload(rate=2 * BASE_RATE)),
-        ("prompt_x2", 300, workload(prompt_mean=200, prompt_max=440)),
-        ("output_x4", 300, workload(output_mean=64, output_max=240)),
+    (0.0, [
+        ("base", 240, workload()),
+        ("rate_x2", 240, workload(rate=2 * BASE_RATE)),
+        ("prompt_x2", 240, workload(prompt_mean=200, prompt_max=440)),
+        ("output_x4", 240, workload(output_mean=64, output_max=240)),
     ]),
-    (SLOW_STEP_DELAY_MS, [("slowdown", 300, workload())]),
-    (BASE_STEP_DELAY_MS, [("stationary", 1800, workload())]),
-    # the step delay above adds 2 ms to steps this shared host makes take ~16 ms (not the ~1.5 ms of a quiet
-    # one): a second pair with the delay sized to +30 % of the measured step
-    (BASE_STEP_DELAY_MS, [("base2", 300, workload())]),
-    (SLOW30_STEP_DELAY_MS, [("slowdown30", 300, workload())]),
+    (SLOWDOWN_FRAC, [("slowdown30", 300, workload())]),
+    (0.0, [("stationary_a", 1500, workload())]),
+    (0.0, [("stationary_b", 1800, workload())]),
 ]
+
+
+def cpu_readings(pid: int) -> dict[str, object]:
+    """What the contention covariates are computed from, raw: the engine process's schedstat lines (one per
+    thread: ns on a CPU, ns waiting for one, timeslices), the host's CPU pressure and load average."""
+    threads = {}
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            threads[task.name] = (task / "schedstat").read_text().strip()
+        except OSError:
+            continue
+    def text(p: str) -> str:
+        try:
+            return Path(p).read_text()
+        except OSError:
+            return ""
+    return {"schedstat": threads, "pressure": text("/proc/pressure/cpu"), "loadavg": text("/proc/loadavg")}
 
 
 def free_port() -> int:
@@ -85,20 +97,22 @@ def main() -> None:
     phase = {"name": ""}
     out = gzip.open(args.out, "at", encoding="utf-8")
     lock = threading.Lock()
-    for delay_ms, phases in PLAN:
+    for slowdown, phases in PLAN:
         phases = [p for p in phases if not only or p[0] in only]
         if not phases:
             continue
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         eng = subprocess.Popen([py, "-m", "tuner.cli", "serve-engine", "--preset", "tiny", "--port", str(port),
-                                "--cpu-threads", "1", "--step-delay-ms", str(delay_ms)],
+                                "--cpu-threads", "1", "--step-delay-ms", str(BASE_STEP_DELAY_MS),
+                                "--step-slowdown-frac", str(slowdown)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         stop = threading.Event()
         try:
             wait_ready(url)
 
-            def scrape_loop(url: str = url, stop: threading.Event = stop, delay_ms: float = delay_ms) -> None:
+            def scrape_loop(url: str = url, stop: threading.Event = stop, slowdown: float = slowdown,
+                            pid: int = eng.pid) -> None:
                 nxt = time.monotonic()
                 while not stop.is_set():
                     nxt += args.interval_s
@@ -107,9 +121,10 @@ def main() -> None:
                             text = r.read().decode()
                     except OSError:
                         text = ""
+                    row = {"t": time.time(), "phase": phase["name"], "step_delay_ms": BASE_STEP_DELAY_MS,
+                           "step_slowdown_frac": slowdown, "text": text, "cpu": cpu_readings(pid)}
                     with lock:
-                        out.write(json.dumps({"t": time.time(), "phase": phase["name"], "step_delay_ms": delay_ms,
-                                              "text": text}) + "\n")
+                        out.write(json.dumps(row) + "\n")
                         out.flush()
                     stop.wait(max(0.0, nxt - time.monotonic()))
 
@@ -120,7 +135,7 @@ def main() -> None:
                     f.write(wl)
                 phase["name"] = name
                 print(f"{time.strftime('%H:%M:%S')} phase {name} ({seconds * args.scale:.0f} s, "
-                      f"step delay {delay_ms} ms)", flush=True)
+                      f"step slowdown {slowdown:g})", flush=True)
                 subprocess.run([py, "-m", "tuner.cli", "bench", "--url", url, "--workload", f.name,
                                 "--duration-s", str(seconds * args.scale), "--tokenizer", "byte"],
                                stdout=subprocess.DEVNULL, check=False)

@@ -1,6 +1,9 @@
 """The production monitor in the daemon: a consumer of the watch's scrapes (`MonitorFeed`, one per agent whose
 `watch.monitor` is set) that reads the GPU telemetry, feeds tuner.monitor's Monitor, and answers each event:
 
+- its expectation (tuner.monitor.expect): the champion's trial carried to the observed load by the agent's
+  screening simulator, built at the first scrape and again after a rollback; and the server's CPU wait
+  (tuner.monitor.contention) when `cpu_wait_source` names where to read it;
 - every event: a record (MLflow and the agent's events file), tuner_monitor_events / tuner_monitor_open on
   /metrics, a log line;
 - drift: the agent's next cycle now (it tunes the traffic the event observed);
@@ -24,6 +27,8 @@ from tuner.daemon.runtime import AgentState, Runtime, job_id
 from tuner.daemon.watch import CONSUMERS
 from tuner.measure.scrape import Snapshot
 from tuner.monitor.classify import Event, Monitor, MonitorConfig
+from tuner.monitor.contention import CpuWait
+from tuner.monitor.expect import ChampionExpectation
 from tuner.monitor.records import record_event, record_response
 from tuner.monitor.telemetry import DcgmTelemetry, NvmlTelemetry
 from tuner.spec import AgentSpec
@@ -44,21 +49,39 @@ class MonitorFeed:
         self.monitor = Monitor(MonitorConfig.from_spec(ms, spec.watch.interval_s))
         self.nvml = NvmlTelemetry(ms.gpus) if ms.gpus else None
         self.dcgm = DcgmTelemetry(ms.dcgm_prometheus_url, ms.dcgm_selector) if ms.dcgm_prometheus_url else None
+        self.cpu_wait = CpuWait(ms.cpu_wait_source) if ms.cpu_wait_source else None
+        self._expecting = ms.expect_from_champion  # build the expectation at the next scrape
         self.tracker = Tracker.for_agent(spec, Path(rt.state_dir))
         self.responding: threading.Thread | None = None
 
     def gpu(self) -> dict[str, float]:
         out: dict[str, float] = {}
-        for src in (self.dcgm, self.nvml):  # this host's NVML over the exporter when both are given
+        for src in (self.dcgm, self.nvml, self.cpu_wait):  # this host's NVML over the exporter when both are given
             if src is not None:
                 out.update(src.read())
         return out
+
+    def expectation(self) -> ChampionExpectation | None:
+        """The champion's expectation (None: no champion, no trial measured, or the agent's study cannot be
+        opened; the monitor then learns its baselines from the windows alone)."""
+        from tuner.context import open_context
+        from tuner.monitor.expect import champion_expectation
+
+        try:
+            session = open_context(self.st.path, Path(self.rt.state_dir)).session()
+            return champion_expectation(session)
+        except Exception as exc:  # noqa: BLE001 - the monitor works without it
+            log.warning("monitor %s: no expectation from the champion: %s", self.st.name, redact_text(str(exc)))
+            return None
 
     def __call__(self, t: float, snap: Snapshot) -> None:
         self.consume(t, snap)
 
     def consume(self, t: float, snap: Snapshot) -> list[Event]:
         """One scrape in; the events it raised (each answered)."""
+        if self._expecting:
+            self._expecting = False
+            self.monitor.expectation = self.expectation()
         events = self.monitor.scrape(t, snap, self.gpu())
         for ev in events:
             try:
@@ -114,6 +137,7 @@ class MonitorFeed:
         record_response(entry, out, state_dir=Path(rt.state_dir))
         if out.get("action") == "rolled_back":
             self.monitor.relearn()  # a new champion serves: a new normal
+            self._expecting = self.ms.expect_from_champion
 
 
 def monitor_consumer(rt: Runtime, st: AgentState, spec: AgentSpec) -> Callable[[float, Snapshot], None]:

@@ -131,6 +131,10 @@ class EngineConfig:
     step_delay_ms: float = field(default=0.0, metadata={
         "help": "sleep this long before every engine iteration: a deliberately slower engine (tests of "
                 "host-sized workloads)", "min": 0})
+    step_slowdown_frac: float = field(default=0.0, metadata={
+        "help": "after every engine iteration sleep this fraction of the time it took: each step takes "
+                "(1 + frac) times as long whatever the host's speed (a server slowdown of a known size)",
+        "min": 0})
 
     # ------------------------------------------------------------------ helpers
     def model_config(self) -> ModelConfig:

@@ -311,7 +311,10 @@ class Engine:
                 self._intake(wait_s if wait_s is not None else 0.5)
                 continue
             try:
+                t_step = time.perf_counter()
                 self._iteration()
+                if self.cfg.step_slowdown_frac > 0:  # a server slower by a known share (config step_slowdown_frac)
+                    time.sleep(self.cfg.step_slowdown_frac * (time.perf_counter() - t_step))
                 failures = 0
             except Exception as exc:  # noqa: BLE001 - the batch's requests fail, the engine goes on
                 failures += 1

@@ -26,8 +26,10 @@ from typing import Any, Literal
 from scipy.stats import kendalltau
 
 from tuner.measure.scrape import Snapshot
+from tuner.monitor.contention import MAX_WAIT_FRAC
 from tuner.monitor.detect import Baseline, Cusum, Direction, SignalTrack, change_index, threshold
-from tuner.monitor.signals import GPU, INPUTS, SIGNALS, MissingSeries, window_signals
+from tuner.monitor.expect import Expectation
+from tuner.monitor.signals import GPU, INPUTS, LATENCIES, SIGNALS, MissingSeries, window_signals
 from tuner.spec import MonitorSpec
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,7 @@ class SignalRule:
     direction: Direction  # which way a change matters
     floor_abs: float  # the resolution of the signal, in its unit (the baseline's smallest scale)
     log: bool = False  # watched on the log scale (latencies: multiplicative, right-skewed noise)
+    tested: bool = True  # False: an explanatory signal (the environment), recorded but never alarming
 
 
 RULES: dict[str, SignalRule] = {
@@ -55,9 +58,10 @@ RULES: dict[str, SignalRule] = {
     "gpu_util_pct": SignalRule("both", 2.0), "gpu_power_w": SignalRule("both", 5.0),
     "gpu_sm_clock_mhz": SignalRule("down", 15.0), "gpu_dram_active_frac": SignalRule("both", 0.02),
     "gpu_fb_used_mb": SignalRule("up", 256.0), "gpu_throttled": SignalRule("up", 0.05),
+    "cpu_wait_frac": SignalRule("up", 0.02, tested=False),
 }
 assert set(RULES) == set(SIGNALS)
-TESTS = sum(2 if r.direction == "both" else 1 for r in RULES.values())  # one-sided tests per window
+TESTS = sum(2 if r.direction == "both" else 1 for r in RULES.values() if r.tested)  # one-sided tests per window
 GPU_THROTTLE = ("gpu_throttled", "gpu_sm_clock_mhz")
 OPEN_CAUSES = {"anomaly": ("latency", "gpu", "gpu_throttle"),  # the causes an open anomaly or saturation has
                "saturation": ("kv_full", "bandwidth", "queue_growing")}
@@ -73,7 +77,11 @@ class MonitorConfig:
     z_clip: float | None = None
     rel_floor: float = 0.02  # a baseline's scale is at least this share of its centre
     learn_windows: int = 20  # windows that make a baseline (after a start or a drift)
-    settle_windows: int = 1  # an output alarm waits this long for an input alarm before it is an anomaly
+    settle_windows: int = 1  # an output alarm waits this long for an input alarm before it is an anomaly ...
+    settle_evidence: float = 0.25  # ... while an input's CUSUM holds at least this share of h (else none)
+    # latencies divided by 1 / (1 - cpu_wait_frac) where that signal is read: a server that waited a share w
+    # of the window for a CPU (a noisy neighbour) is expected to be 1 / (1 - w) times as slow
+    contention: bool = True
     recovery_windows: int = 3
     kv_full_frac: float = 0.95
     dram_limit_frac: float = 0.85
@@ -128,8 +136,12 @@ class _Open:
 class Monitor:
     """The stateful monitor of one server: feed it a window at a time (`observe`) or scrapes (`scrape`)."""
 
-    def __init__(self, config: MonitorConfig | None = None) -> None:
+    def __init__(self, config: MonitorConfig | None = None, expectation: Expectation | None = None) -> None:
+        """`expectation`: the champion's expected outputs at the observed load (tuner.monitor.expect); the
+        baselines are then learnt on the ratio of each output to it, so load moving within a window's noise,
+        and the environment, do not look like a change of the server."""
         self.config = config or MonitorConfig()
+        self.expectation = expectation
         self.h = self.config.h
         self.clip = self.config.clip
         self.tracks = {name: SignalTrack(name, Cusum(self.config.h, self.config.k, RULES[name].direction),
@@ -164,12 +176,38 @@ class Monitor:
     def learning(self) -> bool:
         return self._learned < self.config.learn_windows
 
+    def residual(self, name: str, x: float) -> float:
+        """`x` over what the champion is expected to show in this window (its load, its environment): what
+        the signal's baseline and CUSUM are about. The signal itself where nothing is expected of it."""
+        if name not in LATENCIES:
+            return x
+        if self.expectation is not None:
+            x /= self.expectation.factor(name, self.last_signals)
+        w = self.last_signals.get("cpu_wait_frac")
+        if self.config.contention and w is not None:
+            x *= 1.0 - min(w, MAX_WAIT_FRAC)
+        return x
+
+    def _settled(self) -> bool:
+        """Whether the output alarms pending have waited long enough for an input alarm that would make them
+        part of a drift: not at all for a GPU throttle (no load sets a clocks-event reason) or while no
+        input's CUSUM holds evidence of a change (at least `settle_evidence` of h); else `settle_windows`,
+        twice that while an input's CUSUM is past half of h (the load may be moving, more slowly than the
+        latency it drives)."""
+        waited = max(self.windows - w for w, _ in self._pending.values())
+        if all(n in GPU_THROTTLE for n in self._pending):
+            return True
+        evidence = max((self.tracks[n].cusum.statistic for n in INPUTS if self.tracks[n].baseline), default=0.0)
+        if evidence < self.config.settle_evidence * self.h:
+            return True
+        return waited >= self.config.settle_windows * (2 if evidence > self.h / 2 else 1)
+
     def observe(self, t: float, signals: Mapping[str, float]) -> list[Event]:
         """One window's signal values (any subset of tuner.monitor.signals.SIGNALS) ending at time `t`."""
         self.windows += 1
         self.last_signals = {k: float(v) for k, v in signals.items() if k in self.tracks and math.isfinite(v)}
         for name, x in self.last_signals.items():
-            self.tracks[name].add(t, x)
+            self.tracks[name].add(t, x, self.residual(name, x))
         events = self._saturation(t)
         if self.learning:
             self._learned += 1
@@ -177,11 +215,11 @@ class Monitor:
                 self._learn()
             return events
         alarms: dict[str, Literal["up", "down"]] = {}
-        for name, x in self.last_signals.items():
+        for name in self.last_signals:
             tr = self.tracks[name]
-            if tr.baseline is None:
+            if tr.baseline is None or not RULES[name].tested:
                 continue
-            z = tr.baseline.z(x)
+            z = tr.baseline.z(tr.residuals[-1])
             z = max(-self.clip, min(self.clip, z))
             side = tr.cusum.update(z)
             if side is not None:
@@ -198,9 +236,7 @@ class Monitor:
         if inputs:
             events.append(self._drift(t, inputs))
             return events
-        waited = max((self.windows - w for w, _ in self._pending.values()), default=-1)
-        rising = any(self.tracks[n].cusum.statistic > self.h / 2 for n in INPUTS)
-        if waited >= self.config.settle_windows + (self.config.settle_windows if rising else 0):
+        if self._pending and self._settled():
             due = {n: s for n, (_, s) in self._pending.items()}  # all the symptoms seen so far: one event
             self._pending.clear()
             events.append(self._anomaly(t, due))
@@ -211,7 +247,7 @@ class Monitor:
     def _learn(self) -> None:
         n = self.config.learn_windows
         for tr in self.tracks.values():
-            vals = tr.values[-n:]
+            vals = tr.residuals[-n:]
             if len(vals) < max(3, n // 2):
                 tr.baseline = None  # too few windows carried it (a signal that came and went)
                 continue
@@ -232,10 +268,10 @@ class Monitor:
     def _signal_entry(self, name: str, side: str) -> dict[str, Any]:
         tr = self.tracks[name]
         b = tr.baseline
-        onset = change_index(tr.values[-60:])
-        start = len(tr.values[-60:])
+        onset = change_index(tr.residuals[-60:])
+        start = len(tr.residuals[-60:])
         return {"direction": side, "baseline": b.level if b else None, "scale": b.scale if b else None,
-                "log_scale": b.log if b else False,
+                "log_scale": b.log if b else False, "expected": self._expected(name),
                 "value": tr.values[-1] if tr.values else None,
                 "onset_time": tr.times[-start + onset] if onset is not None else None}
 
@@ -251,10 +287,20 @@ class Monitor:
         parts = []
         for name, side in sides.items():
             tr = self.tracks[name]
-            b = tr.baseline
             now = tr.values[-1] if tr.values else math.nan
-            parts.append(f"{name} {side} ({b.level:.4g} -> {now:.4g})" if b else f"{name} {side}")
+            exp = self._expected(name)
+            parts.append(f"{name} {side} (expected {exp:.4g}, seen {now:.4g})" if exp is not None
+                         else f"{name} {side}")
         return ", ".join(parts)
+
+    def _expected(self, name: str) -> float | None:
+        """The signal's expected value in the last window: its baseline, at the window's load and
+        environment."""
+        tr = self.tracks[name]
+        if tr.baseline is None or not tr.values:
+            return None
+        x, r = tr.values[-1], tr.residuals[-1]
+        return tr.baseline.level * (x / r if r else 1.0)
 
     def _drift(self, t: float, inputs: Mapping[str, Literal["up", "down"]]) -> Event:
         sides: dict[str, str] = dict(inputs)
@@ -284,10 +330,9 @@ class Monitor:
             calm = True
             for name, side in o.signals.items():
                 tr = self.tracks[name]
-                x = self.last_signals.get(name)
-                if tr.baseline is None or x is None:
+                if tr.baseline is None or name not in self.last_signals:
                     continue
-                z = tr.baseline.z(x)
+                z = tr.baseline.z(tr.residuals[-1])
                 if (side == "up" and z > 2) or (side == "down" and z < -2):
                     calm = False
             o.calm = o.calm + 1 if calm else 0

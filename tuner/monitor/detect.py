@@ -125,7 +125,8 @@ class Cusum:
 
 @dataclass
 class SignalTrack:
-    """A signal's recent values (for the plot and the change's location), its baseline and its CUSUM."""
+    """A signal's recent values (for the plot), their residuals against the expectation (for the baseline and
+    the change's location), its baseline and its CUSUM."""
 
     name: str
     cusum: Cusum
@@ -133,13 +134,16 @@ class SignalTrack:
     baseline: Baseline | None = None
     times: list[float] = field(default_factory=list)
     values: list[float] = field(default_factory=list)
+    # what the baseline is about: the value divided by its expectation (tuner.monitor.expect), else the value
+    residuals: list[float] = field(default_factory=list)
     keep: int = 360
 
-    def add(self, t: float, x: float) -> None:
+    def add(self, t: float, x: float, residual: float | None = None) -> None:
         self.times.append(t)
         self.values.append(x)
+        self.residuals.append(x if residual is None else residual)
         if len(self.values) > self.keep:
-            del self.times[0], self.values[0]
+            del self.times[0], self.values[0], self.residuals[0]
 
 
 def change_index(values: Sequence[float]) -> int | None:

@@ -34,8 +34,10 @@ class Scheduler:
 def test_the_feed_records_events_triggers_a_cycle_on_drift_and_answers_an_anomaly(tmp_path: Path) -> None:
     path = agents.write_agent(tmp_path / "mon.yaml", name="mon", tracking={"enabled": False},
                               watch={"url": "http://127.0.0.1:9/metrics", "interval_s": 15,
-                                     "monitor": {"learn_windows": 10, "gpus": [0]}})
+                                     "monitor": {"learn_windows": 10, "gpus": [0],
+                                                 "cpu_wait_source": str(tmp_path / "cpu.pressure")}})
     spec = load_agent(path).spec
+    (tmp_path / "cpu.pressure").write_text("some avg10=0.00 avg60=0.00 avg300=0.00 total=1000\n")  # no neighbour
     sd = tmp_path / "state"
     st = AgentState(name="mon", path=path)
     sched = Scheduler()
@@ -61,6 +63,7 @@ def test_the_feed_records_events_triggers_a_cycle_on_drift_and_answers_an_anomal
     anomaly = stored[0]
     assert anomaly["response"]["action"] == "alert" and "no champion" in anomaly["response"]["reason"]
     assert feed.monitor.tracks["gpu_power_w"].baseline is not None  # NVML read on every scrape
+    assert feed.monitor.tracks["cpu_wait_frac"].values == [0.0] * 59  # the CPU wait read on every scrape
     text = rt.metrics.render().decode()
     assert 'tuner_monitor_events_total{agent="mon",cause="inputs",kind="drift"} 1.0' in text
 

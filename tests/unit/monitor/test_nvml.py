@@ -48,4 +48,4 @@ def test_a_power_throttle_on_the_double_is_a_gpu_throttle_anomaly() -> None:
         w = {"rate_per_s": rng.gauss(4, 0.4), "itl_ms_mean": rng.gauss(8, 0.3), **tel.read()}
         events += [(i, e) for e in m.observe(15.0 * i, w)]
     assert events and events[0][1].kind == "anomaly" and events[0][1].cause == "gpu_throttle"
-    assert events[0][0] - 40 <= 2
+    assert events[0][0] - 40 <= 1  # two windows: no load sets a clocks-event reason, nothing to wait for

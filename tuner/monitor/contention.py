@@ -1,0 +1,127 @@
+"""The server's wait for a CPU: how much of a window it was ready to run but a neighbour held the CPU.
+
+A server that shares its host (a busy node, a container's CPU quota, other tenants) gets slower without any
+change of its own: every latency stretches by the time it spent waiting for a CPU. The monitor reads that
+time as the signal `cpu_wait_frac`, the share of the window the server waited, and uses it to correct its
+latency expectation (tuner.monitor.expect), so a noisy neighbour is not taken for a slower champion.
+
+Two sources, both cumulative counters of Linux, differenced between reads:
+- a PSI file (`cpu.pressure` of the server's cgroup v2, or the host's /proc/pressure/cpu): `some ... total=`
+  microseconds during which at least one task of the group waited for a CPU;
+- a process (`pid`): /proc/<pid>/task/<tid>/schedstat of each of its threads (nanoseconds on a CPU,
+  nanoseconds waiting on a run queue, timeslices); the share of the thread that waited most (a server's
+  latency follows its busiest thread, the engine loop: the others' waits overlap it).
+
+The first read gives nothing (no window yet); a thread that ended, a counter that went down (a new process)
+or an unreadable file gives nothing for that window (named once in the log), never an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tuner.monitor.signals import MissingSeries
+
+log = logging.getLogger(__name__)
+
+MAX_WAIT_FRAC = 0.95  # a share above it says nothing more (the server barely ran)
+
+
+def psi_some_total_us(text: str) -> float | None:
+    """The `some` line's total (microseconds) of a PSI file's text; None when it has none."""
+    for line in text.splitlines():
+        parts = line.split()
+        if parts and parts[0] == "some":
+            for p in parts[1:]:
+                if p.startswith("total="):
+                    try:
+                        return float(p[len("total="):])
+                    except ValueError:
+                        return None
+    return None
+
+
+def schedstat_wait_ns(threads: dict[str, str]) -> dict[str, float]:
+    """Thread id -> its run-queue wait (ns) from each thread's schedstat line ('<cpu ns> <wait ns> <slices>')."""
+    out: dict[str, float] = {}
+    for tid, line in threads.items():
+        parts = line.split()
+        if len(parts) >= 2:
+            try:
+                out[tid] = float(parts[1])
+            except ValueError:
+                continue
+    return out
+
+
+def read_schedstat(pid: int, proc_root: Path = Path("/proc")) -> dict[str, str]:
+    """Thread id -> the text of its schedstat file ({} when the process is gone)."""
+    out: dict[str, str] = {}
+    try:
+        tasks = list((proc_root / str(pid) / "task").iterdir())
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            out[task.name] = (task / "schedstat").read_text()
+        except OSError:
+            continue
+    return out
+
+
+class CpuWait:
+    """cpu_wait_frac per window from successive cumulative readings (fed by `update`, read by `read`)."""
+
+    def __init__(self, source: str, *, proc_root: Path = Path("/proc"),
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """`source`: `pid:<N>` (that process's threads) or the path of a PSI file."""
+        self.source = source
+        self.proc_root = proc_root
+        self.clock = clock
+        self.missing = MissingSeries("CPU wait source")
+        self._last: tuple[float, float | dict[str, float]] | None = None
+        if source.startswith("pid:"):
+            try:
+                self.pid: int | None = int(source[4:])
+            except ValueError:
+                raise ValueError(f"cpu wait source {source!r}: pid:<N> needs a process id") from None
+        else:
+            self.pid = None
+
+    def read(self) -> dict[str, float]:
+        """{'cpu_wait_frac': share of the time since the previous read}, or {} (first read, nothing readable)."""
+        t = self.clock()
+        if self.pid is not None:
+            threads = read_schedstat(self.pid, self.proc_root)
+            return self.update(t, schedstat_wait_ns(threads) if threads else None)
+        try:
+            text = Path(self.source).read_text()
+        except OSError:
+            text = ""
+        return self.update(t, psi_some_total_us(text))
+
+    def update(self, t: float, reading: float | dict[str, float] | None) -> dict[str, float]:
+        """One cumulative reading at time `t` (seconds): a PSI total in microseconds, or thread id -> wait ns."""
+        if reading is None or (isinstance(reading, dict) and not reading):
+            self.missing.note(f"wait counter at {self.source}")
+            self._last = None
+            return {}
+        last, self._last = self._last, (t, reading)
+        if last is None or t <= last[0]:
+            return {}
+        dt, before = t - last[0], last[1]
+        if isinstance(reading, dict) and isinstance(before, dict):
+            common = [k for k in reading if k in before]
+            if not common or any(reading[k] < before[k] for k in common):
+                return {}
+            waited = max(reading[k] - before[k] for k in common) / 1e9  # the thread that waited most
+        elif isinstance(reading, float) and isinstance(before, float):
+            waited = (reading - before) / 1e6
+            if waited < 0:
+                return {}
+        else:
+            return {}
+        return {"cpu_wait_frac": min(MAX_WAIT_FRAC, max(0.0, waited / dt))}
