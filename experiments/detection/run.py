@@ -212,6 +212,13 @@ def main() -> None:
     ap.add_argument("--sim-model", type=Path, default=None,
                     help="the step-cost model for the expectation (experiments/sim-calibration/model-cpu.json)")
     ap.add_argument("--no-contention", action="store_true", help="latencies not corrected for the CPU wait")
+    ap.add_argument("--no-autocorrelation", action="store_true", help="latency scales not widened for it")
+    ap.add_argument("--wait-error", type=float, default=MonitorConfig.wait_error)
+    ap.add_argument("--wait-memory", type=int, default=MonitorConfig.wait_memory)
+    ap.add_argument("--wait-law-error", type=float, default=MonitorConfig.wait_law_error)
+    ap.add_argument("--max-wait-judged", type=float, default=MonitorConfig.max_wait_judged)
+    ap.add_argument("--robust", action="store_true", help="latency scales from the MAD alone")
+    ap.add_argument("--only-false-alarms", action="store_true", help="skip the injected changes")
     ap.add_argument("--hours", type=float, default=240.0)
     ap.add_argument("--stream-hours", type=float, default=24.0)
     ap.add_argument("--block", type=int, default=8)
@@ -237,14 +244,18 @@ def main() -> None:
     interval = statistics.median(b - a for a, b in zip(times, times[1:], strict=False))
     cfg = MonitorConfig(interval_s=round(interval), false_alarms_per_day=args.false_alarms_per_day,
                         learn_windows=args.learn_windows, z_clip=args.z_clip,
-                        settle_windows=args.settle_windows, contention=not args.no_contention)
+                        settle_windows=args.settle_windows, contention=not args.no_contention,
+                        autocorrelation=not args.no_autocorrelation, wait_error=args.wait_error,
+                        wait_memory=args.wait_memory, robust=args.robust, max_wait_judged=args.max_wait_judged,
+                        wait_law_error=args.wait_law_error)
     expect = expectation(args.sim_model)
     rng = random.Random(args.seed)
     print(f"# detection experiment ({time.strftime('%Y-%m-%d %H:%M')})\n")
     print(f"windows of {cfg.interval_s:g} s; {TESTS} one-sided tests; CUSUM k = {cfg.k}, h = {cfg.h:.3f} "
           f"(for {cfg.false_alarms_per_day:g} false alarm a day); baseline from {cfg.learn_windows} windows; "
           f"z clipped at {cfg.clip:.2f}; settle {cfg.settle_windows} window(s) while an input's CUSUM is at "
-          f">= {cfg.settle_evidence:g} h; latencies corrected for the CPU wait: {cfg.contention}; expectation "
+          f">= {cfg.settle_evidence:g} h; latencies corrected for the CPU wait: {cfg.contention} (its error "
+          f"{cfg.wait_error:g}); latency scales widened for autocorrelation: {cfg.autocorrelation}; expectation "
           f"from the simulator: {args.sim_model is not None}\n")
     if expect is not None:
         el = ", ".join(f"{s}: " + " ".join(f"{i.split('_')[0]} {e:+.2f}" for i, e in d.items())
@@ -273,6 +284,8 @@ def main() -> None:
     print(f"\n(events: drift, anomaly and saturation; recoveries listed, not counted. Replay: "
           f"{time.monotonic() - t0:.0f} s for all the replayed hours)")
 
+    if args.only_false_alarms:
+        return
     print("\n## Injected changes\n")
     print(f"{args.trials} trials each; a stretch of the stationary phase ({cfg.learn_windows} learning + "
           f"{args.pre} windows) then the change; up to {args.post} windows to find it.\n")

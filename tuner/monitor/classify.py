@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -27,7 +28,16 @@ from scipy.stats import kendalltau
 
 from tuner.measure.scrape import Snapshot
 from tuner.monitor.contention import MAX_WAIT_FRAC
-from tuner.monitor.detect import Baseline, Cusum, Direction, SignalTrack, change_index, threshold
+from tuner.monitor.detect import (
+    SECONDS_PER_DAY,
+    Baseline,
+    Cusum,
+    Direction,
+    SignalTrack,
+    change_index,
+    lag1,
+    threshold,
+)
 from tuner.monitor.expect import Expectation
 from tuner.monitor.signals import GPU, INPUTS, LATENCIES, SIGNALS, MissingSeries, window_signals
 from tuner.spec import MonitorSpec
@@ -53,16 +63,20 @@ RULES: dict[str, SignalRule] = {
     "itl_ms_mean": SignalRule("up", 0.05, log=True), "itl_ms_p90": SignalRule("up", 0.05, log=True),
     "e2el_ms_p50": SignalRule("up", 0.5, log=True), "e2el_ms_p90": SignalRule("up", 0.5, log=True),
     "token_throughput_per_s": SignalRule("both", 1.0), "error_frac": SignalRule("up", 0.01),
-    "running": SignalRule("both", 0.5), "waiting": SignalRule("up", 0.5),
-    "kv_cache_usage_frac": SignalRule("up", 0.02), "preemptions_per_s": SignalRule("up", 0.01),
+    # the requests in the server and their cache follow from the load and the latencies (Little's law): tested
+    # again they would spend the false-alarm budget on what the latencies already say, uncorrected for the
+    # environment; they feed the saturation rules
+    "running": SignalRule("both", 0.5, tested=False), "waiting": SignalRule("up", 0.5, tested=False),
+    "kv_cache_usage_frac": SignalRule("up", 0.02, tested=False), "preemptions_per_s": SignalRule("up", 0.01),
     "gpu_util_pct": SignalRule("both", 2.0), "gpu_power_w": SignalRule("both", 5.0),
     "gpu_sm_clock_mhz": SignalRule("down", 15.0), "gpu_dram_active_frac": SignalRule("both", 0.02),
     "gpu_fb_used_mb": SignalRule("up", 256.0), "gpu_throttled": SignalRule("up", 0.05),
-    "cpu_wait_frac": SignalRule("up", 0.02, tested=False),
+    "cpu_wait_frac": SignalRule("up", 0.02, tested=False), "finished_per_s": SignalRule("both", 0.01, tested=False),
 }
 assert set(RULES) == set(SIGNALS)
 TESTS = sum(2 if r.direction == "both" else 1 for r in RULES.values() if r.tested)  # one-sided tests per window
 GPU_THROTTLE = ("gpu_throttled", "gpu_sm_clock_mhz")
+LENGTHS = ("prompt_tokens_mean", "output_tokens_mean")  # means over the window's finished requests
 OPEN_CAUSES = {"anomaly": ("latency", "gpu", "gpu_throttle"),  # the causes an open anomaly or saturation has
                "saturation": ("kv_full", "bandwidth", "queue_growing")}
 
@@ -82,12 +96,25 @@ class MonitorConfig:
     # latencies divided by 1 / (1 - cpu_wait_frac) where that signal is read: a server that waited a share w
     # of the window for a CPU (a noisy neighbour) is expected to be 1 / (1 - w) times as slow
     contention: bool = True
+    autocorrelation: bool = True  # latency scales widened by their pooled lag-1 autocorrelation (AR(1))
+    # the CPU wait's own error (a share of the window): a latency corrected by 1 - w is uncertain by about
+    # wait_error / (1 - w) on the log scale, which widens its scale in that window (and the next: the queue
+    # a starved window built drains in the one after it)
+    wait_error: float = 0.03
+    robust: bool = False  # True: latency scales from the MAD (tuner.monitor.detect.Baseline.learn)
+    wait_law_error: float = 0.5
+    wait_memory: int = 3  # windows whose CPU wait a latency's uncertainty takes (this one and those before)
+    # a latency is not judged while the server waited more than this share of one of those windows: the
+    # neighbours, not the server, set it then (the windows are counted in `unjudged`)
+    max_wait_judged: float = 0.5
     recovery_windows: int = 3
     kv_full_frac: float = 0.95
     dram_limit_frac: float = 0.85
     sat_windows: int = 2
-    trend_windows: int = 6
-    trend_p: float = 0.01
+    trend_windows: int = 8
+    # the queue trend's one-sided p-value; by default (None) the false-alarm budget's share of one window,
+    # false_alarms_per_day x interval_s / 86400 (a test run every window at 0.01 would alarm daily)
+    trend_p: float | None = None
 
     @property
     def h(self) -> float:
@@ -154,6 +181,10 @@ class Monitor:
         self._sat_run: dict[str, int] = {}
         self._last: tuple[float, Snapshot] | None = None
         self.last_signals: dict[str, float] = {}
+        self._waits: list[float] = []
+        self.unjudged = 0  # windows whose latencies were not judged (tuner.monitor.classify.MonitorConfig)
+        self._blind = False
+        self._blind_times: set[float] = set()  # ends of the windows not judged (nor learnt from)
 
     # ---------------------------------------------------------------- feeding
     def scrape(self, t: float, snap: Snapshot, gpu: Mapping[str, float] | None = None) -> list[Event]:
@@ -188,6 +219,21 @@ class Monitor:
             x *= 1.0 - min(w, MAX_WAIT_FRAC)
         return x
 
+    def _z(self, name: str) -> float:
+        """The last window's standardised residual of a signal that has a baseline."""
+        tr = self.tracks[name]
+        assert tr.baseline is not None
+        z = tr.baseline.z(tr.residuals[-1])
+        done, usual = self.last_signals.get("finished_per_s"), self.tracks["finished_per_s"].baseline
+        if name in LENGTHS and done is not None and usual is not None and usual.level > 0:
+            z *= min(1.0, math.sqrt(done / usual.level))  # a mean of fewer requests than usual says less
+        if name in LATENCIES and self.config.contention and self._waits:
+            w = min(max(self._waits), MAX_WAIT_FRAC)
+            # the measured share's error, and the 1 / (1 - w) law's own (its exponent known to +- wait_law_error)
+            extra = math.hypot(self.config.wait_error / (1.0 - w), self.config.wait_law_error * -math.log1p(-w))
+            z *= tr.baseline.scale / math.hypot(tr.baseline.scale, extra)
+        return z
+
     def _settled(self) -> bool:
         """Whether the output alarms pending have waited long enough for an input alarm that would make them
         part of a drift: not at all for a GPU throttle (no load sets a clocks-event reason) or while no
@@ -206,6 +252,12 @@ class Monitor:
         """One window's signal values (any subset of tuner.monitor.signals.SIGNALS) ending at time `t`."""
         self.windows += 1
         self.last_signals = {k: float(v) for k, v in signals.items() if k in self.tracks and math.isfinite(v)}
+        w = self.last_signals.get("cpu_wait_frac") if self.config.contention else None
+        keep = self.config.wait_memory - 1
+        self._waits = [*(self._waits[-keep:] if keep else []), w] if w is not None else []
+        self._blind = bool(self._waits) and max(self._waits) > self.config.max_wait_judged
+        if self._blind and self.learning:
+            self._blind_times.add(t)
         for name, x in self.last_signals.items():
             self.tracks[name].add(t, x, self.residual(name, x))
         events = self._saturation(t)
@@ -215,11 +267,13 @@ class Monitor:
                 self._learn()
             return events
         alarms: dict[str, Literal["up", "down"]] = {}
+        blind = self._blind
+        self.unjudged += blind and not self.learning
         for name in self.last_signals:
             tr = self.tracks[name]
-            if tr.baseline is None or not RULES[name].tested:
+            if tr.baseline is None or not RULES[name].tested or (blind and name in LATENCIES):
                 continue
-            z = tr.baseline.z(tr.residuals[-1])
+            z = self._z(name)
             z = max(-self.clip, min(self.clip, z))
             side = tr.cusum.update(z)
             if side is not None:
@@ -246,18 +300,33 @@ class Monitor:
     # ---------------------------------------------------------------- baselines
     def _learn(self) -> None:
         n = self.config.learn_windows
+        rho = self._latency_rho() if self.config.autocorrelation else 0.0
         for tr in self.tracks.values():
             vals = tr.residuals[-n:]
+            if tr.name in LATENCIES:  # learnt from the windows it would be judged in, where there are enough
+                judged = [r for t, r in zip(tr.times[-n:], vals, strict=True) if t not in self._blind_times]
+                vals = judged if len(judged) >= max(3, n // 2) else vals
             if len(vals) < max(3, n // 2):
                 tr.baseline = None  # too few windows carried it (a signal that came and went)
                 continue
             rule = RULES[tr.name]
-            tr.baseline = Baseline.learn(vals, rule.floor_abs, log=rule.log, rel_floor=self.config.rel_floor)
+            latency = tr.name in LATENCIES
+            tr.baseline = Baseline.learn(vals, rule.floor_abs, log=rule.log, rel_floor=self.config.rel_floor,
+                                         rho=rho if latency else 0.0, robust=latency and self.config.robust)
             tr.cusum.reset()
+        self._blind_times.clear()
+
+    def _latency_rho(self) -> float:  # over all the learning windows: a gap would hide the dependence
+        """The latencies' residual lag-1 autocorrelation over the learning windows, pooled (their mean): one
+        signal's 20 windows say little, the latencies share their neighbours."""
+        n = self.config.learn_windows
+        got = [r for name in LATENCIES if (r := lag1(self.tracks[name].residuals[-n:], log=True)) is not None]
+        return statistics.fmean(got) if got else 0.0
 
     def relearn(self) -> None:
         """Start a new baseline from the next window on (after a drift, or a new champion)."""
         self._learned = 0
+        self._blind_times.clear()
         self._pending.clear()
         self._open = [o for o in self._open if o.kind == "saturation"]
         for tr in self.tracks.values():
@@ -332,7 +401,7 @@ class Monitor:
                 tr = self.tracks[name]
                 if tr.baseline is None or name not in self.last_signals:
                     continue
-                z = tr.baseline.z(tr.residuals[-1])
+                z = self._z(name)
                 if (side == "up" and z > 2) or (side == "down" and z < -2):
                     calm = False
             o.calm = o.calm + 1 if calm else 0
@@ -383,7 +452,10 @@ class Monitor:
         if len(set(vals)) < 2:
             return False
         res = kendalltau(range(n), vals, alternative="greater")
-        return bool(res.pvalue < self.config.trend_p)
+        p = self.config.trend_p
+        if p is None:
+            p = self.config.false_alarms_per_day * self.config.interval_s / SECONDS_PER_DAY
+        return bool(res.pvalue < p)
 
 
 def _cause(signals: Iterable[str]) -> str:

@@ -27,7 +27,7 @@ from tuner.monitor.signals import MissingSeries
 
 log = logging.getLogger(__name__)
 
-MAX_WAIT_FRAC = 0.95  # a share above it says nothing more (the server barely ran)
+MAX_WAIT_FRAC = 0.99  # a share above it says nothing more (the server barely ran)
 
 
 def psi_some_total_us(text: str) -> float | None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from scipy.optimize import brentq
-from scipy.stats import chi2
+from scipy.stats import chi2, norm
 
 Direction = Literal["up", "down", "both"]
 SECONDS_PER_DAY = 86400.0
@@ -49,6 +49,23 @@ def threshold(false_alarms_per_day: float, interval_s: float, tests: int, k: flo
     return float(brentq(lambda h: arl0(h, k) - target, 0.0, 200.0))
 
 
+MAX_RHO = 0.8
+MAD_SE = 1.166  # the standard error of the MAD's normal-consistent scale, in sigma / sqrt(n)
+
+
+def lag1(values: Sequence[float], *, log: bool = False) -> float | None:
+    """The lag-1 autocorrelation of a series (of its logs with `log`); None with fewer than 4 values or none
+    varying."""
+    vals = [math.log(max(v, 1e-12)) if log else v for v in values if math.isfinite(v)]
+    if len(vals) < 4:
+        return None
+    m = statistics.fmean(vals)
+    den = sum((v - m) ** 2 for v in vals)
+    if den <= 0:
+        return None
+    return sum((a - m) * (b - m) for a, b in zip(vals, vals[1:], strict=False)) / den
+
+
 @dataclass(frozen=True)
 class Baseline:
     """A signal's normal value and the spread of one window around it."""
@@ -64,12 +81,18 @@ class Baseline:
 
     @classmethod
     def learn(cls, values: Sequence[float], floor: float, confidence: float = 0.9, *, log: bool = False,
-              rel_floor: float = 0.0) -> Baseline:
+              rel_floor: float = 0.0, rho: float = 0.0, robust: bool = False) -> Baseline:
         """The median, and as scale the larger of the MAD's normal-consistent scale and the upper `confidence`
         bound of the standard deviation (chi-square), times sqrt(1 + 1/n) for the centre's own error: a
         baseline learnt from n windows misjudges both, and a CUSUM fed a scale too small alarms far more often
         than its threshold promises. At least `floor` (the resolution below which a change means nothing: a
-        queue of 0.5 requests, 1 % errors)."""
+        queue of 0.5 requests, 1 % errors). `rho`, the windows' lag-1 autocorrelation (> 0: a slow neighbour
+        moves several windows together), widens the scale to the long-run one of an AR(1) series,
+        sqrt((1 + rho) / (1 - rho)): the CUSUM sums windows, and correlated windows sum to more than independent
+        ones would. `robust`: the scale from the MAD alone, at its upper `confidence` bound (its standard
+        error is 1.166 sigma / sqrt(n)), for a signal whose noise is a calm body with rare far episodes (a
+        latency on a shared host, whose episodes the expectation's own uncertainty covers): a standard
+        deviation would make the scale of the episodes the scale of every window."""
         vals = [v for v in values if math.isfinite(v)]
         if not vals:
             raise ValueError("no values to learn a baseline from")
@@ -82,8 +105,14 @@ class Baseline:
         n = len(vals)
         centre = statistics.median(vals)
         mad = statistics.median(abs(v - centre) for v in vals) * 1.4826
-        sd = statistics.stdev(vals) * math.sqrt((n - 1) / chi2.ppf(1 - confidence, n - 1)) if n > 1 else 0.0
-        return cls(centre=centre, scale=max(sd, mad, floor) * math.sqrt(1 + 1 / n), log=log)
+        if robust:
+            sd = mad * (1 + norm.ppf(confidence) * MAD_SE / math.sqrt(n))
+            mad = 0.0
+        else:
+            sd = statistics.stdev(vals) * math.sqrt((n - 1) / chi2.ppf(1 - confidence, n - 1)) if n > 1 else 0.0
+        rho = min(max(rho, 0.0), MAX_RHO)
+        return cls(centre=centre, scale=max(sd, mad, floor) * math.sqrt(1 + 1 / n) * math.sqrt((1 + rho) / (1 - rho)),
+                   log=log)
 
     def z(self, x: float) -> float:
         if self.log:

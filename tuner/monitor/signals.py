@@ -4,9 +4,9 @@ Inputs (what the users send): rate_per_s (arrivals: finished requests plus the g
 prompt_tokens_mean, output_tokens_mean (of the requests finished in the window). Outputs (how the server
 answers): ttft_ms_p50/p90, itl_ms_mean/p90, e2el_ms_p50/p90 (quantiles from the histograms' bucket deltas over
 the window), token_throughput_per_s, error_frac (aborted or failed share of the finished requests). State:
-running, waiting (gauges at the window's end), kv_cache_usage_frac, preemptions_per_s. GPU signals come from
-tuner.monitor.telemetry, the environment's (cpu_wait_frac: the share of the window the server waited for a
-CPU) from tuner.monitor.contention; the caller merges them in.
+running, waiting (gauges at the window's end), kv_cache_usage_frac, preemptions_per_s, finished_per_s. GPU
+signals come from tuner.monitor.telemetry, the environment's (cpu_wait_frac: the share of the window the server
+waited for a CPU) from tuner.monitor.contention; the caller merges them in.
 
 A counter that went down (the server restarted) makes the window unusable: None. A signal whose series the
 server does not export is named once in the log and left out, never fatal.
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 INPUTS = ("rate_per_s", "prompt_tokens_mean", "output_tokens_mean")
 LATENCIES = ("ttft_ms_p50", "ttft_ms_p90", "itl_ms_mean", "itl_ms_p90", "e2el_ms_p50", "e2el_ms_p90")
-STATE = ("running", "waiting", "kv_cache_usage_frac", "preemptions_per_s")
+STATE = ("running", "waiting", "kv_cache_usage_frac", "preemptions_per_s", "finished_per_s")
 OUTPUTS = (*LATENCIES, "token_throughput_per_s", "error_frac")
 GPU = ("gpu_util_pct", "gpu_power_w", "gpu_sm_clock_mhz", "gpu_dram_active_frac", "gpu_fb_used_mb",
        "gpu_throttled")
@@ -113,6 +113,7 @@ def window_signals(before: Snapshot, after: Snapshot, seconds: float,
         grew = (sum(after.gauges[g] - before.gauges[g] for g in inside)
                 if all(g in after.gauges and g in before.gauges for g in inside) else 0.0)
         out["rate_per_s"] = max(0.0, done + grew) / seconds
+        out["finished_per_s"] = done / seconds  # how much evidence the window's mean lengths carry
         failed = d("request_failed")
         if failed is not None and done > 0:
             out["error_frac"] = failed / done

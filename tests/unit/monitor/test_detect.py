@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from tuner.monitor.detect import Baseline, Cusum, arl0, change_index, threshold
+from tuner.monitor.detect import Baseline, Cusum, arl0, change_index, lag1, threshold
 
 
 def run_length(h: float, k: float, rng: random.Random, cap: int = 100_000) -> int:
@@ -62,3 +62,18 @@ def test_change_index_locates_the_step() -> None:
     vals = [1.0, 1.1, 0.9, 1.0, 1.05, 3.0, 3.1, 2.9]
     assert change_index(vals) == 5
     assert change_index([1.0, 2.0]) is None
+
+
+def test_autocorrelated_windows_widen_the_scale() -> None:
+    rng = random.Random(3)
+    x, ar = 0.0, []
+    for _ in range(400):
+        x = 0.7 * x + rng.gauss(0, 1)
+        ar.append(x)
+    rho = lag1(ar)
+    assert rho is not None and 0.55 < rho < 0.85
+    assert lag1([1.0, 1.0, 1.0, 1.0]) is None and lag1([1.0, 2.0]) is None
+    iid = Baseline.learn(ar, floor=0.01)
+    wide = Baseline.learn(ar, floor=0.01, rho=rho)
+    assert wide.scale == pytest.approx(iid.scale * ((1 + rho) / (1 - rho)) ** 0.5)
+    assert Baseline.learn(ar, floor=0.01, rho=-0.5).scale == iid.scale  # never narrower
