@@ -120,9 +120,10 @@ def _validate(path: Path) -> tuple[int, str]:
     assert r.exit_code in (0, 2), r.output
     assert "Traceback" not in r.output, r.output
     # CPU time (what a tower of powers or a billion laughs burns), not wall time a loaded host stretches;
-    # the wall-time bound catches waiting
+    # the wall-time bound catches waiting (on a pipe, a device) and is far beyond what 2 s of CPU become on a
+    # host with several busy processes per core
     assert cpu < 2.0, f"validate took {cpu:.1f} s of CPU"
-    assert took < 20.0, f"validate took {took:.1f} s"
+    assert took < 120.0, f"validate took {took:.1f} s"
     assert grown_mb < 500, f"validate took the process's memory {grown_mb:.0f} MB up"
     return r.exit_code, r.output
 

@@ -169,11 +169,11 @@ def test_sigterm_during_a_trial_tears_down_and_exits_zero(tmp_path: Path) -> Non
     try:
         wait_for(lambda: bool(server_groups(sd)), 90, proc, log_of(agent))
         groups = server_groups(sd)
-        t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        out = finish(proc, log_of(agent), 40)
+        out = finish(proc, log_of(agent), 120)
+        # exit 0 is the stop within the grace: a cycle still running when the grace ends exits 1
         assert proc.returncode == 0, out[-3000:]
-        assert time.monotonic() - t0 < 20  # within the grace
+        assert "daemon stopped cleanly" in out, out[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()
