@@ -259,6 +259,9 @@ class SamplerSpec(_Strict):
         "a proposal that breaks a declared constraint or the target's resources is recorded as rejected (not "
         "deployed, no budget trial) and the sampler asked again, up to this many times per trial; 0: it is spent "
         "as an infeasible trial; default: the sampler's own (tuner.search.samplers.default_resample)"))
+    model_guided: bool = Field(default=True, description=(
+        "auto: its local steps are the best of candidates drawn in bulk as ranked by a surrogate fitted to the "
+        "study's trials (tuner.search.surrogate); false: one random local step"))
     screen: ScreenSpec | None = Field(default=None, description=(
         "torch_engine: the calibrated simulator predicts each proposal; one predicted far outside the SLOs or far "
         "worse than the best is told to Optuna as screened (a prediction, never deployed, no budget trial)"))

@@ -124,7 +124,8 @@ class CachedSimTarget(SimTarget):
 CACHE: dict[str, Any] = {}
 
 
-def tune(agent: Agent, trials: int, *, cache: dict[str, Any] | None = None) -> list[TrialOutcome]:
+def tune(agent: Agent, trials: int, *, cache: dict[str, Any] | None = None,
+         target_cls: type[CachedSimTarget] = CachedSimTarget) -> list[TrialOutcome]:
     """One tuning run of `trials` budget trials through the tuner's loop (open_session + run_cycle, as
     `tuner run`), storage in memory, tracking off; the outcomes in trial order."""
     with tempfile.TemporaryDirectory(prefix="se-") as tmp:
@@ -132,7 +133,7 @@ def tune(agent: Agent, trials: int, *, cache: dict[str, Any] | None = None) -> l
         spec = agent.spec.model_copy(update={"storage": "memory:"})
         agent = agent.model_copy(update={"spec": spec})
         tracker = Tracker("file:" + str(d / "mlruns"), spec.name, enabled=False)
-        target = CachedSimTarget(agent.target_options, agent_dir=agent.path.parent,
+        target = target_cls(agent.target_options, agent_dir=agent.path.parent,
                                  cache=CACHE if cache is None else cache)
         session = open_session(agent, d, tracker=tracker, target=target)
         result = run_cycle(session, trials=trials, gpu_pool=GpuPool([]))

@@ -68,6 +68,16 @@ SCENARIOS: list[Scenario] = [
     Scenario("a100-8b-4gpu-tpot", "a100-80gb-sxm", "llama-3-8b", 4, {"kind": "poisson", "rate_per_s": 10},
              ("tpot_ms.mean", "minimize"), (("ttft_ms.p99", 1500),), held_out=True,
              note="held out: minimise mean TPOT on 4 GPUs"),
+    # held out, added with the model-guided default (issue 26, step 3) and never run before its final table
+    Scenario("h200-8b-2gpu-closed-tight-itl", "h200", "llama-3-8b", 2, {"kind": "closed", "concurrency": 96},
+             ("output_throughput", "maximize"), (("itl_ms.p99", 25),), held_out=True,
+             note="held out: two GPUs, a tight ITL"),
+    Scenario("a100-70b-closed-e2e", "a100-80gb-sxm", "llama-3-70b", 8, {"kind": "closed", "concurrency": 16},
+             ("e2el_ms.mean", "minimize"), (("ttft_ms.p99", 10000),), default_tp=2, num_requests=80, held_out=True,
+             note="held out: 70B, minimise mean end-to-end latency"),
+    Scenario("h100-1b-4gpu-long-prompts-goodput", "h100-sxm", "llama-1.1b", 4, {"kind": "poisson", "rate_per_s": 80},
+             ("request_goodput", "maximize"), (("ttft_ms.p99", 400), ("itl_ms.p99", 20)), prompt_mean=2048,
+             output_mean=128, held_out=True, note="held out: long prompts at a high rate, two tight SLOs"),
 ]
 
 

@@ -24,6 +24,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from multiprocessing import Pool
 from pathlib import Path
 from typing import Any
@@ -33,7 +35,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "sample-efficiency"))
-from harness import Evaluator, tune  # noqa: E402
+from harness import CachedSimTarget, Evaluator, tune  # noqa: E402
 from scenarios import SCENARIOS, Scenario, agent_file, by_name  # noqa: E402
 from truth import draw, key, neighbours  # noqa: E402
 
@@ -41,6 +43,8 @@ from tuner.agent import Agent, load_agent  # noqa: E402
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "auto": {},  # the default: no sampler options in the agent, only the seed
+    "old-default": {"model_guided": False},  # the default before model-guided local steps (f74dadb)
+    "auto-every": {"local_every": 1},  # development: every proposal after the design is model-guided
     "random": {"name": "random"},
     "tpe": {"name": "tpe"},
 }
@@ -122,6 +126,30 @@ def truth_of(name: str, sample: int, starts: int) -> dict[str, Any]:
             "wall_s": round(time.monotonic() - t0, 1)}
 
 
+class TimedSimTarget(CachedSimTarget):
+    """The cached sim target, counting the process CPU time spent deploying and measuring (the simulator), so
+    that the tuner's own CPU time per trial is known whatever the host's load."""
+
+    sim_cpu_s = 0.0
+
+    @contextmanager
+    def deploy(self, params: Mapping[str, Any], ctx: Any) -> Iterator[Any]:
+        t0 = time.process_time()
+        with super().deploy(params, ctx) as dep:
+            TimedSimTarget.sim_cpu_s += time.process_time() - t0
+            inner = dep.measure
+
+            def measure(*args: Any, **kwargs: Any) -> Any:
+                t1 = time.process_time()
+                try:
+                    return inner(*args, **kwargs)
+                finally:
+                    TimedSimTarget.sim_cpu_s += time.process_time() - t1
+
+            dep.measure = measure  # type: ignore[method-assign]
+            yield dep
+
+
 def run_scenario(job: tuple[str, str, int, int]) -> dict[str, Any]:
     name, variant, seeds, trials = job
     s = by_name(name)
@@ -130,11 +158,14 @@ def run_scenario(job: tuple[str, str, int, int]) -> dict[str, Any]:
     for seed in range(seeds):
         agent = load(s, {**VARIANTS[variant], "seed": seed})
         t0 = time.monotonic()
-        outcomes = tune(agent, trials, cache=cache)
+        cpu0, sim0 = time.process_time(), TimedSimTarget.sim_cpu_s
+        outcomes = tune(agent, trials, cache=cache, target_cls=TimedSimTarget)
+        tuner_cpu_s = time.process_time() - cpu0 - (TimedSimTarget.sim_cpu_s - sim0)
         runs.append({"seed": seed,
                      "values": [o.values[0] if o.feasible and o.values else None for o in outcomes],
                      "causes": [o.cause or ("ok" if o.feasible else "slo") for o in outcomes],
                      "overhead_s": round(sum(o.overhead_s for o in outcomes), 4),
+                     "tuner_cpu_s": round(tuner_cpu_s, 4),
                      "trials": len(outcomes), "wall_s": round(time.monotonic() - t0, 2)})
         print(f"{variant} {name} seed {seed}: {len(outcomes)} trials in {runs[-1]['wall_s']} s", file=sys.stderr,
               flush=True)
@@ -172,6 +203,9 @@ def summarise(s: Scenario, res: dict[str, Any], optimum: float, trials: int) -> 
     feas = [next((i for i, v in enumerate(r["values"], 1) if v is not None), None) for r in runs]
     out["feasible_by_20"] = sum(1 for f in feas if f is not None and f <= 20)
     out["ms_per_trial"] = 1000 * sum(r["overhead_s"] for r in runs) / max(1, sum(r["trials"] for r in runs))
+    cpu = [r for r in runs if "tuner_cpu_s" in r]
+    out["cpu_ms_per_trial"] = (1000 * sum(r["tuner_cpu_s"] for r in cpu) / max(1, sum(r["trials"] for r in cpu))
+                               if cpu else None)
     return out
 
 
@@ -185,6 +219,7 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--scenarios", default=",".join(s.name for s in SCENARIOS))
     ap.add_argument("--procs", type=int, default=2)
+    ap.add_argument("--tag", default="", help="run: results/<tag><variant>.json (development runs: dev-)")
     a = ap.parse_args()
     names = a.scenarios.split(",")
     truth_file = HERE / "truth.json"
@@ -201,25 +236,29 @@ def main() -> None:
         jobs = [(n, v, a.seeds, a.trials) for v in a.variants.split(",") for n in names]
         with Pool(min(a.procs, 2)) as pool:
             for res in pool.imap_unordered(run_scenario, jobs):
-                f = RESULTS / f"{res['variant']}.json"
+                f = RESULTS / f"{a.tag}{res['variant']}.json"
                 data = json.loads(f.read_text()) if f.is_file() else {}
                 data[res["scenario"]] = res
                 f.write_text(json.dumps(data) + "\n")
         return
-    print(table(json.loads(truth_file.read_text()), a.trials))
+    print(table(json.loads(truth_file.read_text()), a.trials, a.tag))
 
 
 def _truth_job(job: tuple[str, int, int]) -> dict[str, Any]:
     return truth_of(*job)
 
 
-def table(truth: dict[str, Any], trials: int) -> str:
-    variants = [v for v in VARIANTS if (RESULTS / f"{v}.json").is_file()]
-    results = {v: json.loads((RESULTS / f"{v}.json").read_text()) for v in variants}
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f}"
+
+
+def table(truth: dict[str, Any], trials: int, tag: str = "") -> str:
+    variants = [v for v in VARIANTS if (RESULTS / f"{tag}{v}.json").is_file()]
+    results = {v: json.loads((RESULTS / f"{tag}{v}.json").read_text()) for v in variants}
     lines = ["| scenario | held out | optimum (how found) | feasible draws | variant | k=5 med/worst | k=10 | k=20 | "
-             "k=30 | trials to 95% (median; seeds) | feasible by 20 | tuner ms/trial |",
+             "k=30 | trials to 95% (median; seeds) | feasible by 20 | tuner ms/trial: wall (CPU) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    agg: dict[str, dict[str, list[Any]]] = {v: {"k20": [], "to95": [], "ms": [], "feas": []} for v in variants}
+    agg: dict[tuple[bool, str], dict[str, list[Any]]] = {}
     for s in SCENARIOS:
         t = truth.get(s.name)
         if not t or t["optimum"] is None:
@@ -231,11 +270,12 @@ def table(truth: dict[str, Any], trials: int) -> str:
             if res is None:
                 continue
             row = summarise(s, res, opt, trials)
-            if not s.held_out:
-                agg[v]["k20"].append(row["k20"][0])
-                agg[v]["to95"].append(row["to95"])
-                agg[v]["ms"].append(row["ms_per_trial"])
-                agg[v]["feas"].append((row["feasible_by_20"], len(res["runs"])))
+            g = agg.setdefault((s.held_out, v), {"k20": [], "to95": [], "ms": [], "cpu": [], "feas": []})
+            g["k20"].append(row["k20"][0])
+            g["to95"].append(row["to95"])
+            g["ms"].append(row["ms_per_trial"])
+            g["cpu"].append(row["cpu_ms_per_trial"])
+            g["feas"].append((row["feasible_by_20"], len(res["runs"]), n_feas > 0))
             n_run = max(len(r["values"]) for r in res["runs"])
             to95 = f"{row['to95']:g}" if row["to95"] <= n_run else f">{n_run}"
             lines.append(
@@ -243,19 +283,25 @@ def table(truth: dict[str, Any], trials: int) -> str:
                 f"{t['evaluations']} evaluations) | {n_feas}/{t['sample']} | {v} | "
                 + " | ".join(f"{row[f'k{k}'][0]:.3f} / {row[f'k{k}'][1]:.3f}" for k in KS)
                 + f" | {to95} ({row['to95_hits']}/{len(res['runs'])}) | {row['feasible_by_20']}/{len(res['runs'])}"
-                  f" | {row['ms_per_trial']:.0f} |")
-    lines.append("")
-    lines.append("Tuned-on scenarios (held out excluded):")
-    lines.append("")
-    lines.append("| variant | scenarios with median k=20 >= 0.95 | median over scenarios of median trials to 95% | "
-                 "every seed feasible by 20 (scenarios) | tuner ms/trial (mean over scenarios) |")
-    lines.append("|---|---|---|---|---|")
-    for v in variants:
-        g = agg[v]
-        lines.append(f"| {v} | {sum(x >= 0.95 for x in g['k20'])}/{len(g['k20'])} | "
-                     f"{statistics.median(g['to95']) if g['to95'] else float('nan'):g} | "
-                     f"{sum(1 for f, n in g['feas'] if f == n)}/{len(g['feas'])} | "
-                     f"{statistics.fmean(g['ms']) if g['ms'] else float('nan'):.0f} |")
+                  f" | {row['ms_per_trial']:.0f} ({_ms(row['cpu_ms_per_trial'])}) |")
+    for held_out in (False, True):
+        lines += ["", "Held-out scenarios (never tuned on):" if held_out else "Tuned-on scenarios:", "",
+                  "| variant | scenarios with median k=20 >= 0.95 | median over scenarios of median trials to 95% "
+                  "(censored: a seed that never reached it counts its run length + 1) | every seed feasible by 20 "
+                  "(scenarios with a feasible draw in 2,000) | tuner ms/trial, wall: mean over scenarios; max | "
+                  "tuner CPU ms/trial: mean; max |",
+                  "|---|---|---|---|---|---|"]
+        for v in variants:
+            g = agg.get((held_out, v))
+            if g is None:
+                continue
+            has = [(f, n) for f, n, any_feas in g["feas"] if any_feas]
+            cpu = [c for c in g["cpu"] if c is not None]
+            lines.append(f"| {v} | {sum(x >= 0.95 for x in g['k20'])}/{len(g['k20'])} | "
+                         f"{statistics.median(g['to95']):g} | "
+                         f"{sum(1 for f, n in has if f == n)}/{len(has)} | "
+                         f"{statistics.fmean(g['ms']):.0f}; {max(g['ms']):.0f} | "
+                         + (f"{statistics.fmean(cpu):.0f}; {max(cpu):.0f} |" if cpu else "not measured |"))
     return "\n".join(lines)
 
 

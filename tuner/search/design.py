@@ -207,7 +207,8 @@ class DesignThenSampler(BaseSampler):
     no constraint; the others are `then`'s."""
 
     def __init__(self, space: SearchSpace, then: BaseSampler, n_design: int, seed: int | None, *,
-                 around_defaults: bool = False, sweep_groups: bool = False, local_every: int = 0) -> None:
+                 around_defaults: bool = False, sweep_groups: bool = False, local_every: int = 0,
+                 guided: bool = False) -> None:
         import random
 
         self._space = space
@@ -216,6 +217,7 @@ class DesignThenSampler(BaseSampler):
         self._n_design = n_design
         self._seed = seed
         self._local_every = local_every
+        self._guided = guided
         self._rng = random.Random(seed)
         self._assigned: dict[int, int] = {}  # trial id -> design index, for trials this process asked
         self._local: dict[int, dict[str, Any]] = {}  # trial id -> the local step's configuration
@@ -256,6 +258,16 @@ class DesignThenSampler(BaseSampler):
             return
         base = {p.name: best.params[p.name] for p in self._space.params if p.name in best.params}
         seen = [t.params for t in study.get_trials(deepcopy=False) if t.number != trial.number]
+        if self._guided:
+            from tuner.search.surrogate import observed_of, rank
+
+            sign = 1.0 if study.directions[0].name == "MAXIMIZE" else -1.0
+            cfg = rank(self._space, observed_of(done, sign, self._space), self._rng, seen=seen,
+                       seed=self._seed or 0)
+            if cfg is not None:
+                self._local[trial._trial_id] = cfg
+                study._storage.set_trial_system_attr(trial._trial_id, LOCAL_ATTR, True)
+                return
         for _ in range(30):
             cfg = neighbour(self._space, base, self._rng)
             if cfg != base and cfg not in seen and not self._space.violations(cfg):

@@ -65,7 +65,8 @@ def _auto(spec: SamplerSpec, space: SearchSpace) -> optuna.samplers.BaseSampler:
     tpe = optuna.samplers.TPESampler(seed=spec.seed, n_startup_trials=0, multivariate=True, group=True, **extra)
     local = AUTO_LOCAL_EVERY if spec.local_every is None else spec.local_every
     return DesignThenSampler(space, tpe, n_design=n, seed=spec.seed, around_defaults=design != "sobol",
-                             sweep_groups=design == "group-sweep", local_every=local)
+                             sweep_groups=design == "group-sweep", local_every=local,
+                             guided=spec.model_guided)
 
 
 # after the design, every second proposal of the default sampler is a local step from the incumbent

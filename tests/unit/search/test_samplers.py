@@ -47,3 +47,12 @@ def test_an_unregistered_name_is_a_config_error() -> None:
 def test_startup_trials_reach_the_sampler() -> None:
     tpe = make_sampler(SamplerSpec(name="tpe", n_startup_trials=3), SPACE)
     assert isinstance(tpe, optuna.samplers.TPESampler) and tpe._n_startup_trials == 3
+
+
+def test_the_default_ranks_its_local_steps_unless_told_not_to() -> None:
+    from tuner.search.design import DesignThenSampler
+
+    guided = make_sampler(SamplerSpec(), SPACE)
+    plain = make_sampler(SamplerSpec(model_guided=False), SPACE)
+    assert isinstance(guided, DesignThenSampler) and guided._guided
+    assert isinstance(plain, DesignThenSampler) and not plain._guided
