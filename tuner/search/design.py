@@ -182,8 +182,9 @@ def neighbour(space: SearchSpace, config: dict[str, Any], rng: Any) -> dict[str,
 
 def incumbent(study: Study) -> FrozenTrial | None:
     """The best feasible complete trial of a single-objective study; while none is feasible, the one nearest to
-    feasible (smallest sum of positive constraint values); None without a complete trial with a config."""
-    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    feasible (smallest sum of positive constraint values; a pruned trial counts, told with its partial
+    measurement's); None without a complete or pruned trial with a config."""
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
             if t.values and isinstance(t.user_attrs.get("config"), dict)
             and t.user_attrs.get("duplicate_of") is None]
     if not done or len(study.directions) != 1:
@@ -248,7 +249,7 @@ class DesignThenSampler(BaseSampler):
         """Make `trial` a local step from the incumbent when its turn has come and one is found."""
         if self._local_every <= 0:
             return
-        done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
         proposals = [t for t in done if not t.user_attrs.get("rejected") and not t.user_attrs.get("screened")
                      and t.user_attrs.get("duplicate_of") is None]
         if len(proposals) % self._local_every:

@@ -184,7 +184,8 @@ def rank(space: SearchSpace, observed: Sequence[Observed], rng: random.Random, *
 
 
 def observed_of(trials: Sequence[Any], direction_sign: float, space: SearchSpace) -> list[Observed]:
-    """The trials that ran (finished, deployed, not a copy) as surrogate data."""
+    """The trials that ran (finished or pruned with a partial measurement; deployed, not a copy) as surrogate
+    data."""
     out = []
     for t in trials:
         u = t.user_attrs

@@ -48,3 +48,22 @@ def test_the_incumbent_is_the_best_feasible_else_the_nearest_miss() -> None:
     add(3.0, -0.1, 0.5)
     inc = incumbent(study)
     assert inc is not None and inc.params["x"] == 0.5
+
+
+def test_a_pruned_trial_counts_as_a_miss_never_as_the_best() -> None:
+    from optuna.trial import TrialState
+
+    study = optuna.create_study(direction="maximize")
+    dist = {"x": FloatDistribution(0, 1)}
+
+    def add(value: float, violation: float, x: float, state: TrialState = TrialState.COMPLETE) -> None:
+        study.add_trial(create_trial(value=value, params={"x": x}, distributions=dist, state=state,
+                                     user_attrs={"config": {"x": x}}, system_attrs={"constraints": [violation]}))
+
+    add(1.0, 5.0, 0.1)
+    add(9.0, 2.0, 0.2, TrialState.PRUNED)  # stopped early: its partial measurement misses by less
+    inc = incumbent(study)
+    assert inc is not None and inc.params["x"] == 0.2
+    add(0.5, 0.0, 0.3)
+    inc = incumbent(study)
+    assert inc is not None and inc.params["x"] == 0.3  # feasible beats any miss, a pruned one too
