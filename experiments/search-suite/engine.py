@@ -7,8 +7,9 @@ The agent is agents/quickstart.yaml (the tiny preset, one thread; mean TTFT mini
 p99 ITL <= 250 ms) with a fixed Poisson rate instead of `auto` (the capacity search would cost each run a
 minute) and 5 s of arrivals, so a trial costs ~8 s. Each variant of suite.VARIANTS runs seeds 0..N-1 with
 `--trials` budget trials (open_session + run_cycle, storage in memory, tracking off, the real torch_engine
-target). No ground truth can be afforded here (thousands of trials): a variant's best is compared with the best
-feasible mean TTFT any run measured, and every figure moves with the host's load (written next to each run).
+target). No ground truth can be afforded here (thousands of trials): each run's best is compared with its own
+baseline (trial 0, measured minutes apart at about the same host load), and every figure moves with the host's
+load (written next to each run).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -73,31 +73,20 @@ def run_one(variant: str, seed: int, trials: int) -> dict[str, Any]:
 
 
 def table(runs: list[dict[str, Any]]) -> str:
-    feas = [v for r in runs for v in r["values"] if v is not None]
-    if not feas:
-        return "no feasible trial in any run"
-    best_all = min(feas)
-    lines = [f"Best feasible mean TTFT of any run: {best_all:.1f} ms (the reference: no ground truth).", "",
-             "| variant | seeds | best after 5 (median; worst) | after 10 | best/reference at 10 (median) | "
-             "feasible trials | tuner ms/trial | load before/after (1-min) |", "|---|---|---|---|---|---|---|---|"]
+    """Per variant: each run's baseline (trial 0) and best feasible mean TTFT, the best as a share of the run's own
+    baseline (the same run, so about the same host load), feasible trials, the tuner's time per trial."""
+    lines = ["| variant | seed | baseline mean TTFT ms | best feasible ms (trial) | baseline / best | feasible | "
+             "tuner ms/trial | load 1-min before/after |", "|---|---|---|---|---|---|---|---|"]
     for v in VARIANTS:
-        rs = [r for r in runs if r["variant"] == v]
-        if not rs:
-            continue
-
-        def best(r: dict[str, Any], k: int) -> float:
-            xs = [x for x in r["values"][:k] if x is not None]
-            return min(xs) if xs else float("inf")
-
-        b5 = [best(r, 5) for r in rs]
-        b10 = [best(r, 10) for r in rs]
-        n_feas = sum(x is not None for r in rs for x in r["values"])
-        n_all = sum(len(r["values"]) for r in rs)
-        ms = 1000 * sum(r["overhead_s"] for r in rs) / max(1, sum(r["trials"] for r in rs))
-        loads = ", ".join(f"{r['load_before'][0]:g}/{r['load_after'][0]:g}" for r in rs)
-        lines.append(f"| {v} | {len(rs)} | {statistics.median(b5):.1f}; {max(b5):.1f} | "
-                     f"{statistics.median(b10):.1f}; {max(b10):.1f} | {best_all / statistics.median(b10):.3f} | "
-                     f"{n_feas}/{n_all} | {ms:.0f} | {loads} |")
+        for r in sorted((r for r in runs if r["variant"] == v), key=lambda r: r["seed"]):
+            feas = [(x, i) for i, x in enumerate(r["values"]) if x is not None]
+            base = r["values"][0]
+            best, at = min(feas) if feas else (None, None)
+            gain = f"{base / best:.2f}x" if base and best else "-"
+            lines.append(f"| {v} | {r['seed']} | {base if base is None else f'{base:.0f}'} | "
+                         f"{'-' if best is None else f'{best:.0f} ({at})'} | {gain} | "
+                         f"{len(feas)}/{len(r['values'])} | {1000 * r['overhead_s'] / max(1, r['trials']):.0f} | "
+                         f"{r['load_before'][0]:g}/{r['load_after'][0]:g} |")
     return "\n".join(lines)
 
 
