@@ -2,13 +2,16 @@
 
 One engine per group of phases (its step slowdown fixed at start); inside a group the phases follow
 each other on the same engine, each a `tuner bench` run of its own workload, while one thread scrapes /metrics
-every `--interval-s` seconds and appends {"t", "phase", "text"} to a gzipped JSONL file. The detection
+every `--interval-s` seconds and appends {"t", "phase", "text", "cpu", ...} to a gzipped JSONL file. The detection
 experiment (run.py) turns consecutive scrapes of one phase into windows and replays them.
 
-    nice -n 5 python experiments/detection/record.py --out experiments/detection/streams.jsonl.gz \
-        --only base,rate_x2,prompt_x2,output_x4,slowdown,stationary
-    nice -n 5 python experiments/detection/record.py --out experiments/detection/streams2.jsonl.gz \
-        --only base2,slowdown30
+    nice -n 5 python experiments/detection/record.py --out experiments/detection/recorded.jsonl.gz \
+        --only base,rate_x2,prompt_x2,output_x4
+    nice -n 5 python experiments/detection/record.py --out experiments/detection/recorded2.jsonl.gz \
+        --only slowdown30,stationary_a,stationary_b
+
+Each row also holds the engine's schedstat (per thread), the host's CPU pressure and load average (`cpu`),
+from which run.py computes the monitor's cpu_wait_frac.
 """
 
 from __future__ import annotations

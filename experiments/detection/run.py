@@ -124,8 +124,10 @@ def bootstrap(windows: list[Window], n: int, block: int, rng: random.Random) -> 
 
 
 def replay(windows: list[Window], cfg: MonitorConfig, gpu: Gpu, expect: ChampionExpectation | None,
-           at: int | None = None, on_change: Callable[[], None] | None = None) -> list[tuple[int, str, str]]:
-    """(window index, kind, cause) of every event; `on_change` runs before window `at`."""
+           at: int | None = None, on_change: Callable[[], None] | None = None,
+           unjudged: list[int] | None = None) -> list[tuple[int, str, str]]:
+    """(window index, kind, cause) of every event; `on_change` runs before window `at`; `unjudged` gets the
+    count of windows whose latencies were not judged."""
     m = Monitor(cfg, expect)
     out = []
     for i, w in enumerate(windows):
@@ -133,30 +135,35 @@ def replay(windows: list[Window], cfg: MonitorConfig, gpu: Gpu, expect: Champion
             on_change()
         for e in m.observe(cfg.interval_s * i, {**w, **gpu.read()}):
             out.append((i, e.kind, e.cause))
+    if unjudged is not None:
+        unjudged.append(m.unjudged)
     return out
 
 
 def false_alarms(label: str, stat: list[Window], cfg: MonitorConfig, expect: ChampionExpectation | None,
                  args: argparse.Namespace, rng: random.Random) -> None:
     """The rows of one stationary stream: as recorded, then bootstrapped window by window and in blocks."""
-    ev = replay(stat, cfg, Gpu(args.gpu_noise, args.seed), expect)
-    hours = max(1, len(stat) - cfg.learn_windows) * cfg.interval_s / 3600
+    blind: list[int] = []
+    ev = replay(stat, cfg, Gpu(args.gpu_noise, args.seed), expect, unjudged=blind)
+    watched = max(1, len(stat) - cfg.learn_windows)
+    hours = watched * cfg.interval_s / 3600
     real = [e for e in ev if e[1] != "recovery"]
     print(f"| {label} | as recorded | {hours:.2f} | {len(real)} | {len(real) / hours * 24:.1f} | "
-          f"{', '.join(f'{k}/{c}@{i}' for i, k, c in ev) or '-'} |")
+          f"{', '.join(f'{k}/{c}@{i}' for i, k, c in ev) or '-'} | {blind[0] / watched:.0%} |")
     n = int(args.stream_hours * 3600 / cfg.interval_s)
     for block in (1, args.block):
-        total_h, kinds = 0.0, {}
+        total_h, kinds, blind = 0.0, {}, []
         for s in range(max(1, round(args.hours / args.stream_hours))):
             ev = replay(bootstrap(stat, n + cfg.learn_windows, block, rng), cfg, Gpu(args.gpu_noise, 100 + s),
-                        expect)
+                        expect, unjudged=blind)
             total_h += n * cfg.interval_s / 3600
             for _, k, c in ev:
                 kinds[f"{k}/{c}"] = kinds.get(f"{k}/{c}", 0) + 1
         alarms = sum(v for k, v in kinds.items() if not k.startswith("recovery"))
         how = "bootstrap, window by window" if block == 1 else f"bootstrap, blocks of {block} windows"
         print(f"| {label} | {how} | {total_h:.0f} | {alarms} | {alarms / total_h * 24:.2f} | "
-              f"{', '.join(f'{k} {v}' for k, v in sorted(kinds.items())) or '-'} |")
+              f"{', '.join(f'{k} {v}' for k, v in sorted(kinds.items())) or '-'} | "
+              f"{sum(blind) / (len(blind) * n):.0%} |")
 
 
 def injected(label: str, stat: list[Window], phases: dict[str, list[tuple[float, Window]]], cfg: MonitorConfig,
@@ -276,8 +283,8 @@ def main() -> None:
               f"{med('cpu_wait_frac'):.2f} | {med('itl_ms_mean'):.1f} | {own:.1f} | {med('ttft_ms_p50'):.0f} |")
 
     print("\n## False alarms on stationary traffic\n")
-    print("| set | stream | hours watched | events | per 24 h | kinds |")
-    print("|---|---|---:|---:|---:|---|")
+    print("| set | stream | hours watched | events | per 24 h | kinds | windows whose latencies were not judged |")
+    print("|---|---|---:|---:|---:|---|---:|")
     t0 = time.monotonic()
     for name, label in sets:
         false_alarms(f"{label} (`{name}`)", [w for _, w in phases[name]], cfg, expect, args, rng)
