@@ -74,6 +74,9 @@ class DaemonMetrics:
         self.monitor_open = Gauge("tuner_monitor_open", "1 while the monitor sees an anomaly or a saturation of "
                                   "this cause that has not recovered", ["agent", "kind", "cause"],
                                   registry=self.registry)
+        self.monitor_unjudged = Gauge("tuner_monitor_unjudged_windows", "Windows whose latencies the monitor did "
+                                      "not judge: the server waited for a CPU more than max_wait_judged of one "
+                                      "of them (tuner.monitor.classify)", ["agent"], registry=self.registry)
         self.switches = Counter("tuner_scenario_switches", "Scenario champions put in service as traffic moved",
                                 ["agent", "scenario"], registry=self.registry)
 

@@ -83,6 +83,7 @@ class MonitorFeed:
             self._expecting = False
             self.monitor.expectation = self.expectation()
         events = self.monitor.scrape(t, snap, self.gpu())
+        self.rt.metrics.monitor_unjudged.labels(self.st.name).set(self.monitor.unjudged)
         for ev in events:
             try:
                 self.handle(ev)

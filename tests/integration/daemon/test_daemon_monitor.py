@@ -66,6 +66,7 @@ def test_the_feed_records_events_triggers_a_cycle_on_drift_and_answers_an_anomal
     assert feed.monitor.tracks["cpu_wait_frac"].values == [0.0] * 59  # the CPU wait read on every scrape
     text = rt.metrics.render().decode()
     assert 'tuner_monitor_events_total{agent="mon",cause="inputs",kind="drift"} 1.0' in text
+    assert 'tuner_monitor_unjudged_windows{agent="mon"} 0.0' in text  # no neighbour: every window judged
 
 
 def test_the_watch_hands_its_scrapes_to_the_monitor(tmp_path: Path) -> None:
