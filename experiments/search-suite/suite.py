@@ -45,6 +45,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "auto": {},  # the default: no sampler options in the agent, only the seed
     "old-default": {"model_guided": False},  # the default before model-guided local steps (f74dadb)
     "auto-every": {"local_every": 1},  # development: every proposal after the design is model-guided
+    "auto-pruning": {},  # the default again, run on main after pruning (on by default) landed
+    "old-default-pruning": {"model_guided": False},  # the old default, the same
     "random": {"name": "random"},
     "tpe": {"name": "tpe"},
 }
