@@ -140,7 +140,7 @@ def production(config: dict[str, Any], tmp: Path, tag: str) -> Iterator[Balancer
     state = tmp / "prod.json"
     state.unlink(missing_ok=True)
     subprocess.run([sys.executable, str(HERE / "apply.py"), "--state", str(state), "--log", str(tmp / "prod.log"),
-                    "--config-json", json.dumps(config)], cwd=REPO, check=True, timeout=300)
+                    "--config-json", json.dumps(config)], cwd=REPO, check=True, timeout=300, stdout=subprocess.DEVNULL)
     first = json.loads(state.read_text())
     try:
         with running_haproxy(tmp / f"hx-{tag}", {first["name"]: f"127.0.0.1:{first['port']}"}) as bal:
