@@ -143,7 +143,9 @@ def run_worker(session: Session, *, trials: int | None = None, wall_time_s: floa
             if taken is None:
                 return
             asked, take_s = taken
-            outcome = run_trial(session, run_id, stop, gpu_pool, asked=asked)
+            if result.run_id is None and session.tracker.enabled:  # MLflow was down when this worker joined
+                result.run_id = fleet_run(session, budget)
+            outcome = run_trial(session, result.run_id, stop, gpu_pool, asked=asked)
             outcome.overhead_s += take_s  # reaping, the budget's lock and the ask
             with lock:
                 result.outcomes.append(outcome)
@@ -161,7 +163,7 @@ def run_worker(session: Session, *, trials: int | None = None, wall_time_s: floa
     result.counted = with_db_retry("count the study's trials", study.counted)
     result.wall_s = time.monotonic() - t0
     if budget is not None and result.counted >= budget and not _others_running(session):
-        _end_fleet_run(session, run_id)
+        _end_fleet_run(session, result.run_id)
     finish_tracking(session, interrupted=result.stopped)
     result.outcomes.sort(key=lambda o: o.number)
     return result

@@ -317,6 +317,10 @@ def _reconcile(tracker: Tracker, study: Any, agent: str, objectives: list[str], 
         parent = cycle_runs.get(c) if isinstance(c, int) else None
         if parent is None:  # a fleet worker's trial: the fleet run it was told under
             fleet = t.user_attrs.get("cycle_run_id")
+            if fleet is None and not isinstance(c, int):  # told while its worker had no fleet run (MLflow was
+                # down when it joined), or a copy told at the ask: the fleet's run of the budget
+                attr = user_attrs.get(FLEET_RUN_ATTR)
+                fleet = attr.get("run_id") if isinstance(attr, Mapping) else None
             return fleet if isinstance(fleet, str) and fleet in have_ids else None
         return parent if isinstance(parent, str) else str(parent.info.run_id)
 

@@ -20,7 +20,7 @@ import pytest
 
 from tests.support import agents
 from tests.support.logged_proc import finish, output, start_logged
-from tuner.study.study import default_storage, open_storage
+from tuner.study.study import LOST_CAUSES, default_storage, open_storage
 
 REPO = Path(__file__).resolve().parents[3]
 FAKE = REPO / "tests" / "support" / "fake_openai_server.py"
@@ -158,8 +158,9 @@ def test_sigkill_during_a_trial_then_restart_loses_nothing(tmp_path: Path) -> No
     after = {t.number: t for t in trials(sd)}
     for n, values in before.items():  # no finished trial lost or changed
         assert after[n].state == optuna.trial.TrialState.COMPLETE and after[n].values == values
-    for n in running:  # the killed trial was reaped, with its cause
-        assert after[n].state == optuna.trial.TrialState.FAIL and after[n].user_attrs["cause"] == "interrupted"
+    for n in running:  # the killed trial was reaped as lost: `interrupted` (its owner is dead), or
+        # `worker_lost` when the restart took longer than its lease (a busy host)
+        assert after[n].state == optuna.trial.TrialState.FAIL and after[n].user_attrs["cause"] in LOST_CAUSES
     assert all(t.state != optuna.trial.TrialState.RUNNING for t in after.values())
     seen |= server_groups(sd)
     wait_for(lambda: not any(group_alive(g) for g in seen), 60)
