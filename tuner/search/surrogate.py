@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tuner.search.design import LOCAL_FACTORS, point_to_config, with_defaults
 from tuner.search.feasibility import encode
+from tuner.search.points import LOCAL_FACTORS, point_to_config, with_defaults
 
 if TYPE_CHECKING:
     from tuner.search.space import SearchSpace

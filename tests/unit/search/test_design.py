@@ -3,7 +3,8 @@
 import optuna
 import pytest
 
-from tuner.search.design import DESIGN_ATTR, DesignThenSampler, SpaceDesign, point_to_config, unit_to_value
+from tuner.search.design import DESIGN_ATTR, DesignThenSampler, SpaceDesign
+from tuner.search.points import point_to_config, unit_to_value
 from tuner.search.samplers import make_sampler
 from tuner.search.space import parse_space
 from tuner.spec import SamplerSpec
