@@ -27,6 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from harness import ROOT, Evaluator, load  # noqa: E402
 
+from tuner.search.points import with_defaults  # noqa: E402
 from tuner.search.space import Param, SearchSpace  # noqa: E402
 
 HERE = Path(__file__).parent
@@ -66,15 +67,6 @@ def _fit(p: Param, v: float) -> Any:
     return float(v)
 
 
-def normalise(space: SearchSpace, params: dict[str, Any]) -> dict[str, Any]:
-    """Conditions re-applied in order: inactive parameters dropped, newly active ones at their default."""
-    out: dict[str, Any] = {}
-    for p in space.params:
-        if space.active(p, out):
-            out[p.name] = params.get(p.name, p.default)
-    return out
-
-
 def neighbours(space: SearchSpace, params: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for p in space.params:
@@ -90,7 +82,7 @@ def neighbours(space: SearchSpace, params: dict[str, Any]) -> list[dict[str, Any
                 v = _fit(p, params[p.name] * f)
                 if v != params[p.name] and v not in cands:
                     cands.append(v)
-        out.extend(normalise(space, {**params, p.name: v}) for v in cands)
+        out.extend(with_defaults(space, {**params, p.name: v}) for v in cands)
     return out
 
 
