@@ -170,7 +170,9 @@ def injected(label: str, stat: list[Window], phases: dict[str, list[tuple[float,
              expect: ChampionExpectation | None, args: argparse.Namespace, rng: random.Random) -> None:
     """The rows of the injected changes, each trial a stretch of `stat` followed by the change."""
     lead = cfg.learn_windows + args.pre
-    for change in [c for c in EXPECT if c in phases or c in ("slowdown_model", "gpu_throttle")]:
+    group = label.split("`")[1].rpartition("/")[0]  # the recording the stationary stream came from ('' unlabelled)
+    mine = {n.rpartition("/")[2]: ws for n, ws in phases.items() if n.rpartition("/")[0] == group}
+    for change in [c for c in EXPECT if c in mine or c in ("slowdown_model", "gpu_throttle")]:
         delays_w: list[int] = []
         missed, right, sat, had_early, firsts = 0, 0, 0, 0, {}
         for tr in range(args.trials):
@@ -178,11 +180,11 @@ def injected(label: str, stat: list[Window], phases: dict[str, list[tuple[float,
             before = stat[i:i + lead]
             gpu = Gpu(args.gpu_noise, 1000 + tr)
             hook = None
-            if change in phases:
-                src = [w for _, w in phases[change]]
+            if change in mine:
+                src = [w for _, w in mine[change]]
                 j = rng.randrange(0, max(1, len(src) - args.post))
                 after = src[j:j + args.post]
-                source = f"recorded phase `{change}`"
+                source = f"recorded phase `{group + '/' if group else ''}{change}`"
             elif change == "slowdown_model":
                 after = [{k: v * 1.3 if k in LATENCIES else v for k, v in w.items()}
                          for w in stat[i + lead:i + lead + args.post]]
@@ -213,9 +215,12 @@ def injected(label: str, stat: list[Window], phases: dict[str, list[tuple[float,
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--streams", type=Path, nargs="+", required=True)
+    ap.add_argument("--streams", nargs="+", required=True, metavar="[LABEL=]PATH",
+                    help="recorded streams; a LABEL names the phases of its file LABEL/phase (another recording "
+                    "of the same phases: its stationary phase is followed by its own changed phases)")
     ap.add_argument("--tuned", default="stationary_a", help="the stationary phase the detector was tuned on")
-    ap.add_argument("--held-out", default="stationary_b", help="a stationary phase never used to tune it")
+    ap.add_argument("--held-out", nargs="+", default=["stationary_b"],
+                    help="stationary phases never used to tune it")
     ap.add_argument("--sim-model", type=Path, default=None,
                     help="the step-cost model for the expectation (experiments/sim-calibration/model-cpu.json)")
     ap.add_argument("--no-contention", action="store_true", help="latencies not corrected for the CPU wait")
@@ -241,11 +246,12 @@ def main() -> None:
     args = ap.parse_args()
     phases: dict[str, list[tuple[float, Window]]] = {}
     info: dict[str, dict[str, float]] = {}
-    for path in args.streams:
-        p, d = load(path)
-        phases.update(p)
-        info.update(d)
-    sets = [(args.tuned, "tuned"), (args.held_out, "held out")]
+    for arg in args.streams:
+        tag, _, path = arg.rpartition("=")
+        p, d = load(Path(path))
+        phases.update({f"{tag}/{k}" if tag else k: v for k, v in p.items()})
+        info.update({f"{tag}/{k}" if tag else k: v for k, v in d.items()})
+    sets = [(args.tuned, "tuned"), *((h, "held out") for h in args.held_out)]
     sets = [(name, label) for name, label in sets if name in phases]
     times = [t for t, _ in phases[sets[0][0]]]
     interval = statistics.median(b - a for a, b in zip(times, times[1:], strict=False))

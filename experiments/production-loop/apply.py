@@ -6,8 +6,14 @@ health check, the old one gets no new request, finishes those it holds, leaves, 
     python apply.py --state prod.json --lb-socket hx/haproxy.sock --backend llm --log prod.log --events ev.jsonl
     python apply.py --state prod.json --log prod.log --config-json '{...}'     (the first server, no balancer yet)
 
-`--state` holds the serving server's name, port and pid; `--events` gets one line per move (when the traffic
-moved, how long the new server took to start and the old one to drain).
+`--state` holds the serving server's name, port, pid and configuration, and the warm standbys; `--events` gets
+one line per move (when the traffic moved, how long the new server took to start, or none when a warm standby
+took the traffic, and the old one to drain).
+
+`--keep-warm N` keeps the last N servers the traffic left running, idle and out of the balancer (a blue-green
+pool, as an operator keeps the other scenario's deployment warm): a later move to a configuration one of them
+serves puts it back in the backend at once instead of starting a server. An idle engine blocks on its queue
+(no CPU). 0 (the default) stops the old server once it has drained.
 """
 
 from __future__ import annotations
@@ -66,6 +72,14 @@ def stop_server(pid: int, timeout_s: float = 30.0) -> None:
         pass
 
 
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--state", type=Path, required=True)
@@ -74,6 +88,7 @@ def main() -> None:
     ap.add_argument("--backend", default="llm")
     ap.add_argument("--events", type=Path)
     ap.add_argument("--config-json")
+    ap.add_argument("--keep-warm", type=int, default=0, help="servers the traffic left kept running for a move back")
     args = ap.parse_args()
     if args.config_json:
         config = json.loads(args.config_json)
@@ -81,22 +96,35 @@ def main() -> None:
         config = yaml.safe_load(Path(os.environ["TUNER_CHAMPION_FILE"]).read_text())["config"]
     config = {k: v for k, v in {**DEFAULTS, **config}.items() if k in KNOBS}
     old = json.loads(args.state.read_text()) if args.state.is_file() else None
-    name = f"s{int(old['name'][1:]) + 1}" if old else "s0"
+    if old is not None and old["config"] == config and alive(int(old["pid"])):
+        print(f"production backend already on {old['name']} (:{old['port']}) with {config}")
+        return
+    standby = [s for s in (old or {}).get("standby", []) if alive(int(s["pid"]))]
+    n = int((old or {}).get("next", int(old["name"][1:]) + 1 if old else 0))
+    name = f"s{n}"  # a fresh balancer name at every join, also for a standby's process
     t0 = time.time()
-    new = start_server(config, name, args.log)
+    warm = next((s for s in standby if s["config"] == config), None)
+    if warm is not None:
+        standby.remove(warm)
+        new = {**warm, "name": name}
+    else:
+        new = start_server(config, name, args.log)
     started = time.time()
     if old is not None and args.lb_socket:
         from tuner.rollout.lb import HAProxy, replace_server
 
         steps = replace_server(HAProxy(args.lb_socket, args.backend), old["name"], name,
                                f"127.0.0.1:{new['port']}", drain_s=600)
-        stop_server(int(old["pid"]))
+        standby.append({k: old[k] for k in ("name", "port", "pid", "config")})
+        while len(standby) > args.keep_warm:
+            stop_server(int(standby.pop(0)["pid"]))
         if args.events is not None:
             with open(args.events, "a") as f:
                 f.write(json.dumps({"time": started + steps["up_s"], "kind": "traffic_moved", "from": old["name"],
-                                    "to": name, "config": config, "start_s": started - t0, **steps}) + "\n")
-    args.state.write_text(json.dumps(new))
-    print(f"production backend on {name} (:{new['port']}) with {config}")
+                                    "to": name, "config": config, "start_s": started - t0,
+                                    "warm_standby": warm is not None, **steps}) + "\n")
+    args.state.write_text(json.dumps({**new, "standby": standby, "next": n + 1}))
+    print(f"production backend on {name} (:{new['port']}{', a warm standby' if warm else ''}) with {config}")
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ def agent_yaml(tmp: Path, bal: Balancer, args: argparse.Namespace) -> dict[str, 
     defaults or Flash-style)."""
     apply = [sys.executable, str(HERE / "apply.py"), "--state", str(tmp / "prod.json"), "--log",
              str(tmp / "prod.log"), "--lb-socket", str(bal.socket), "--backend", bal.backend,
-             "--events", str(tmp / "moves.jsonl")]
+             "--events", str(tmp / "moves.jsonl"), "--keep-warm", str(args.keep_warm)]
     flash = "max_batch_size == 32"
     return {
         "name": "prod",
@@ -146,8 +146,8 @@ def production(config: dict[str, Any], tmp: Path, tag: str) -> Iterator[Balancer
         with running_haproxy(tmp / f"hx-{tag}", {first["name"]: f"127.0.0.1:{first['port']}"}) as bal:
             yield bal
     finally:
-        pid = int(json.loads(state.read_text())["pid"])  # the one serving now (the daemon may have moved it)
-        for p in {pid, int(first["pid"])}:
+        now = json.loads(state.read_text())  # the one serving now (the daemon may have moved it), its standbys
+        for p in {int(now["pid"]), int(first["pid"]), *(int(s["pid"]) for s in now.get("standby", []))}:
             try:
                 os.kill(p, signal.SIGTERM)
             except ProcessLookupError:
@@ -221,11 +221,12 @@ def daemon_run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--phase-s", type=float, default=120, help="seconds of traffic in each measured phase")
+    ap.add_argument("--phase-s", type=float, default=180, help="seconds of traffic in each measured phase")
     ap.add_argument("--trial-s", type=float, default=30, help="seconds of traffic in each tuning trial")
     ap.add_argument("--max-learn-s", type=float, default=1500)
-    ap.add_argument("--dwell-s", type=float, default=10)
-    ap.add_argument("--window-s", type=float, default=15)
+    ap.add_argument("--dwell-s", type=float, default=4)
+    ap.add_argument("--window-s", type=float, default=6)
+    ap.add_argument("--keep-warm", type=int, default=1, help="servers apply.py keeps warm for a move back (0: none)")
     ap.add_argument("--cross-eval-runs", type=int, default=2)
     ap.add_argument("--keep", type=Path, help="copy the daemon's log, journals and every request's times here")
     ap.add_argument("--report-from", type=Path, help="print the table again from a kept raw.json")
@@ -296,7 +297,8 @@ def report(statics: dict[str, list[list[dict]]], dm: dict[str, Any], spans: dict
     runs = [("learning", r) for r in _merge_phases(dm["learning"])] + [("measured", r) for r in dm["measured"]]
     print("\n### Detection and switching (seconds from the phase's first request)\n")
     print("Detected: the observation that decided (its window's end); new server ready: the apply command's "
-          "server with the champion's configuration answers /health; traffic moved: it passed the balancer's health "
+          "server with the champion's configuration answers /health (a warm standby: at once); traffic moved: it "
+          "passed the balancer's health "
           "check and the old one got weight 0; drained: the old one's last request ended and it left.\n")
     print("| pass | phase | traffic from | first decision | detected s | new server ready s | traffic moved s | "
           "old drained s | in service |")
@@ -313,7 +315,7 @@ def report(statics: dict[str, list[list[dict]]], dm: dict[str, Any], spans: dict
         print(f"| {pas} | {r['phase']} | {hhmm(t0)} | {first['kind'] if first else '-'} | "
               f"{det - t0 if det else nan:.0f} | {mv['time'] - mv['up_s'] - t0 if mv else nan:.0f} | "
               f"{mv['time'] - t0 if mv else nan:.0f} | {mv['time'] + mv['drain_s'] - t0 if mv else nan:.0f} | "
-              f"{profile(mv['config']) if mv else '-'} |")
+              f"{profile(mv['config']) + (' (warm standby)' if mv.get('warm_standby') else '') if mv else '-'} |")
 
     print("\n### Goodput and latency in each phase (measured pass against the static configurations)\n")
     print("Goodput: output tokens/s of the completed requests from the phase's first request to its last answer; "
