@@ -229,6 +229,9 @@ def main() -> None:
     ap.add_argument("--wait-memory", type=int, default=MonitorConfig.wait_memory)
     ap.add_argument("--wait-law-error", type=float, default=MonitorConfig.wait_law_error)
     ap.add_argument("--max-wait-judged", type=float, default=MonitorConfig.max_wait_judged)
+    ap.add_argument("--latency-rel-floor", type=float, default=MonitorConfig.latency_rel_floor)
+    ap.add_argument("--corroborate", type=int, default=MonitorConfig.corroborate)
+    ap.add_argument("--confirm-windows", type=int, default=MonitorConfig.confirm_windows)
     ap.add_argument("--robust", action="store_true", help="latency scales from the MAD alone")
     ap.add_argument("--only-false-alarms", action="store_true", help="skip the injected changes")
     ap.add_argument("--hours", type=float, default=240.0)
@@ -260,7 +263,8 @@ def main() -> None:
                         settle_windows=args.settle_windows, contention=not args.no_contention,
                         autocorrelation=not args.no_autocorrelation, wait_error=args.wait_error,
                         wait_memory=args.wait_memory, robust=args.robust, max_wait_judged=args.max_wait_judged,
-                        wait_law_error=args.wait_law_error)
+                        wait_law_error=args.wait_law_error, latency_rel_floor=args.latency_rel_floor,
+                        corroborate=args.corroborate, confirm_windows=args.confirm_windows)
     expect = expectation(args.sim_model)
     rng = random.Random(args.seed)
     print(f"# detection experiment ({time.strftime('%Y-%m-%d %H:%M')})\n")
@@ -269,7 +273,9 @@ def main() -> None:
           f"z clipped at {cfg.clip:.2f}; settle {cfg.settle_windows} window(s) while an input's CUSUM is at "
           f">= {cfg.settle_evidence:g} h; latencies corrected for the CPU wait: {cfg.contention} (its error "
           f"{cfg.wait_error:g}); latency scales widened for autocorrelation: {cfg.autocorrelation}; expectation "
-          f"from the simulator: {args.sim_model is not None}\n")
+          f"from the simulator: {args.sim_model is not None}; latency scales at least {cfg.latency_rel_floor:g} (log); "
+          f"a latency anomaly needs {cfg.corroborate} latency signals or one confirmed within "
+          f"{cfg.confirm_windows} windows\n")
     if expect is not None:
         el = ", ".join(f"{s}: " + " ".join(f"{i.split('_')[0]} {e:+.2f}" for i, e in d.items())
                        for s, d in expect.elasticity.items())

@@ -107,6 +107,7 @@ def run_worker(session: Session, *, trials: int | None = None, wall_time_s: floa
     result = WorkerResult(budget=budget, run_id=run_id)
     lock = threading.Lock()
     last_reap = [time.monotonic()]  # reap() above has just run
+    exhausted = threading.Event()  # the space has no configuration left: the budget can never be spent
 
     def out_of_time() -> bool:
         return stop.is_set() or (wall is not None and time.monotonic() - t0 >= wall)
@@ -129,6 +130,7 @@ def run_worker(session: Session, *, trials: int | None = None, wall_time_s: floa
                 asked = with_db_retry("take a slot of the budget", slot)
             except SearchExhausted as exc:  # every configuration ran: no trial left to spend the budget on
                 log.warning("%s: this worker ends", exc)
+                exhausted.set()
                 return None
             if asked is not None:
                 return asked, time.monotonic() - t_take
@@ -162,7 +164,8 @@ def run_worker(session: Session, *, trials: int | None = None, wall_time_s: floa
     result.stopped = stop.is_set()
     result.counted = with_db_retry("count the study's trials", study.counted)
     result.wall_s = time.monotonic() - t0
-    if budget is not None and result.counted >= budget and not _others_running(session):
+    spent = budget is not None and result.counted >= budget
+    if (spent or exhausted.is_set()) and not _others_running(session):  # nothing more will join the fleet run
         _end_fleet_run(session, result.run_id)
     finish_tracking(session, interrupted=result.stopped)
     result.outcomes.sort(key=lambda o: o.number)
