@@ -105,3 +105,42 @@ def test_no_detection_while_learning_and_signals_may_be_missing() -> None:
     m.observe(9.0, {"rate_per_s": 4.0})
     assert not m.learning and m.tracks["itl_ms_mean"].baseline is None  # never seen: not watched
     assert m.observe(10.0, {"itl_ms_mean": 1e6}) == []  # a signal without a baseline raises nothing
+
+
+def test_a_latency_quantile_jumping_alone_is_no_anomaly_unless_it_stays_or_another_agrees() -> None:
+    # two windows of TTFT p90 across a histogram bucket (3x), then back: a few requests' quantile, no change
+    def burst(w: dict[str, float], i: int) -> None:
+        if i < 42:
+            w["ttft_ms_p50"] *= 3.0
+
+    _, ev = stream(burst)
+    assert ev == []
+    # the same quantile up to stay: its evidence goes on after its alarm, an anomaly one window later
+    _, ev = stream(lambda w, i: w.__setitem__("ttft_ms_p50", w["ttft_ms_p50"] * 3.0))
+    assert kinds(ev)[:1] == ["anomaly"] and 40 + 1 <= ev[0][0] <= 40 + 3
+    # two quantiles at once (a slower server): at once
+    def both(w: dict[str, float], i: int) -> None:
+        w["ttft_ms_p50"] *= 3.0
+        w["e2el_ms_p50"] *= 3.0
+
+    _, ev = stream(both)
+    assert kinds(ev)[:1] == ["anomaly"] and ev[0][0] <= 40 + 1
+    assert set(ev[0][1].signals) == {"ttft_ms_p50", "e2el_ms_p50"}
+    # the exact ITL mean needs no second signal: alarmed in the same window as the two quantiles would be
+    _, ev = stream(lambda w, i: w.__setitem__("itl_ms_mean", w["itl_ms_mean"] * 3.0))
+    assert kinds(ev)[:1] == ["anomaly"] and ev[0][0] <= 40 + 1
+    # with corroboration off, the two-window burst alarms
+    _, ev = stream(burst, config=MonitorConfig(interval_s=15.0, corroborate=1))
+    assert kinds(ev)[:1] == ["anomaly"]
+
+
+def test_the_token_throughput_explains_and_never_alarms_alone() -> None:
+    # the throughput halves at the same rate and lengths (the client read fewer tokens): nothing the inputs or
+    # the latencies say, so no event (it is recorded, and feeds no test)
+    rng = random.Random(1)
+
+    def halve(w: dict[str, float], i: int) -> None:
+        w["token_throughput_per_s"] = rng.gauss(100.0, 3.0) * (0.5 if i >= 40 else 1.0)
+
+    m, ev = stream(halve, at=0)
+    assert ev == [] and m.tracks["token_throughput_per_s"].values[-1] < 60
