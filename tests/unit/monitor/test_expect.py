@@ -8,6 +8,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from tests.support import agents
 from tuner.agent import load_agent
 from tuner.champions.db import champion_store
 from tuner.champions.store import ChampionRecord
@@ -20,25 +21,17 @@ COEF = [1e-3, 5e-4, 1e-5, 0.0, 2e-3, 1e-4, 0.0, 0.0, 0.0]
 WORKLOAD = {"arrival": {"kind": "poisson", "rate_per_s": 3.0}, "prompt_tokens": {"dist": "uniform", "low": 16,
             "high": 64}, "output_tokens": {"dist": "uniform", "low": 8, "high": 24}, "duration_s": 60,
             "ignore_eos": True}
-AGENT = """\
-name: exp
-target: {kind: torch_engine, preset: tiny, device: cpu, cpu_threads: 1}
-search_space:
-  target: torch_engine
-  params:
-    batching: {type: categorical, choices: [static, continuous], default: continuous}
-workload:
-  arrival: {kind: poisson, rate_per_s: 3}
-  prompt_tokens: {dist: uniform, low: 16, high: 64}
-  output_tokens: {dist: uniform, low: 8, high: 24}
-  duration_s: 60
-  ignore_eos: true
-objectives:
-  - {metric: ttft_ms.mean, direction: minimize}
-sampler: {name: random, seed: 1, screen: {model: model.json}}
-budget: {trials: 1}
-tracking: {enabled: false}
-"""
+
+
+def write_exp_agent(path: Path) -> Path:
+    """A torch_engine agent over the batching mode, its screening model in model.json beside it."""
+    return agents.write_agent(
+        path, name="exp", target={"kind": "torch_engine", "preset": "tiny", "device": "cpu", "cpu_threads": 1},
+        search_space={"target": "torch_engine", "params": {
+            "batching": {"type": "categorical", "choices": ["static", "continuous"], "default": "continuous"}}},
+        workload=WORKLOAD, objectives=[{"metric": "ttft_ms.mean", "direction": "minimize"}], slos=None,
+        sampler={"name": "random", "seed": 1, "screen": {"model": "model.json"}}, budget={"trials": 1},
+        tracking={"enabled": False})
 
 
 def test_elasticities_from_the_simulator_and_the_factor() -> None:
@@ -63,8 +56,7 @@ def test_elasticities_from_the_simulator_and_the_factor() -> None:
 
 def test_the_champion_in_force_gives_its_trial_and_the_screen_model_its_slopes(tmp_path: Path) -> None:
     StepModel(coef={"float32": COEF}).save(tmp_path / "model.json")
-    (tmp_path / "agent.yaml").write_text(AGENT)
-    session = open_session(load_agent(tmp_path / "agent.yaml"), tmp_path / "state")
+    session = open_session(load_agent(write_exp_agent(tmp_path / "agent.yaml")), tmp_path / "state")
     assert champion_expectation(session) is None  # no champion: nothing expected
     dist = optuna.distributions.CategoricalDistribution(["static", "continuous"])
     session.study.study.add_trial(optuna.trial.create_trial(
