@@ -49,6 +49,17 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "old-default-pruning": {"model_guided": False},  # the old default, the same
     "random": {"name": "random"},
     "tpe": {"name": "tpe"},
+    "auto-coordinate": {},  # the default again, with the coordinate search (screening, momentum, bisection)
+    # development: "_patch" sets module constants of the tuner in the worker for the run (restored after)
+    "coord-alternate": {"_patch": {"tuner.search.coordinate.SCREEN": -1}},  # screening on local turns only
+    "coord-every": {"local_every": 1},  # every proposal after the design a coordinate/ranked step
+    "coord-nosobol": {"_patch": {"tuner.search.samplers.AUTO_SOBOL_POINTS": 0}},
+    "coord-numfirst": {"_patch": {"tuner.search.coordinate.NUMERIC_FIRST": True}},
+    "coord-numfirst-nosobol": {"_patch": {"tuner.search.coordinate.NUMERIC_FIRST": True,
+                                          "tuner.search.samplers.AUTO_SOBOL_POINTS": 0}},
+    "coord-every-nosobol": {"local_every": 1, "_patch": {"tuner.search.samplers.AUTO_SOBOL_POINTS": 0}},
+    "coord-nosobol-infeasible": {"_patch": {"tuner.search.coordinate.WHILE_INFEASIBLE": True,
+                                            "tuner.search.samplers.AUTO_SOBOL_POINTS": 0}},
 }
 RESULTS = HERE / "results"
 KS = (5, 10, 20, 30)
@@ -152,13 +163,37 @@ class TimedSimTarget(CachedSimTarget):
             yield dep
 
 
-def run_scenario(job: tuple[str, str, int, int]) -> dict[str, Any]:
+@contextmanager
+def patched(patch: Mapping[str, Any]) -> Iterator[None]:
+    """Module constants set for a development variant ('module.NAME': value), restored after."""
+    import importlib
+
+    old = []
+    for dotted, value in patch.items():
+        mod, _, attr = dotted.rpartition(".")
+        m = importlib.import_module(mod)
+        old.append((m, attr, getattr(m, attr)))
+        setattr(m, attr, value)
+    try:
+        yield
+    finally:
+        for m, attr, value in reversed(old):
+            setattr(m, attr, value)
+
+
+def run_scenario(job: tuple[str, str, range, int]) -> dict[str, Any]:
     name, variant, seeds, trials = job
+    with patched(VARIANTS[variant].get("_patch", {})):
+        return _run_scenario(name, variant, seeds, trials)
+
+
+def _run_scenario(name: str, variant: str, seeds: range, trials: int) -> dict[str, Any]:
     s = by_name(name)
     cache: dict[str, Any] = {}
     runs = []
-    for seed in range(seeds):
-        agent = load(s, {**VARIANTS[variant], "seed": seed})
+    sampler = {k: v for k, v in VARIANTS[variant].items() if k != "_patch"}
+    for seed in seeds:
+        agent = load(s, {**sampler, "seed": seed})
         t0 = time.monotonic()
         cpu0, sim0 = time.process_time(), TimedSimTarget.sim_cpu_s
         outcomes = tune(agent, trials, cache=cache, target_cls=TimedSimTarget)
@@ -217,6 +252,7 @@ def main() -> None:
     ap.add_argument("--sample", type=int, default=2000)
     ap.add_argument("--starts", type=int, default=3)
     ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--first-seed", type=int, default=0, help="run: seeds first-seed .. first-seed + seeds - 1")
     ap.add_argument("--trials", type=int, default=30)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--scenarios", default=",".join(s.name for s in SCENARIOS))
@@ -235,7 +271,8 @@ def main() -> None:
         return
     if a.cmd == "run":
         RESULTS.mkdir(exist_ok=True)
-        jobs = [(n, v, a.seeds, a.trials) for v in a.variants.split(",") for n in names]
+        seeds = range(a.first_seed, a.first_seed + a.seeds)
+        jobs = [(n, v, seeds, a.trials) for v in a.variants.split(",") for n in names]
         with Pool(min(a.procs, 2)) as pool:
             for res in pool.imap_unordered(run_scenario, jobs):
                 f = RESULTS / f"{a.tag}{res['variant']}.json"

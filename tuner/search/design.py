@@ -158,11 +158,13 @@ class DesignThenSampler(BaseSampler):
 
     local_every k > 0: after the design, every k-th trial is a local step from the incumbent (`neighbour` of
     the best feasible trial, or of the nearest to feasible while none is), one that no trial had and that breaks
-    no constraint; the others are `then`'s."""
+    no constraint; the others are `then`'s. guided: the local step is the surrogate's pick (tuner.search.surrogate);
+    coordinate (with guided): the coordinate search's next move first (tuner.search.coordinate), its screening
+    moves on every trial until each knob has been moved, the surrogate's pick when no move is pending."""
 
     def __init__(self, space: SearchSpace, then: BaseSampler, n_design: int, seed: int | None, *,
                  around_defaults: bool = False, sweep_groups: bool = False, local_every: int = 0,
-                 guided: bool = False) -> None:
+                 guided: bool = False, coordinate: bool = False) -> None:
         import random
 
         self._space = space
@@ -172,6 +174,7 @@ class DesignThenSampler(BaseSampler):
         self._seed = seed
         self._local_every = local_every
         self._guided = guided
+        self._coordinate = coordinate and guided
         self._rng = random.Random(seed)
         self._assigned: dict[int, int] = {}  # trial id -> design index, for trials this process asked
         self._local: dict[int, dict[str, Any]] = {}  # trial id -> the local step's configuration
@@ -199,13 +202,15 @@ class DesignThenSampler(BaseSampler):
         self._assigned[trial._trial_id] = index
 
     def _maybe_local(self, study: Study, trial: FrozenTrial) -> None:
-        """Make `trial` a local step from the incumbent when its turn has come and one is found."""
+        """Make `trial` a local step from the incumbent when its turn has come and one is found (with
+        `coordinate`, a screening move of tuner.search.coordinate takes every turn, TPE's too)."""
         if self._local_every <= 0:
             return
         done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
         proposals = [t for t in done if not t.user_attrs.get("rejected") and not t.user_attrs.get("screened")
                      and t.user_attrs.get("duplicate_of") is None]
-        if len(proposals) % self._local_every:
+        turn = len(proposals) % self._local_every == 0
+        if not turn and not self._coordinate:
             return
         best = incumbent(study)
         if best is None:
@@ -216,18 +221,31 @@ class DesignThenSampler(BaseSampler):
             from tuner.search.surrogate import observed_of, rank
 
             sign = 1.0 if study.directions[0].name == "MAXIMIZE" else -1.0
-            cfg = rank(self._space, observed_of(done, sign, self._space), self._rng, seen=seen,
-                       seed=self._seed or 0)
+            observed = observed_of(done, sign, self._space)
+            if self._coordinate:
+                from tuner.search import coordinate
+
+                move = coordinate.step(self._space, observed, self._rng, seen=seen, seed=self._seed or 0,
+                                       max_tier=coordinate.EXPAND if turn else coordinate.SCREEN)
+                if move is not None:
+                    self._give(study, trial, move.config)
+                    return
+                if not turn:
+                    return
+            cfg = rank(self._space, observed, self._rng, seen=seen, seed=self._seed or 0)
             if cfg is not None:
-                self._local[trial._trial_id] = cfg
-                study._storage.set_trial_system_attr(trial._trial_id, LOCAL_ATTR, True)
+                self._give(study, trial, cfg)
                 return
         for _ in range(30):
             cfg = neighbour(self._space, base, self._rng)
             if cfg != base and cfg not in seen and not self._space.violations(cfg):
-                self._local[trial._trial_id] = cfg
-                study._storage.set_trial_system_attr(trial._trial_id, LOCAL_ATTR, True)
+                self._give(study, trial, cfg)
                 return
+
+    def _give(self, study: Study, trial: FrozenTrial, cfg: dict[str, Any]) -> None:
+        """`trial` is a local step: `cfg` is its configuration."""
+        self._local[trial._trial_id] = cfg
+        study._storage.set_trial_system_attr(trial._trial_id, LOCAL_ATTR, True)
 
     def _given(self, study: Study, trial: FrozenTrial) -> dict[str, Any] | None:
         """The configuration the design or a local step gives `trial` (None: `then` samples it)."""

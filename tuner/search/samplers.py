@@ -66,13 +66,15 @@ def _auto(spec: SamplerSpec, space: SearchSpace) -> optuna.samplers.BaseSampler:
     local = AUTO_LOCAL_EVERY if spec.local_every is None else spec.local_every
     return DesignThenSampler(space, tpe, n_design=n, seed=spec.seed, around_defaults=design != "sobol",
                              sweep_groups=design == "group-sweep", local_every=local,
-                             guided=spec.model_guided)
+                             guided=spec.model_guided, coordinate=AUTO_COORDINATE)
 
 
 # after the design, every second proposal of the default sampler is a local step from the incumbent
 AUTO_LOCAL_EVERY = 2
 # Sobol points around the defaults after the layout sweep
 AUTO_SOBOL_POINTS = 2
+# the model-guided local steps start with the coordinate search around the incumbent (tuner.search.coordinate)
+AUTO_COORDINATE = True
 
 
 def default_resample(spec: SamplerSpec) -> int:

@@ -140,29 +140,38 @@ def candidates(space: SearchSpace, starts: Sequence[Mapping[str, Any]], rng: ran
     return cands
 
 
+def order_key(o: Observed) -> tuple[float, float]:
+    """Sort key of the trials, best first: the feasible by score, then the rest by violation."""
+    return (0.0, -(o.score or 0.0)) if o.violation <= 0 and o.score is not None else (1.0, o.violation)
+
+
 def rank(space: SearchSpace, observed: Sequence[Observed], rng: random.Random, *,
          seen: Sequence[Mapping[str, Any]], seed: int = 0) -> dict[str, Any] | None:
     """The candidate the surrogate scores best, or None (too few trials, or no unseen candidate)."""
     if len(observed) < MIN_TRIALS:
         return None
-    feasible = [o for o in observed if o.violation <= 0 and o.score is not None]
-    measured = [o for o in observed if o.score is not None]
-
-    def order(o: Observed) -> tuple[float, float]:
-        return (0.0, -(o.score or 0.0)) if o in feasible else (1.0, o.violation)
-
-    starts = [o.config for o in sorted(observed, key=order)[:LOCAL_STARTS]]
+    starts = [o.config for o in sorted(observed, key=order_key)[:LOCAL_STARTS]]
     cands = candidates(space, starts, rng, seen)
     if not cands:
         return None
+    return cands[int(np.argmax(acquisition(space, observed, cands, rng, seed=seed)))]
+
+
+def acquisition(space: SearchSpace, observed: Sequence[Observed], cands: Sequence[Mapping[str, Any]],
+                rng: random.Random, *, seed: int = 0) -> np.ndarray:
+    """How promising each candidate is (higher is better), from forests fitted to `observed`: with a feasible
+    trial, the expected improvement times P(feasible); while none is, minus the optimistic predicted violation
+    (random scores while every trial violates alike)."""
+    feasible = [o for o in observed if o.violation <= 0 and o.score is not None]
+    measured = [o for o in observed if o.score is not None]
     xc = np.array([encode(space, c) for c in cands])
     x_all = np.array([encode(space, o.config) for o in observed])
     v_all = np.log1p(np.array([max(0.0, o.violation) for o in observed]))
     if not feasible:
         if v_all.max() - v_all.min() < 1e-12:
-            return cands[rng.randrange(len(cands))]
+            return np.array([rng.random() for _ in cands])
         pv = _per_tree(_forest(x_all, v_all, seed), xc)
-        return cands[int(np.argmin(pv.mean(axis=0) - pv.std(axis=0)))]
+        return np.asarray(-(pv.mean(axis=0) - pv.std(axis=0)))
     p_feasible = np.ones(len(cands))
     if any(o.violation > 0 for o in observed):
         pv = _per_tree(_forest(x_all, v_all, seed), xc)
@@ -180,7 +189,7 @@ def rank(space: SearchSpace, observed: Sequence[Observed], rng: random.Random, *
         acq = p_feasible
     if not np.isfinite(acq).all() or float(acq.max()) <= 0:
         acq = p_feasible + 1e-12 * np.array([rng.random() for _ in cands])
-    return cands[int(np.argmax(acq))]
+    return np.asarray(acq)
 
 
 def observed_of(trials: Sequence[Any], direction_sign: float, space: SearchSpace) -> list[Observed]:

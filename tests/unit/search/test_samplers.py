@@ -54,5 +54,5 @@ def test_the_default_ranks_its_local_steps_unless_told_not_to() -> None:
 
     guided = make_sampler(SamplerSpec(), SPACE)
     plain = make_sampler(SamplerSpec(model_guided=False), SPACE)
-    assert isinstance(guided, DesignThenSampler) and guided._guided
-    assert isinstance(plain, DesignThenSampler) and not plain._guided
+    assert isinstance(guided, DesignThenSampler) and guided._guided and guided._coordinate
+    assert isinstance(plain, DesignThenSampler) and not plain._guided and not plain._coordinate
