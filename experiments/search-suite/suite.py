@@ -53,13 +53,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # development: "_patch" sets module constants of the tuner in the worker for the run (restored after)
     "coord-alternate": {"_patch": {"tuner.search.coordinate.SCREEN": -1}},  # screening on local turns only
     "coord-every": {"local_every": 1},  # every proposal after the design a coordinate/ranked step
-    "coord-nosobol": {"_patch": {"tuner.search.samplers.AUTO_SOBOL_POINTS": 0}},
-    "coord-numfirst": {"_patch": {"tuner.search.coordinate.NUMERIC_FIRST": True}},
-    "coord-numfirst-nosobol": {"_patch": {"tuner.search.coordinate.NUMERIC_FIRST": True,
-                                          "tuner.search.samplers.AUTO_SOBOL_POINTS": 0}},
+    "coord-nosobol": {"_patch": {"tuner.search.samplers.AUTO_SOBOL_POINTS": 0}},  # no Sobol points after the sweep
     "coord-every-nosobol": {"local_every": 1, "_patch": {"tuner.search.samplers.AUTO_SOBOL_POINTS": 0}},
-    "coord-nosobol-infeasible": {"_patch": {"tuner.search.coordinate.WHILE_INFEASIBLE": True,
-                                            "tuner.search.samplers.AUTO_SOBOL_POINTS": 0}},
+    "coord-catfirst": {"_patch": {"tuner.search.coordinate.NUMERIC_FIRST": False}},  # one screening tier
+    "coord-infeasible": {"_patch": {"tuner.search.coordinate.WHILE_INFEASIBLE": True}},  # descent while infeasible
 }
 RESULTS = HERE / "results"
 KS = (5, 10, 20, 30)

@@ -1,27 +1,27 @@
 """Coordinate search around the incumbent: the next one-knob move worth a trial.
 
-After the design, the default sampler's local steps ask this first (tuner.search.design). The incumbent is the
-best feasible trial, or the least violating one while none is feasible (the violation is comparable across
-causes: tuner.study.objectives). Each knob's state there is read from the trials that differ from the incumbent
-in that knob alone (the knobs a change switches on or off aside): the moves tried from here, and whether each
-made it better, worse or changed nothing. The pending moves come in tiers; the first tier that has one is ranked
-by the surrogate (tuner.search.surrogate.acquisition) and its best move is proposed:
+After the design, once a trial is feasible, the default sampler's local steps ask this first
+(tuner.search.design). The incumbent is the best feasible trial (with WHILE_INFEASIBLE, the least violating one
+while none is: the violation is comparable across causes, tuner.study.objectives). Each knob's state there is
+read from the trials that differ from the incumbent in that knob alone (the knobs a change switches on or off
+aside): the moves tried from here, and whether each made it better, worse or changed nothing. The pending moves
+come in tiers; the first tier that has one is ranked by the surrogate (tuner.search.surrogate.acquisition) and
+its best move is proposed:
 
-0. momentum: the incumbent came from an earlier trial by moving one numeric knob: on in that direction, twice
-   the step (up to MAX_EXPANSION);
+0. momentum: the incumbent came from the incumbent before it by moving one numeric knob: on in that direction,
+   twice the step (up to MAX_EXPANSION);
 1.-2. screening: a move of each knob that no two trials have isolated yet (a numeric one x2 or x1/2 on a log
    range, +-1/4 of the range on a linear one, and the other way too once one way made a difference; a
-   categorical one another choice), so that the surrogate knows something of every knob before it ranks; while
-   nothing is feasible the numeric knobs come first (tier 1) and the categorical ones after (tier 2): a
-   violation descent along one coordinate at a time;
+   categorical one another choice), so that the surrogate knows something of every knob before it ranks; the
+   numeric knobs (local moves) come first (tier 1, NUMERIC_FIRST), the categorical ones (jumps) after (tier 2);
 3. the rest of the poll: the other side of a numeric knob, half the step towards a side that was worse (down to
    STEP_RESOLUTION), the other choices of a categorical knob;
 4. twice the step past a side that changed nothing (up to MAX_EXPANSION).
 A knob whose every move changed nothing (the same result within SAME_REL: on a noisy target, hardly ever) is
 left alone.
 
-None when no move is pending (the incumbent is a coordinate-wise optimum at the finest step): the caller ranks
-broader candidates.
+None when no move is pending (the incumbent is a coordinate-wise optimum at the finest step) or nothing is
+feasible yet: the caller ranks broader candidates. Chosen on experiments/search-suite (its README, step 4).
 """
 
 from __future__ import annotations
