@@ -78,10 +78,11 @@ RULES: dict[str, SignalRule] = {
 assert set(RULES) == set(SIGNALS)
 TESTS = sum(2 if r.direction == "both" else 1 for r in RULES.values() if r.tested)  # one-sided tests per window
 GPU_THROTTLE = ("gpu_throttled", "gpu_sm_clock_mhz")
-LENGTHS = ("prompt_tokens_mean", "output_tokens_mean")
-# latencies read as a quantile interpolated inside a histogram bucket (a window's few requests move it across a
-# bucket at once); the ITL mean is exact (the histogram's sum over its count)
-BUCKET_QUANTILES = tuple(n for n in LATENCIES if n != "itl_ms_mean")  # means over the window's finished requests
+LENGTHS = ("prompt_tokens_mean", "output_tokens_mean")  # means over the window's finished requests
+# latencies read as a quantile of a window's few requests, interpolated inside a histogram bucket (a request or
+# two move it across a bucket at once: TTFT and end-to-end, one value per request); the ITL's mean is exact (the
+# histogram's sum over its count) and its quantiles come from every token of the window (hundreds)
+BUCKET_QUANTILES = tuple(n for n in LATENCIES if not n.startswith("itl_"))
 OPEN_CAUSES = {"anomaly": ("latency", "gpu", "gpu_throttle"),  # the causes an open anomaly or saturation has
                "saturation": ("kv_full", "bandwidth", "queue_growing")}
 
