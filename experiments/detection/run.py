@@ -166,11 +166,13 @@ def false_alarms(label: str, stat: list[Window], cfg: MonitorConfig, expect: Cha
               f"{sum(blind) / (len(blind) * n):.0%} |")
 
 
-def injected(label: str, stat: list[Window], phases: dict[str, list[tuple[float, Window]]], cfg: MonitorConfig,
+def injected(label: str, name: str, phases: dict[str, list[tuple[float, Window]]], cfg: MonitorConfig,
              expect: ChampionExpectation | None, args: argparse.Namespace, rng: random.Random) -> None:
-    """The rows of the injected changes, each trial a stretch of `stat` followed by the change."""
+    """The rows of the injected changes, each trial a stretch of stationary phase `name` followed by a change
+    recorded with it (its file's label: the part of `name` before '/')."""
+    stat = [w for _, w in phases[name]]
     lead = cfg.learn_windows + args.pre
-    group = label.split("`")[1].rpartition("/")[0]  # the recording the stationary stream came from ('' unlabelled)
+    group = name.rpartition("/")[0]
     mine = {n.rpartition("/")[2]: ws for n, ws in phases.items() if n.rpartition("/")[0] == group}
     for change in [c for c in EXPECT if c in mine or c in ("slowdown_model", "gpu_throttle")]:
         delays_w: list[int] = []
@@ -313,7 +315,7 @@ def main() -> None:
           "with a false alarm before |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|")
     for name, label in sets:
-        injected(f"{label} (`{name}`)", [w for _, w in phases[name]], phases, cfg, expect, args, rng)
+        injected(f"{label} (`{name}`)", name, phases, cfg, expect, args, rng)
 
 
 if __name__ == "__main__":

@@ -99,12 +99,11 @@ class MonitorConfig:
     # cannot alarm alone and two at the clip do: a burst of one window on a busy host is no change
     z_clip: float | None = None
     rel_floor: float = 0.02  # a baseline's scale is at least this share of its centre
-    # a latency's scale (log) is at least this: the smallest change of the server's speed worth an alarm. On a
-    # quiet host a latency's window-to-window noise is a few %, and the server's own slow wander (its
-    # allocator, its caches: 6-12 % over 30 min in experiments/detection) would alarm at a 2 % scale
+    # a latency's scale (log) is at least this: the smallest change of the server's speed worth an alarm (on the
+    # streams of experiments/detection every latency's learnt scale was above it: it never bound there)
     latency_rel_floor: float = 0.05
-    # an anomaly of latency quantiles alone (BUCKET_QUANTILES) needs this many of them in alarm (a slower
-    # server slows every token: its ITL tail, its TTFT and end-to-end times move together), or one whose own
+    # an anomaly of per-request latency quantiles alone (BUCKET_QUANTILES) needs this many of them in alarm (a
+    # slower server slows every request: its TTFT and end-to-end times move together), or one whose own
     # evidence goes on after its alarm (its CUSUM back at h/2 within `confirm_windows`): a quantile of a
     # window's few requests jumps across a histogram bucket alone (TTFT p90 on a quiet host: 22 of 120
     # windows at 1.5x its median), and two such windows in a row are no change of the server
