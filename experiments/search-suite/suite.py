@@ -56,7 +56,18 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "coord-nosobol": {"_patch": {"tuner.search.samplers.AUTO_SOBOL_POINTS": 0}},  # no Sobol points after the sweep
     "coord-every-nosobol": {"local_every": 1, "_patch": {"tuner.search.samplers.AUTO_SOBOL_POINTS": 0}},
     "coord-catfirst": {"_patch": {"tuner.search.coordinate.NUMERIC_FIRST": False}},  # one screening tier
-    "coord-infeasible": {"_patch": {"tuner.search.coordinate.WHILE_INFEASIBLE": True}},  # descent while infeasible
+    # the descent while nothing is feasible (dev11: x2 screening steps, the other side of a flat one waits)
+    "coord-infeasible": {"_patch": {"tuner.search.coordinate.WHILE_INFEASIBLE": True,
+                                    "tuner.search.coordinate.FIRST_STEP_LOG_INFEASIBLE": math.log(2.0),
+                                    "tuner.search.coordinate.OPEN_SIDES": False}},
+    # dev12: the descent while infeasible with screening steps of x2 / x4 / x8 on log ranges, and with or without
+    # "open sides" (a direction no two trials have isolated is screened from every incumbent); shipped: inf4-open
+    **{f"coord-inf{f}{'-open' if o else ''}": {"_patch": {
+        "tuner.search.coordinate.WHILE_INFEASIBLE": True,
+        "tuner.search.coordinate.FIRST_STEP_LOG_INFEASIBLE": math.log(f),
+        "tuner.search.coordinate.OPEN_SIDES": o}} for f in (2, 4, 8) for o in (False, True)},
+    # the shipped code without the descent while nothing is feasible (the default before dev12)
+    "coord-feasible-only": {"_patch": {"tuner.search.coordinate.WHILE_INFEASIBLE": False}},
 }
 RESULTS = HERE / "results"
 KS = (5, 10, 20, 30)

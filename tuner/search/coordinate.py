@@ -1,9 +1,9 @@
 """Coordinate search around the incumbent: the next one-knob move worth a trial.
 
-After the design, once a trial is feasible, the default sampler's local steps ask this first
-(tuner.search.design). The incumbent is the best feasible trial (with WHILE_INFEASIBLE, the least violating one
-while none is: the violation is comparable across causes, tuner.study.objectives). Each knob's state there is
-read from the trials that differ from the incumbent in that knob alone (the knobs a change switches on or off
+After the design, the default sampler's local steps ask this first (tuner.search.design). The incumbent is the
+best feasible trial, or while none is (WHILE_INFEASIBLE) the least violating one (the violation is comparable
+across causes, tuner.study.objectives): the same search then walks down the violation. Each knob's state there
+is read from the trials that differ from the incumbent in that knob alone (the knobs a change switches on or off
 aside): the moves tried from here, and whether each made it better, worse or changed nothing. The pending moves
 come in tiers; the first tier that has one is ranked by the surrogate (tuner.search.surrogate.acquisition) and
 its best move is proposed:
@@ -13,15 +13,19 @@ its best move is proposed:
 1.-2. screening: a move of each knob that no two trials have isolated yet (a numeric one x2 or x1/2 on a log
    range, +-1/4 of the range on a linear one, and the other way too once one way made a difference; a
    categorical one another choice), so that the surrogate knows something of every knob before it ranks; the
-   numeric knobs (local moves) come first (tier 1, NUMERIC_FIRST), the categorical ones (jumps) after (tier 2);
+   numeric knobs (local moves) come first (tier 1, NUMERIC_FIRST), the categorical ones (jumps) after (tier 2).
+   While nothing is feasible, a numeric knob's screening move is x4 or x1/4 on a log range
+   (FIRST_STEP_LOG_INFEASIBLE), and each direction no two trials have isolated yet is screened from every new
+   incumbent (OPEN_SIDES): a latency quantile is often flat or uneven over a factor of two, so one side that
+   changed nothing says nothing of the other;
 3. the rest of the poll: the other side of a numeric knob, half the step towards a side that was worse (down to
    STEP_RESOLUTION), the other choices of a categorical knob;
 4. twice the step past a side that changed nothing (up to MAX_EXPANSION).
 A knob whose every move changed nothing (the same result within SAME_REL: on a noisy target, hardly ever) is
 left alone.
 
-None when no move is pending (the incumbent is a coordinate-wise optimum at the finest step) or nothing is
-feasible yet: the caller ranks broader candidates. Chosen on experiments/search-suite (its README, step 4).
+None when no move is pending (the incumbent is a coordinate-wise optimum at the finest step): the caller ranks
+broader candidates. Chosen on experiments/search-suite (its README, steps 4 and 5).
 """
 
 from __future__ import annotations
@@ -43,6 +47,12 @@ if TYPE_CHECKING:
 # a screening move's step: x2 on a log-scaled range, a quarter of a linear one (in the units of _position)
 FIRST_STEP_LOG = math.log(2.0)
 FIRST_STEP_LINEAR = 0.25
+# while nothing is feasible (WHILE_INFEASIBLE), a screening move on a log range is this large (x4): a quantile SLO
+# is often flat or uneven over a factor of two (on the suite, a token budget halved changed the p99 inter-token
+# latency not at all, or for the worse, where a quarter of it met the SLO), so the first look takes a larger step
+FIRST_STEP_LOG_INFEASIBLE = math.log(4.0)
+# while nothing is feasible, a numeric knob's direction that no two trials have isolated is part of the screening
+OPEN_SIDES = True
 # the finest step a worse side is bisected to (x1.3 on a log range, a tenth of a linear one)
 STEP_RESOLUTION_LOG = math.log(1.3)
 STEP_RESOLUTION_LINEAR = 0.1
@@ -55,9 +65,10 @@ SAME_REL = 1e-9
 MOMENTUM, SCREEN_FIRST, SCREEN, POLL, EXPAND = 0, 1, 2, 3, 4
 # numeric knobs are screened before the categorical ones also once a trial is feasible
 NUMERIC_FIRST = True
-# the coordinate search proposes while nothing is feasible too (False: only once a trial is feasible; before, the
-# surrogate's violation ranking of broader candidates finds feasibility more often on the suite)
-WHILE_INFEASIBLE = False
+# the coordinate search proposes while nothing is feasible too, from the least violating trial (False: only once a
+# trial is feasible, the surrogate's violation ranking of broader candidates before: on the suite, fewer seeds
+# feasible by trial 20; with x2 steps and no open sides, a descent found feasibility still less often)
+WHILE_INFEASIBLE = True
 
 
 @dataclass(frozen=True)
@@ -120,18 +131,20 @@ def _value(p: Param, pos: float) -> Any:
     return v
 
 
-def _steps(p: Param) -> tuple[float, float, float]:
+def _steps(p: Param, feasible: bool = True) -> tuple[float, float, float]:
     if p.spec.log:
-        return FIRST_STEP_LOG, STEP_RESOLUTION_LOG, MAX_EXPANSION_LOG
+        return FIRST_STEP_LOG if feasible else FIRST_STEP_LOG_INFEASIBLE, STEP_RESOLUTION_LOG, MAX_EXPANSION_LOG
     return FIRST_STEP_LINEAR, STEP_RESOLUTION_LINEAR, MAX_EXPANSION_LINEAR
 
 
 def _numeric_moves(p: Param, x: Any, tried: Sequence[tuple[Any, int]], screening_tier: int,
-                   both_ways_tier: int) -> list[tuple[Any, int]]:
+                   both_ways_tier: int, feasible: bool = True,
+                   open_sides: frozenset[int] = frozenset()) -> list[tuple[Any, int]]:
     """(value, tier) of the pending moves of numeric knob `p` at incumbent value `x`, given the values tried
     from there and their outcomes: the screening moves at `screening_tier`, the other side of a side that was
-    worse at `both_ways_tier`."""
-    first, resolution, expansion = _steps(p)
+    worse at `both_ways_tier`, as is a side in `open_sides` (1: up, -1: down) not tried from here; `feasible`:
+    whether the incumbent is (else the screening step is larger)."""
+    first, resolution, expansion = _steps(p, feasible)
     px = _position(p, x)
     lo, hi = float(p.spec.low or 0), float(p.spec.high or 0)
     sides: dict[int, list[tuple[float, int]]] = {1: [], -1: []}
@@ -140,7 +153,7 @@ def _numeric_moves(p: Param, x: Any, tried: Sequence[tuple[Any, int]], screening
         if d:
             sides[1 if d > 0 else -1].append((abs(d), out))
     possible = [s for s in (1, -1) if (float(x) < hi if s > 0 else float(x) > lo)]
-    if not any(sides[s] for s in possible):  # never moved from here: the screening move, either way
+    if not any(sides[s] for s in possible) and not open_sides:  # never moved from here: the screening move
         return [(_value(p, px + s * first), screening_tier) for s in possible]
     if all(sides[s] and all(out == 0 for _, out in sides[s]) for s in possible):
         return []  # every move changed nothing: the knob does not matter here
@@ -149,7 +162,13 @@ def _numeric_moves(p: Param, x: Any, tried: Sequence[tuple[Any, int]], screening
         found = sorted(sides[s])
         if not found:  # the other way of a side that made a difference is part of screening the knob
             other = sorted(sides[-s])
-            out_moves.append((_value(p, px + s * first), both_ways_tier if other and other[0][1] != 0 else POLL))
+            if s in open_sides:
+                tier = both_ways_tier
+            elif not other:
+                tier = screening_tier
+            else:
+                tier = both_ways_tier if other[0][1] != 0 else POLL
+            out_moves.append((_value(p, px + s * first), tier))
             continue
         same = 0.0  # the farthest distance of the leading run of moves that changed nothing
         worse = None
@@ -182,8 +201,18 @@ def pending(space: SearchSpace, observed: Sequence[Observed]) -> list[Move]:
     inc = observed[k_inc]
     base = inc.config
     feasible = inc.violation <= 0 and inc.score is not None
-    isolated = {k for i in range(len(observed)) for j in range(i)
-                if (k := knob_moved(space, observed[i].config, observed[j].config)) is not None}
+    isolated: set[str] = set()
+    isolated_sides: dict[str, set[int]] = {}  # numeric knob -> the directions (later trial less earlier) isolated
+    for i in range(len(observed)):
+        for j in range(i):
+            k = knob_moved(space, observed[i].config, observed[j].config)
+            if k is None:
+                continue
+            isolated.add(k)
+            p = space.by_name[k]
+            if p.spec.type in ("int", "float"):
+                d = _position(p, observed[i].config[k]) - _position(p, observed[j].config[k])
+                isolated_sides.setdefault(k, set()).add(1 if d > 0 else -1)
     tried: dict[str, list[tuple[Any, int]]] = {}
     for i, o in enumerate(observed):
         if i == k_inc:
@@ -218,7 +247,11 @@ def pending(space: SearchSpace, observed: Sequence[Observed]) -> list[Move]:
         if s.type in ("int", "float"):
             unscreened = SCREEN_FIRST if NUMERIC_FIRST or not feasible else SCREEN
             tier = unscreened if p.name not in isolated else POLL
-            for value, t in _numeric_moves(p, base[p.name], tried.get(p.name, []), tier, unscreened):
+            # while nothing is feasible, a direction no two trials have isolated is screened from every incumbent
+            open_sides = frozenset() if feasible or not OPEN_SIDES else \
+                frozenset({1, -1} - isolated_sides.get(p.name, set()))
+            for value, t in _numeric_moves(p, base[p.name], tried.get(p.name, []), tier, unscreened, feasible,
+                                           open_sides):
                 add(p.name, value, t)
         else:
             done = {v for v, _ in tried.get(p.name, [])}

@@ -1,7 +1,7 @@
 """The coordinate search of the default sampler (issue 26): from the incumbent it screens every knob no two
 trials have isolated before it repeats a knob, follows a move that helped, bisects towards a side that was worse,
 leaves alone a knob that changed nothing, and while nothing is feasible walks down the violation along the
-numeric knobs first."""
+numeric knobs first, with larger screening steps, both ways of each knob from every incumbent."""
 
 import math
 import random
@@ -33,7 +33,7 @@ def moved(c: dict) -> set[str]:
     return {k for k in c if k in BASE and c[k] != BASE[k]}
 
 
-def run(value, violation, n: int, seed: int = 0, *, while_infeasible: bool = False) -> list[dict]:
+def run(value, violation, n: int, seed: int = 0, *, while_infeasible: bool | None = None) -> list[dict]:
     """`n` coordinate steps after a design (the baseline, each other mode, a three-knob move), told `value` and
     `violation`."""
     design = (BASE, cfg(mode="b"), cfg(mode="c"), cfg(mode="c", util=0.8, seqs=128))
@@ -134,12 +134,49 @@ def test_while_nothing_is_feasible_it_walks_down_the_violation_along_numeric_kno
     assert steps[feasible[0]]["seqs"] <= 32
 
 
-def test_by_default_it_waits_for_a_feasible_trial() -> None:
-    # before one, the surrogate's violation ranking of broader candidates proposes (the caller's fallback)
+def test_it_can_be_told_to_wait_for_a_feasible_trial() -> None:
+    # then the surrogate's violation ranking of broader candidates proposes before one (the caller's fallback)
     obs = [Observed(c, 1.0, 2.0) for c in (BASE, cfg(mode="b"), cfg(mode="c"), cfg(seqs=128))]
-    assert step(SPACE, obs, random.Random(0), seen=[o.config for o in obs]) is None
+    assert step(SPACE, obs, random.Random(0), seen=[o.config for o in obs], while_infeasible=False) is None
+    assert step(SPACE, obs, random.Random(0), seen=[o.config for o in obs]) is not None  # the default descends
     obs.append(Observed(cfg(seqs=64), 1.0, 0.0))
-    assert step(SPACE, obs, random.Random(0), seen=[o.config for o in obs]) is not None
+    assert step(SPACE, obs, random.Random(0), seen=[o.config for o in obs], while_infeasible=False) is not None
+
+
+def test_while_nothing_is_feasible_the_screening_steps_are_x4_and_both_ways() -> None:
+    inc = Observed(BASE, 1.0, 0.5)
+    tiers = {(m.knob, m.config[m.knob]): m.tier for m in pending(SPACE, [inc])}
+    assert tiers[("tokens", 512)] == tiers[("tokens", 8192)] == SCREEN_FIRST  # x1/4 and x4, not x1/2 and x2
+    assert tiers[("seqs", 64)] == tiers[("seqs", 1024)] == SCREEN_FIRST
+    # x4 changed nothing (a plateau of the p99): x1/4 is still screening, not left to the poll
+    obs = [inc, Observed(cfg(tokens=8192), 1.0, 0.5)]
+    tiers = {(m.knob, m.config[m.knob]): m.tier for m in pending(SPACE, obs)}
+    assert tiers[("tokens", 512)] == SCREEN_FIRST
+    # once a trial is feasible, the feasible incumbent's screening is x2 again, a flat side's other way waits
+    feasible = [Observed(BASE, 1.0, 0.0), Observed(cfg(tokens=4096), 1.0, 0.0)]
+    tiers = {(m.knob, m.config[m.knob]): m.tier for m in pending(SPACE, feasible)}
+    assert tiers[("tokens", 1024)] == POLL and ("seqs", 128) in tiers
+
+
+def test_a_direction_not_yet_isolated_is_screened_from_a_new_incumbent() -> None:
+    # tokens x4 changed nothing; then a small gain elsewhere moved the incumbent: from there tokens x1/4 is
+    # still screening (no two trials have isolated that direction), x4 is not (its direction was isolated)
+    obs = [Observed(BASE, 1.0, 0.5), Observed(cfg(tokens=8192), 1.0, 0.5), Observed(cfg(graphs=16), 1.0, 0.49)]
+    tiers = {m.config["tokens"]: m.tier for m in pending(SPACE, obs) if m.knob == "tokens"}
+    assert tiers[512] == SCREEN_FIRST and tiers[8192] == POLL
+
+
+def test_a_plateau_with_the_slo_a_quarter_away_is_crossed_by_screening() -> None:
+    """The class of the suite's 70B goodput misses: the violation is flat (or a little worse) from half the token
+    budget upwards and met at a quarter of it; the graphs knob gives small gains that move the incumbent."""
+    def violation(c: dict) -> float:
+        if c["tokens"] <= 700:
+            return 0.0
+        return 0.05 + (0.01 if 800 <= c["tokens"] <= 1200 else 0.0) - 1e-3 * math.log2(c.get("graphs", 64) / 8)
+
+    for seed in range(10):
+        steps = run(lambda c: 1.0, violation, 12, seed)
+        assert any(violation(c) <= 0 for c in steps[:10]), seed
 
 
 def test_the_default_sampler_screens_on_every_trial_after_the_design() -> None:
