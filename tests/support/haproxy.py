@@ -39,13 +39,20 @@ class Balancer:
     backend: str
     log: Path
     proc: subprocess.Popen[bytes]
+    metrics_backend: str | None = None  # the backend /metrics goes to (same servers, no request limit), if any
 
     def log_tail(self, n: int = 3000) -> str:
         return self.log.read_text(errors="replace")[-n:] if self.log.is_file() else ""
 
 
 def config_text(socket_path: Path, port: int, servers: Mapping[str, str], *, backend: str,
-                check_inter_ms: int = 500) -> str:
+                check_inter_ms: int = 500, metrics_backend: str | None = None) -> str:
+    """`metrics_backend`: a second backend of the same servers that /metrics goes to, so that a scrape never
+    waits in the queue of the LLM backend's requests (a server limited by maxconn)."""
+    def servers_lines() -> list[str]:
+        return [f"    server {name} {addr} weight 100 check inter {check_inter_ms}ms fall 2 rise 1"
+                for name, addr in servers.items()]
+
     lines = [
         "global",
         f"    stats socket {socket_path} mode 600 level admin",
@@ -54,23 +61,27 @@ def config_text(socket_path: Path, port: int, servers: Mapping[str, str], *, bac
         "    timeout connect 5s",
         "    timeout client 300s",
         "    timeout server 300s",
+        "    timeout queue 300s",  # a request waits this long for a server with room (maxconn)
         "    retries 2",
         "    option redispatch",
         "frontend llm_in",
         f"    bind 127.0.0.1:{port}",
+        *([f"    use_backend {metrics_backend} if {{ path /metrics }}"] if metrics_backend else []),
         f"    default_backend {backend}",
         f"backend {backend}",
         "    balance roundrobin",
         "    option httpchk GET /health",
-        *[f"    server {name} {addr} weight 100 check inter {check_inter_ms}ms fall 2 rise 1"
-          for name, addr in servers.items()],
+        *servers_lines(),
     ]
+    if metrics_backend:
+        lines += [f"backend {metrics_backend}", "    balance roundrobin", "    option httpchk GET /health",
+                  *servers_lines()]
     return "\n".join(lines) + "\n"
 
 
 @contextmanager
 def running_haproxy(workdir: Path, servers: Mapping[str, str], *, backend: str = "llm",
-                    timeout_s: float = 30.0) -> Iterator[Balancer]:
+                    timeout_s: float = 30.0, metrics_backend: str | None = None) -> Iterator[Balancer]:
     """Start HAProxy in front of `servers` (name -> host:port); yield it once its socket answers."""
     exe = haproxy_binary()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -81,10 +92,11 @@ def running_haproxy(workdir: Path, servers: Mapping[str, str], *, backend: str =
         sock = Path(tempfile.mkdtemp(prefix="hx-")) / "haproxy.sock"
     port = free_port()
     cfg = workdir / "haproxy.cfg"
-    cfg.write_text(config_text(sock, port, servers, backend=backend))
+    cfg.write_text(config_text(sock, port, servers, backend=backend, metrics_backend=metrics_backend))
     log = workdir / "haproxy.log"
     with group_process([exe, "-f", str(cfg), "-db"], log, lambda: _answers(sock), timeout_s=timeout_s) as proc:
-        yield Balancer(url=f"http://127.0.0.1:{port}", socket=sock, backend=backend, log=log, proc=proc)
+        yield Balancer(url=f"http://127.0.0.1:{port}", socket=sock, backend=backend, log=log, proc=proc,
+                       metrics_backend=metrics_backend)
 
 
 def _answers(sock: Path) -> bool:

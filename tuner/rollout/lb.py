@@ -63,12 +63,19 @@ class LoadBalancer(ABC):
         """Give `server` this weight (0: no new requests)."""
 
     @abstractmethod
-    def add_server(self, server: str, addr: str, *, weight: int, health_path: str) -> None:
-        """Add a server (weight `weight`, health-checked on `health_path`) and put it in service."""
+    def add_server(self, server: str, addr: str, *, weight: int, health_path: str,
+                   maxconn: int | None = None) -> None:
+        """Add a server (weight `weight`, health-checked on `health_path`, at most `maxconn` requests at once:
+        set_maxconn) and put it in service."""
 
     @abstractmethod
     def remove_server(self, server: str) -> None:
         """Take `server` out: no new requests, its sessions ended, then gone (idempotent)."""
+
+    def set_maxconn(self, server: str, maxconn: int) -> None:
+        """Let `server` hold at most `maxconn` requests at once (0: no limit); the others wait in the balancer's
+        queue, which any server with room and weight takes from: a replacement takes the queue over at once."""
+        raise LoadBalancerError(f"{type(self).__name__} cannot limit a server's concurrent requests")
 
     def describe(self) -> dict[str, str]:
         """Where the balancer is (kept in the rollout journal to find it again after a crash)."""
@@ -147,11 +154,19 @@ class HAProxy(LoadBalancer):
             raise ValueError(f"weight {weight} outside 0..{MAX_WEIGHT}")
         self._ok(f"set server {self.backend}/{server} weight {int(weight)}")
 
-    def add_server(self, server: str, addr: str, *, weight: int, health_path: str) -> None:
+    def set_maxconn(self, server: str, maxconn: int) -> None:
+        if maxconn < 0:
+            raise ValueError(f"maxconn {maxconn} < 0")
+        self._ok(f"set maxconn server {self.backend}/{server} {int(maxconn)}")
+
+    def add_server(self, server: str, addr: str, *, weight: int, health_path: str,
+                   maxconn: int | None = None) -> None:
         # HAProxy checks it with the backend's own `option httpchk` (the path there; health_path is for balancers
         # that take one per server)
         self.remove_server(server)  # a leftover of an earlier rollout (its owner is gone: recovery ran)
-        self._ok(f"add server {self.backend}/{server} {addr} weight {int(weight)} check inter 500ms fall 2 rise 1",
+        limit = f" maxconn {int(maxconn)}" if maxconn is not None else ""
+        self._ok(f"add server {self.backend}/{server} {addr} weight {int(weight)}{limit} check inter 500ms fall 2 "
+                 "rise 1",
                  accept=("new server registered",))
         self._ok(f"enable server {self.backend}/{server}")
         self._ok(f"enable health {self.backend}/{server}")
@@ -175,17 +190,21 @@ class HAProxy(LoadBalancer):
 
 
 def replace_server(lb: LoadBalancer, old: str, new: str, addr: str, *, health_path: str = "/health",
-                   up_timeout_s: float = 120.0, drain_s: float = 600.0, poll_s: float = 0.2) -> dict[str, float]:
+                   up_timeout_s: float = 120.0, drain_s: float = 600.0, poll_s: float = 0.2,
+                   maxconn: int | None = None) -> dict[str, float]:
     """Move a backend from server `old` to a new server `new` at `addr` without downtime (a blue-green step):
     `new` joins at `old`'s weight and must pass the health check within `up_timeout_s` (else it leaves again
     and `old` keeps the traffic: LoadBalancerError); then `old` gets weight 0 (no new requests: they all go to
-    `new`), finishes the requests it holds (up to `drain_s`) and leaves. Returns the seconds each step took
-    (`up_s`: until `new` was UP, the moment traffic moved; `drain_s`: until `old`'s last request ended)."""
+    `new`), finishes the requests it holds (up to `drain_s`) and leaves. `maxconn`: the most requests `new`
+    holds at once (LoadBalancer.set_maxconn; an engine's batch size): when `old` had a limit too, the requests
+    waiting in the balancer's queue go to `new` the moment it takes the traffic, not through `old`'s backlog.
+    Returns the seconds each step took (`up_s`: until `new` was UP, the moment traffic moved; `drain_s`: until
+    `old`'s last request ended)."""
     t0 = time.monotonic()
     servers = lb.servers()
     if old not in servers:
         raise LoadBalancerError(f"backend {lb.backend!r} has no server {old!r} to replace")
-    lb.add_server(new, addr, weight=max(1, servers[old].weight), health_path=health_path)
+    lb.add_server(new, addr, weight=max(1, servers[old].weight), health_path=health_path, maxconn=maxconn)
     deadline = time.monotonic() + up_timeout_s
     while not ((s := lb.servers().get(new)) is not None and s.checked_up):
         if time.monotonic() >= deadline:

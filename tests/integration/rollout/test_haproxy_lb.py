@@ -150,3 +150,47 @@ def test_a_server_is_replaced_without_a_failed_request(tmp_path: Path, origins: 
         assert set(lb.servers()) == {"green"} and lb.servers()["green"].weight == 100
         with pytest.raises(LoadBalancerError, match="no server"):
             replace_server(lb, "nosuch", "x", origins["other"].addr)
+
+
+def _backend_queue(lb: HAProxy) -> int:
+    """Requests waiting in the backend's queue (show stat's qcur of the BACKEND row)."""
+    import csv
+    import io
+
+    text = lb.command("show stat")
+    rows = csv.DictReader(io.StringIO(text[2:]))
+    return sum(int(r.get("qcur") or 0) for r in rows if r.get("pxname") == lb.backend)
+
+
+def test_a_replacement_takes_the_balancers_queue_over(tmp_path: Path, origins: dict[str, _Origin]) -> None:
+    """With a per-server limit the requests beyond it wait in HAProxy's queue, not in the old server's backlog:
+    when a replacement takes the traffic, the waiting requests go to it at once."""
+    origins["stable0"].slow_s = 3.0
+    with running_haproxy(tmp_path / "hx", {"stable0": origins["stable0"].addr}) as bal:
+        lb = HAProxy(bal.socket, bal.backend)
+        _wait(lambda: lb.servers()["stable0"].up)
+        lb.set_maxconn("stable0", 1)
+        with pytest.raises(ValueError):
+            lb.set_maxconn("stable0", -1)
+        with pytest.raises(LoadBalancerError):
+            lb.set_maxconn("nosuch", 1)
+        answers: list[str] = []
+        failed: list[str] = []
+
+        def one() -> None:
+            try:
+                with urllib.request.urlopen(bal.url + "/v1/x", timeout=60) as r:
+                    answers.append(r.read().decode())
+            except OSError as exc:
+                failed.append(str(exc))
+
+        threads = [threading.Thread(target=one, daemon=True) for _ in range(4)]
+        for t in threads:
+            t.start()
+        _wait(lambda: lb.servers()["stable0"].sessions == 1 and _backend_queue(lb) == 3)
+        replace_server(lb, "stable0", "green", origins["other"].addr, up_timeout_s=30, drain_s=30, maxconn=4)
+        for t in threads:
+            t.join(timeout=60)
+        assert failed == []
+        # the one request stable0 held, the three that waited in the balancer went to the replacement
+        assert sorted(answers) == ["other", "other", "other", "stable0"]
