@@ -10,6 +10,10 @@ health check, the old one gets no new request, finishes those it holds, leaves, 
 one line per move (when the traffic moved, how long the new server took to start, or none when a warm standby
 took the traffic, and the old one to drain).
 
+`--queue-in-balancer` gives each server it puts in the backend a limit (HAProxy's maxconn) of twice the requests it
+runs at once (request_limit): the requests beyond it wait in the balancer's queue instead of the engine's, so at a
+move the waiting requests go to the new server at once and the old one finishes only the two batches it holds.
+
 `--keep-warm N` keeps the last N servers the traffic left running, idle and out of the balancer (a blue-green
 pool, as an operator keeps the other scenario's deployment warm): a later move to a configuration one of them
 serves puts it back in the backend at once instead of starting a server. An idle engine blocks on its queue
@@ -19,6 +23,7 @@ serves puts it back in the backend at once instead of starting a server. An idle
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -31,10 +36,23 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DEFAULTS, free_port, server_argv, wait_ready  # noqa: E402
+from common import DEFAULTS, MAX_MODEL_LEN, PRESET, free_port, server_argv, wait_ready  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+from tuner.engine.config import PRESETS, check_pool  # noqa: E402
+
 KNOBS = set(DEFAULTS)
+
+
+def request_limit(config: dict[str, Any]) -> int:
+    """The balancer's maxconn for a server with `config`: twice the most requests it runs at once (its batch
+    size, or the sequences its KV pool holds if fewer): a batch running and the next one waiting in the engine,
+    so that static batching finds a whole batch when the running one ends, as with no limit."""
+    full = {**DEFAULTS, **config}
+    model = dataclasses.replace(PRESETS[PRESET], max_model_len=MAX_MODEL_LEN)
+    slots = check_pool(model, str(full.get("dtype", "float32")), int(full["kv_pool_mb"]))
+    return 2 * min(int(full["max_batch_size"]), slots)
 
 
 def start_server(config: dict[str, Any], name: str, log: Path, tries: int = 3) -> dict[str, Any]:
@@ -89,6 +107,10 @@ def main() -> None:
     ap.add_argument("--events", type=Path)
     ap.add_argument("--config-json")
     ap.add_argument("--keep-warm", type=int, default=0, help="servers the traffic left kept running for a move back")
+    ap.add_argument("--metrics-backend", help="a second backend of the same server for /metrics (moved too)")
+    ap.add_argument("--queue-in-balancer", action="store_true",
+                    help="the new server holds at most twice the requests it runs (HAProxy maxconn); the others wait "
+                         "in the balancer, which hands them to the next server at a move")
     args = ap.parse_args()
     if args.config_json:
         config = json.loads(args.config_json)
@@ -114,7 +136,11 @@ def main() -> None:
         from tuner.rollout.lb import HAProxy, replace_server
 
         steps = replace_server(HAProxy(args.lb_socket, args.backend), old["name"], name,
-                               f"127.0.0.1:{new['port']}", drain_s=600)
+                               f"127.0.0.1:{new['port']}", drain_s=600,
+                               maxconn=request_limit(config) if args.queue_in_balancer else None)
+        if args.metrics_backend:
+            replace_server(HAProxy(args.lb_socket, args.metrics_backend), old["name"], name,
+                           f"127.0.0.1:{new['port']}", drain_s=30)
         standby.append({k: old[k] for k in ("name", "port", "pid", "config")})
         while len(standby) > args.keep_warm:
             stop_server(int(standby.pop(0)["pid"]))

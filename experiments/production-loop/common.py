@@ -21,6 +21,16 @@ DEFAULTS: dict[str, Any] = {"batching": "static", "max_batch_size": 8, "batch_ti
 # the seed's Flash-style serving configuration, as far as the engine expresses it on a CPU
 FLASH: dict[str, Any] = {"batching": "static", "max_batch_size": 32, "batch_timeout_ms": 100.0, "kv_pool_mb": 4096,
                          "pre_allocate": True, "quantization": "none"}
+# the daemon's search space: the engine's scheduling and memory knobs (a KV slot is ~50 MB: a batch larger than
+# the pool holds waits for slots); DEFAULTS and FLASH are two of its points
+SPACE: dict[str, dict[str, Any]] = {
+    "batching": {"type": "categorical", "choices": ["static", "continuous"], "default": "static"},
+    "max_batch_size": {"type": "int", "low": 4, "high": 64, "log": True, "default": 8},
+    "batch_timeout_ms": {"type": "float", "low": 0.0, "high": 100.0, "default": 50.0,
+                         "when": "batching == 'static'"},
+    "kv_pool_mb": {"type": "int", "low": 256, "high": 4096, "log": True, "default": 256},
+    "pre_allocate": {"type": "bool", "default": False},
+}
 PHASES: dict[str, dict[str, int]] = {  # many short concurrent requests; a single long task (one client's chain of
     # short sequential calls, an agent's loop: each call waits for the one before)
     "concurrent": {"concurrency": 32, "prompt_tokens": 32, "output_tokens": 16},

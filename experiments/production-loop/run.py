@@ -35,40 +35,37 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
-from common import DEFAULTS, FLASH, MAX_MODEL_LEN, PHASES, PRESET, THREADS, bench_argv, load_average  # noqa: E402
+from apply import request_limit  # noqa: E402
+from common import DEFAULTS, FLASH, MAX_MODEL_LEN, PHASES, PRESET, SPACE, THREADS, bench_argv, load_average  # noqa: E402
 
 from tests.support.haproxy import Balancer, running_haproxy  # noqa: E402
+from tuner.rollout.lb import HAProxy  # noqa: E402
 
+METRICS_BACKEND = "llm_metrics"  # /metrics, never queued behind the requests (tests.support.haproxy)
 MEASURED = ["concurrent", "single", "concurrent", "single"]
 STATIC = ["concurrent", "single"]
 SEED_RATIOS = {"single": "Flash 2.12x slower, 0.47x tokens/s", "concurrent": "(not reported)"}
 
 
 def agent_yaml(tmp: Path, bal: Balancer, args: argparse.Namespace) -> dict[str, Any]:
-    """Two scenarios on the concurrency alone; a space of the two profiles (constraints tie the knobs together:
-    defaults or Flash-style)."""
+    """Two scenarios on the concurrency alone; the engine's scheduling and memory knobs as the space (the two
+    static configurations are two of its points), searched by the default sampler."""
     apply = [sys.executable, str(HERE / "apply.py"), "--state", str(tmp / "prod.json"), "--log",
              str(tmp / "prod.log"), "--lb-socket", str(bal.socket), "--backend", bal.backend,
              "--events", str(tmp / "moves.jsonl"), "--keep-warm", str(args.keep_warm)]
-    flash = "max_batch_size == 32"
+    if args.queue_in_balancer:
+        apply += ["--queue-in-balancer", "--metrics-backend", METRICS_BACKEND]
     return {
         "name": "prod",
         "target": {"kind": "torch_engine", "preset": PRESET, "device": "cpu", "cpu_threads": THREADS,
                    "startup_timeout_s": 180},
-        "search_space": {"target": "torch_engine", "facts": {"device": "cpu"}, "params": {
-            "batching": {"type": "categorical", "choices": ["static"], "default": "static"},
-            "max_batch_size": {"type": "categorical", "choices": [8, 32], "default": 8},
-            "batch_timeout_ms": {"type": "categorical", "choices": [50.0, 100.0], "default": 50.0},
-            "kv_pool_mb": {"type": "categorical", "choices": [256, 4096], "default": 256},
-            "pre_allocate": {"type": "categorical", "choices": [False, True], "default": False}},
-            "constraints": [f"({flash}) == (batch_timeout_ms == 100.0)", f"({flash}) == (kv_pool_mb == 4096)",
-                            f"({flash}) == pre_allocate"]},
+        "search_space": {"target": "torch_engine", "facts": {"device": "cpu"}, "params": SPACE},
         "workload": {"duration_s": args.trial_s, "timeout_s": 300, "ignore_eos": True},
         "objectives": [{"metric": "output_throughput", "direction": "maximize"}],
-        "sampler": {"name": "random", "seed": 0, "resample_violations": 200},
-        "budget": {"trials": 2},
+        "sampler": {"seed": args.seed},
+        "budget": {"trials": args.trials},
         "noise": {"baseline_repeats": 0},
-        "schedule": {"every": "24h", "trials_per_cycle": 2},
+        "schedule": {"every": "24h", "trials_per_cycle": args.trials},
         "promotion": {"policy": "auto", "verify_runs": 2, "min_improvement": 0.0, "confidence": 0.8,
                       "apply_command": apply},
         "tracking": {"enabled": False},
@@ -135,15 +132,21 @@ def figures(run: dict[str, Any], since: float | None = None) -> dict[str, float]
 
 
 @contextmanager
-def production(config: dict[str, Any], tmp: Path, tag: str) -> Iterator[Balancer]:
-    """A server with `config` (apply.py's first start) behind a real HAProxy; both stopped afterwards."""
+def production(config: dict[str, Any], tmp: Path, tag: str, *, queue: bool) -> Iterator[Balancer]:
+    """A server with `config` (apply.py's first start) behind a real HAProxy; both stopped afterwards. `queue`:
+    the server holds at most twice the requests it runs at once (apply.request_limit), the others wait in the
+    balancer (as apply.py's --queue-in-balancer does for every server after it), for the static configurations
+    and the daemon alike."""
     state = tmp / "prod.json"
     state.unlink(missing_ok=True)
     subprocess.run([sys.executable, str(HERE / "apply.py"), "--state", str(state), "--log", str(tmp / "prod.log"),
                     "--config-json", json.dumps(config)], cwd=REPO, check=True, timeout=300, stdout=subprocess.DEVNULL)
     first = json.loads(state.read_text())
     try:
-        with running_haproxy(tmp / f"hx-{tag}", {first["name"]: f"127.0.0.1:{first['port']}"}) as bal:
+        with running_haproxy(tmp / f"hx-{tag}", {first["name"]: f"127.0.0.1:{first['port']}"},
+                             metrics_backend=METRICS_BACKEND if queue else None) as bal:
+            if queue:
+                HAProxy(bal.socket, bal.backend).set_maxconn(first["name"], request_limit(config))
             yield bal
     finally:
         now = json.loads(state.read_text())  # the one serving now (the daemon may have moved it), its standbys
@@ -161,7 +164,7 @@ def static_pass(name: str, config: dict[str, Any], args: argparse.Namespace, tmp
     runs = []
     for i, ph in enumerate(STATIC):
         for attempt in (1, 2):
-            with production(config, tmp, f"{name}{n}-{i}-{attempt}") as bal:
+            with production(config, tmp, f"{name}{n}-{i}-{attempt}", queue=args.queue_in_balancer) as bal:
                 r = bench(bal.url, ph, args.phase_s, tmp / f"{name}{n}-{i}-{attempt}.json", seed=i)
             if r["completed"] > 0:
                 break
@@ -172,7 +175,8 @@ def static_pass(name: str, config: dict[str, Any], args: argparse.Namespace, tmp
 
 
 def daemon_run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    with production(DEFAULTS, tmp, "daemon") as bal:  # production starts on the plain defaults
+    # production starts on the plain defaults
+    with production(DEFAULTS, tmp, "daemon", queue=args.queue_in_balancer) as bal:
         agent = tmp / "prod.yaml"
         agent.write_text(yaml.safe_dump(agent_yaml(tmp, bal, args), sort_keys=False))
         sd = tmp / "state"
@@ -193,6 +197,9 @@ def daemon_run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             for phase in ("concurrent", "single"):  # the learning pass: until the daemon has tuned each
                 t0 = time.time()
                 while time.time() - t0 < args.max_learn_s:
+                    if daemon.poll() is not None:
+                        raise RuntimeError(f"the daemon exited {daemon.returncode}: "
+                                           f"{(tmp / 'daemon.log').read_text(errors='replace')[-1500:]}")
                     learning.append(bench(bal.url, phase, 60, tmp / f"learn-{len(learning)}.json",
                                           seed=len(learning)))
                     if learnt(phase):
@@ -228,6 +235,13 @@ def main() -> None:
     ap.add_argument("--window-s", type=float, default=6)
     ap.add_argument("--keep-warm", type=int, default=1, help="servers apply.py keeps warm for a move back (0: none)")
     ap.add_argument("--cross-eval-runs", type=int, default=2)
+    ap.add_argument("--trials", type=int, default=8, help="tuning trials per scenario cycle (the first: the baseline)")
+    ap.add_argument("--seed", type=int, default=0, help="the sampler's seed")
+    # off by default: the daemon observes the workload from the engine's own gauges, and a queue in the balancer
+    # hides the requests waiting there (a 20-s smoke run observed a concurrency of 3 under 32 in flight)
+    ap.add_argument("--queue-in-balancer", action=argparse.BooleanOptionalAction, default=False,
+                    help="each server holds at most twice the requests it runs at once (HAProxy maxconn), the rest "
+                         "wait in the balancer, so a switch hands the waiting requests to the new server at once")
     ap.add_argument("--keep", type=Path, help="copy the daemon's log, journals and every request's times here")
     ap.add_argument("--report-from", type=Path, help="print the table again from a kept raw.json")
     args = ap.parse_args()
@@ -389,11 +403,13 @@ def _merge_phases(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def profile(cfg: dict[str, Any]) -> str:
-    if all(cfg.get(k) == v for k, v in FLASH.items() if k in cfg):
+    """"defaults", "Flash-style", or the knobs a configuration changes from the defaults."""
+    full = {**DEFAULTS, **cfg}
+    if all(full.get(k) == v for k, v in FLASH.items()):
         return "Flash-style"
-    if all(cfg.get(k) == v for k, v in DEFAULTS.items() if k in cfg):
-        return "defaults"
-    return json.dumps(cfg)
+    changed = {k: v for k, v in full.items() if k in DEFAULTS and v != DEFAULTS[k]
+               and not (k == "batch_timeout_ms" and full.get("batching") == "continuous")}
+    return "defaults" if not changed else "custom: " + ", ".join(f"{k}={v}" for k, v in changed.items())
 
 
 if __name__ == "__main__":
