@@ -78,6 +78,19 @@ SCENARIOS: list[Scenario] = [
     Scenario("h100-1b-4gpu-long-prompts-goodput", "h100-sxm", "llama-1.1b", 4, {"kind": "poisson", "rate_per_s": 80},
              ("request_goodput", "maximize"), (("ttft_ms.p99", 400), ("itl_ms.p99", 20)), prompt_mean=2048,
              output_mean=128, held_out=True, note="held out: long prompts at a high rate, two tight SLOs"),
+    # held out, added with step 5 (the descent while infeasible, the repair) before any variant ran on them
+    Scenario("a100-8b-2gpu-closed-tight-itl", "a100-80gb-sxm", "llama-3-8b", 2, {"kind": "closed", "concurrency": 64},
+             ("output_throughput", "maximize"), (("itl_ms.p99", 35),), held_out=True,
+             note="held out (step 5): two A100s, a tight ITL"),
+    Scenario("h100-70b-4gpu-poisson-goodput", "h100-sxm", "llama-3-70b", 4, {"kind": "poisson", "rate_per_s": 4},
+             ("request_goodput", "maximize"), (("itl_ms.p99", 50), ("ttft_ms.p99", 2000)), default_tp=2,
+             held_out=True, note="held out (step 5): 70B on four H100s, two SLOs"),
+    Scenario("h200-1b-2gpu-closed-ttft-itl", "h200", "llama-1.1b", 2, {"kind": "closed", "concurrency": 256},
+             ("output_throughput", "maximize"), (("ttft_ms.p99", 500), ("itl_ms.p99", 15)), held_out=True,
+             note="held out (step 5): a small model, many users, two tight SLOs"),
+    Scenario("a100-8b-8gpu-poisson-e2e-p90", "a100-80gb-sxm", "llama-3-8b", 8, {"kind": "poisson", "rate_per_s": 30},
+             ("e2el_ms.p90", "minimize"), (("itl_ms.p99", 60),), held_out=True,
+             note="held out (step 5): minimise p90 E2E under an ITL SLO"),
 ]
 
 

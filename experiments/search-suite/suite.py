@@ -59,15 +59,30 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # the descent while nothing is feasible (dev11: x2 screening steps, the other side of a flat one waits)
     "coord-infeasible": {"_patch": {"tuner.search.coordinate.WHILE_INFEASIBLE": True,
                                     "tuner.search.coordinate.FIRST_STEP_LOG_INFEASIBLE": math.log(2.0),
-                                    "tuner.search.coordinate.OPEN_SIDES": False}},
+                                    "tuner.search.coordinate.OPEN_SIDES": False,
+                                    "tuner.search.coordinate.REPAIR": False}},
     # dev12: the descent while infeasible with screening steps of x2 / x4 / x8 on log ranges, and with or without
     # "open sides" (a direction no two trials have isolated is screened from every incumbent); shipped: inf4-open
     **{f"coord-inf{f}{'-open' if o else ''}": {"_patch": {
         "tuner.search.coordinate.WHILE_INFEASIBLE": True,
         "tuner.search.coordinate.FIRST_STEP_LOG_INFEASIBLE": math.log(f),
-        "tuner.search.coordinate.OPEN_SIDES": o}} for f in (2, 4, 8) for o in (False, True)},
-    # the shipped code without the descent while nothing is feasible (the default before dev12)
-    "coord-feasible-only": {"_patch": {"tuner.search.coordinate.WHILE_INFEASIBLE": False}},
+        "tuner.search.coordinate.OPEN_SIDES": o, "tuner.search.coordinate.REPAIR": False}}
+        for f in (2, 4, 8) for o in (False, True)},
+    # dev13: once a trial is feasible, a better-scoring trial that missed the SLOs a little is repaired first
+    # (dev13: misses by at most 0.5 / 0.2, ranked as the other moves; dev14: by the violation, misses up to 1.0)
+    **{name: {"_patch": {"tuner.search.coordinate.REPAIR": True, "tuner.search.coordinate.REPAIR_BY_VIOLATION": False,
+                         "tuner.search.coordinate.REPAIR_MAX_VIOLATION": v}}
+       for name, v in (("coord-repair", 0.5), ("coord-repair-v02", 0.2))},
+    **{f"coord-repair-vrank{'-v1' if v == 1.0 else ''}": {"_patch": {
+        "tuner.search.coordinate.REPAIR": True, "tuner.search.coordinate.REPAIR_BY_VIOLATION": True,
+        "tuner.search.coordinate.REPAIR_MAX_VIOLATION": v}} for v in (0.5, 1.0)},
+    "coord-repair-v1": {"_patch": {"tuner.search.coordinate.REPAIR": True,
+                                   "tuner.search.coordinate.REPAIR_BY_VIOLATION": False,
+                                   "tuner.search.coordinate.REPAIR_MAX_VIOLATION": 1.0}},
+    # the default of step 4 (auto-coordinate) on the current code: no descent while infeasible, no repair
+    "step4-default": {"_patch": {"tuner.search.coordinate.WHILE_INFEASIBLE": False,
+                                 "tuner.search.coordinate.REPAIR": False}},
+    "auto-step5": {},  # the default again, with the descent while infeasible and the repair (step 5)
 }
 RESULTS = HERE / "results"
 KS = (5, 10, 20, 30)

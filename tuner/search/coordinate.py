@@ -69,6 +69,14 @@ NUMERIC_FIRST = True
 # trial is feasible, the surrogate's violation ranking of broader candidates before: on the suite, fewer seeds
 # feasible by trial 20; with x2 steps and no open sides, a descent found feasibility still less often)
 WHILE_INFEASIBLE = True
+# once a trial is feasible, a trial that scored at least REPAIR_GAIN (relative) better than the best feasible one
+# but missed the SLOs by at most REPAIR_MAX_VIOLATION (in total) is repaired first: its numeric screening moves as
+# while nothing is feasible, ranked by the surrogate with every trial (expected improvement x P(feasible))
+REPAIR = True
+REPAIR_GAIN = 0.05
+REPAIR_MAX_VIOLATION = 1.0
+# the repair's moves are ranked by the optimistic predicted violation alone (False: as the search's other moves)
+REPAIR_BY_VIOLATION = True
 
 
 @dataclass(frozen=True)
@@ -275,19 +283,49 @@ def step(space: SearchSpace, observed: Sequence[Observed], rng: random.Random, *
     if not descend and not any(o.violation <= 0 and o.score is not None for o in observed):
         return None
     seen_keys = {repr(sorted(c.items())) for c in seen}
+    view = _repair_view(observed) if REPAIR else None
+    if view:
+        fixes = _fresh(space, [m for m in pending(space, view) if m.tier <= SCREEN_FIRST], seen_keys)
+        if fixes:  # ranked as while nothing is feasible: by the optimistic predicted violation
+            return _best(space, observed, fixes, rng, seed, violation_only=REPAIR_BY_VIOLATION)
     by_tier: dict[int, list[Move]] = {}
+    for m in _fresh(space, pending(space, observed), seen_keys):
+        by_tier.setdefault(m.tier, []).append(m)
+    if not by_tier or min(by_tier) > max_tier:
+        return None
+    return _best(space, observed, by_tier[min(by_tier)], rng, seed)
+
+
+def _fresh(space: SearchSpace, moves: Sequence[Move], seen_keys: set[str]) -> list[Move]:
+    """The moves to a configuration no trial had, honouring the constraints, each configuration once."""
+    out = []
     keys: set[str] = set()
-    for m in pending(space, observed):
+    for m in moves:
         k = repr(sorted(m.config.items()))
         if k in seen_keys or k in keys or space.violations(m.config):
             continue
         keys.add(k)
-        by_tier.setdefault(m.tier, []).append(m)
-    if not by_tier or min(by_tier) > max_tier:
+        out.append(m)
+    return out
+
+
+def _best(space: SearchSpace, observed: Sequence[Observed], moves: list[Move], rng: random.Random,
+          seed: int, *, violation_only: bool = False) -> Move:
+    """The move the surrogate scores best (ties broken at random)."""
+    if len(moves) == 1:
+        return moves[0]
+    rng.shuffle(moves)
+    scores = acquisition(space, observed, [m.config for m in moves], rng, seed=seed, violation_only=violation_only)
+    return moves[int(np.argmax(scores))]
+
+
+def _repair_view(observed: Sequence[Observed]) -> list[Observed] | None:
+    """The trials that scored at least REPAIR_GAIN better than the best feasible one and missed the SLOs by at most
+    REPAIR_MAX_VIOLATION (None: none, or nothing feasible yet)."""
+    feasible = [o.score for o in observed if o.violation <= 0 and o.score is not None]
+    if not feasible:
         return None
-    first = by_tier[min(by_tier)]
-    if len(first) == 1:
-        return first[0]
-    rng.shuffle(first)  # ties in the ranking are broken at random
-    scores = acquisition(space, observed, [m.config for m in first], rng, seed=seed)
-    return first[int(np.argmax(scores))]
+    bar = max(feasible) + REPAIR_GAIN * abs(max(feasible))
+    view = [o for o in observed if o.score is not None and 0 < o.violation <= REPAIR_MAX_VIOLATION
+            and o.score >= bar]
+    return view or None

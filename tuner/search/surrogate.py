@@ -158,11 +158,11 @@ def rank(space: SearchSpace, observed: Sequence[Observed], rng: random.Random, *
 
 
 def acquisition(space: SearchSpace, observed: Sequence[Observed], cands: Sequence[Mapping[str, Any]],
-                rng: random.Random, *, seed: int = 0) -> np.ndarray:
+                rng: random.Random, *, seed: int = 0, violation_only: bool = False) -> np.ndarray:
     """How promising each candidate is (higher is better), from forests fitted to `observed`: with a feasible
-    trial, the expected improvement times P(feasible); while none is, minus the optimistic predicted violation
-    (random scores while every trial violates alike)."""
-    feasible = [o for o in observed if o.violation <= 0 and o.score is not None]
+    trial, the expected improvement times P(feasible); while none is (or with `violation_only`), minus the
+    optimistic predicted violation (random scores while every trial violates alike)."""
+    feasible = [] if violation_only else [o for o in observed if o.violation <= 0 and o.score is not None]
     measured = [o for o in observed if o.score is not None]
     xc = np.array([encode(space, c) for c in cands])
     x_all = np.array([encode(space, o.config) for o in observed])

@@ -179,6 +179,43 @@ def test_a_plateau_with_the_slo_a_quarter_away_is_crossed_by_screening() -> None
         assert any(violation(c) <= 0 for c in steps[:10]), seed
 
 
+def test_a_near_miss_that_scored_better_is_repaired_first() -> None:
+    """Once a trial is feasible, a trial that scored much better but missed the SLO a little (on the suite: the
+    best layout of the sweep, while the feasible one is a Sobol point far away) is repaired first: its numeric
+    knobs screened as while nothing is feasible."""
+    near = cfg(mode="b")
+    obs = [Observed(BASE, 1.0, 0.3), Observed(near, 2.0, 0.2), Observed(cfg(mode="c"), 0.5, 0.9),
+           Observed(cfg(mode="c", seqs=32, tokens=512), 1.0, 0.0)]
+    m = step(SPACE, obs, random.Random(0), seen=[o.config for o in obs])
+    assert m is not None and m.tier == SCREEN_FIRST and knob_moved(SPACE, near, m.config) is not None
+    k = m.knob
+    if SPACE.by_name[k].spec.log:  # the while-infeasible step: x4 either way
+        assert m.config[k] in (near[k] * 4, near[k] // 4) or m.config[k] == SPACE.by_name[k].spec.high
+
+
+def test_the_repair_finds_the_move_that_meets_the_slo() -> None:
+    # the SLO is met wherever tokens <= 700 (the feasible trials say so); the near miss is at tokens 2048
+    def violation(c: dict) -> float:
+        return 0.0 if c["tokens"] <= 700 else 0.2
+
+    near = cfg(mode="b")
+    trials = [BASE, near, cfg(mode="c"), cfg(tokens=512), cfg(mode="c", tokens=512, util=0.8),
+              cfg(tokens=400, seqs=128), cfg(mode="c", seqs=64), cfg(util=0.75)]
+    obs = [Observed(c, 2.0 if c is near else 1.0, violation(c)) for c in trials]
+    for seed in range(5):
+        m = step(SPACE, obs, random.Random(seed), seen=trials, seed=seed)
+        assert m is not None and knob_moved(SPACE, near, m.config) == "tokens" and m.config["tokens"] == 512
+
+
+def test_a_far_miss_or_a_small_gain_is_not_repaired() -> None:
+    feasible = cfg(mode="c", seqs=32, tokens=512)
+    for score, violation in ((2.0, 1.5), (1.02, 0.2)):
+        obs = [Observed(BASE, 0.5, 0.3), Observed(cfg(mode="b"), score, violation), Observed(cfg(mode="c"), 0.5, 0.9),
+               Observed(feasible, 1.0, 0.0)]
+        m = step(SPACE, obs, random.Random(0), seen=[o.config for o in obs])
+        assert m is not None and knob_moved(SPACE, feasible, m.config) is not None  # from the feasible incumbent
+
+
 def test_the_default_sampler_screens_on_every_trial_after_the_design() -> None:
     """Through Optuna: after the baseline, a 2-trial design and one TPE trial (too few trials for a model), the
     next trials are one-knob moves of the incumbent (the turns TPE would have had included)."""
