@@ -76,7 +76,11 @@ def bench_argv(base: str, phase: str, *, requests: int | None = None, duration_s
     p = PHASES[phase]
     argv = [sys.executable, "-m", "tuner.cli", "bench", "--url", base, "--concurrency", str(p["concurrency"]),
             "--prompt-tokens", str(p["prompt_tokens"]), "--output-tokens", str(p["output_tokens"]),
-            "--timeout-s", "300", "--seed", str(seed)]
+            "--timeout-s", "300", "--seed", str(seed),
+            # the engine's tokenizer is byte-level: prompts of exact lengths without the one-token probe requests
+            # a fitted prompt starts with (between two learning runs they looked like a few seconds of a single
+            # client's traffic)
+            "--tokenizer", "byte"]
     argv += ["--requests", str(requests)] if requests else ["--duration-s", str(duration_s)]
     if out is not None:
         argv += ["--json", str(out)]
