@@ -22,7 +22,11 @@ its best move is proposed:
    STEP_RESOLUTION), the other choices of a categorical knob;
 4. twice the step past a side that changed nothing (up to MAX_EXPANSION).
 A knob whose every move changed nothing (the same result within SAME_REL: on a noisy target, hardly ever) is
-left alone.
+left alone. Before these tiers, once a trial is feasible, comes the repair (REPAIR): a trial that scored well
+above the best feasible one but missed the SLOs a little (the best layout of the sweep, say, while the feasible
+incumbent is a design point far from it) gets its numeric screening moves as while nothing is feasible, ranked by
+the predicted violation, so the search climbs from where the objective is high rather than from the first trial
+that happened to meet the SLOs.
 
 None when no move is pending (the incumbent is a coordinate-wise optimum at the finest step): the caller ranks
 broader candidates. Chosen on experiments/search-suite (its README, steps 4 and 5).
@@ -70,8 +74,8 @@ NUMERIC_FIRST = True
 # feasible by trial 20; with x2 steps and no open sides, a descent found feasibility still less often)
 WHILE_INFEASIBLE = True
 # once a trial is feasible, a trial that scored at least REPAIR_GAIN (relative) better than the best feasible one
-# but missed the SLOs by at most REPAIR_MAX_VIOLATION (in total) is repaired first: its numeric screening moves as
-# while nothing is feasible, ranked by the surrogate with every trial (expected improvement x P(feasible))
+# but missed the SLOs by at most REPAIR_MAX_VIOLATION (in total, relative excess) is repaired first: its numeric
+# screening moves as while nothing is feasible, ranked by the surrogate fitted to every trial
 REPAIR = True
 REPAIR_GAIN = 0.05
 REPAIR_MAX_VIOLATION = 1.0
