@@ -235,7 +235,7 @@ def main() -> None:
     ap.add_argument("--window-s", type=float, default=6)
     ap.add_argument("--keep-warm", type=int, default=1, help="servers apply.py keeps warm for a move back (0: none)")
     ap.add_argument("--cross-eval-runs", type=int, default=2)
-    ap.add_argument("--trials", type=int, default=8, help="tuning trials per scenario cycle (the first: the baseline)")
+    ap.add_argument("--trials", type=int, default=6, help="tuning trials per scenario cycle (the first: the baseline)")
     ap.add_argument("--seed", type=int, default=0, help="the sampler's seed")
     # off by default: the daemon observes the workload from the engine's own gauges, and a queue in the balancer
     # hides the requests waiting there (a 20-s smoke run observed a concurrency of 3 under 32 in flight)
