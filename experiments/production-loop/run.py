@@ -409,7 +409,8 @@ def profile(cfg: dict[str, Any]) -> str:
         return "Flash-style"
     changed = {k: v for k, v in full.items() if k in DEFAULTS and v != DEFAULTS[k]
                and not (k == "batch_timeout_ms" and full.get("batching") == "continuous")}
-    return "defaults" if not changed else "custom: " + ", ".join(f"{k}={v}" for k, v in changed.items())
+    return "defaults" if not changed else "custom: " + ", ".join(
+        f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in changed.items())
 
 
 if __name__ == "__main__":
