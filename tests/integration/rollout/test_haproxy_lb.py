@@ -67,6 +67,15 @@ def _spread(url: str, n: int) -> collections.Counter[str]:
     return got
 
 
+def _ask(url: str, answers: list[str], failed: list[str], *, timeout_s: float) -> None:
+    """One request through the balancer: its answer (the origin's name), or the error."""
+    try:
+        with urllib.request.urlopen(url + "/v1/x", timeout=timeout_s) as r:
+            answers.append(r.read().decode())
+    except OSError as exc:
+        failed.append(str(exc))
+
+
 def _wait(cond, timeout_s: float = 30.0) -> None:  # noqa: ANN001
     deadline = time.monotonic() + timeout_s
     while not cond():
@@ -124,11 +133,7 @@ def test_a_server_is_replaced_without_a_failed_request(tmp_path: Path, origins: 
 
         def client() -> None:
             while not stop.is_set():
-                try:
-                    with urllib.request.urlopen(bal.url + "/v1/x", timeout=30) as r:
-                        answers.append(r.read().decode())
-                except OSError as exc:
-                    failed.append(str(exc))
+                _ask(bal.url, answers, failed, timeout_s=30)
 
         threads = [threading.Thread(target=client, daemon=True) for _ in range(4)]
         for t in threads:
@@ -177,14 +182,8 @@ def test_a_replacement_takes_the_balancers_queue_over(tmp_path: Path, origins: d
         answers: list[str] = []
         failed: list[str] = []
 
-        def one() -> None:
-            try:
-                with urllib.request.urlopen(bal.url + "/v1/x", timeout=60) as r:
-                    answers.append(r.read().decode())
-            except OSError as exc:
-                failed.append(str(exc))
-
-        threads = [threading.Thread(target=one, daemon=True) for _ in range(4)]
+        threads = [threading.Thread(target=_ask, args=(bal.url, answers, failed), kwargs={"timeout_s": 60},
+                                    daemon=True) for _ in range(4)]
         for t in threads:
             t.start()
         _wait(lambda: lb.servers()["stable0"].sessions == 1 and _backend_queue(lb) == 3)
