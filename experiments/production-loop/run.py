@@ -54,7 +54,9 @@ def agent_yaml(tmp: Path, bal: Balancer, args: argparse.Namespace) -> dict[str, 
              str(tmp / "prod.log"), "--lb-socket", str(bal.socket), "--backend", bal.backend,
              "--events", str(tmp / "moves.jsonl"), "--keep-warm", str(args.keep_warm)]
     if args.queue_in_balancer:
-        apply += ["--queue-in-balancer", "--metrics-backend", METRICS_BACKEND]
+        apply.append("--queue-in-balancer")
+    if bal.metrics_backend:
+        apply += ["--metrics-backend", bal.metrics_backend]
     return {
         "name": "prod",
         "target": {"kind": "torch_engine", "preset": PRESET, "device": "cpu", "cpu_threads": THREADS,
@@ -407,8 +409,7 @@ def profile(cfg: dict[str, Any]) -> str:
     full = {**DEFAULTS, **cfg}
     if all(full.get(k) == v for k, v in FLASH.items()):
         return "Flash-style"
-    changed = {k: v for k, v in full.items() if k in DEFAULTS and v != DEFAULTS[k]
-               and not (k == "batch_timeout_ms" and full.get("batching") == "continuous")}
+    changed = {k: v for k, v in full.items() if k in DEFAULTS and v != DEFAULTS[k]}
     return "defaults" if not changed else "custom: " + ", ".join(
         f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in changed.items())
 

@@ -49,10 +49,8 @@ def config_text(socket_path: Path, port: int, servers: Mapping[str, str], *, bac
                 check_inter_ms: int = 500, metrics_backend: str | None = None) -> str:
     """`metrics_backend`: a second backend of the same servers that /metrics goes to, so that a scrape never
     waits in the queue of the LLM backend's requests (a server limited by maxconn)."""
-    def servers_lines() -> list[str]:
-        return [f"    server {name} {addr} weight 100 check inter {check_inter_ms}ms fall 2 rise 1"
-                for name, addr in servers.items()]
-
+    server_lines = [f"    server {name} {addr} weight 100 check inter {check_inter_ms}ms fall 2 rise 1"
+                    for name, addr in servers.items()]
     lines = [
         "global",
         f"    stats socket {socket_path} mode 600 level admin",
@@ -71,11 +69,11 @@ def config_text(socket_path: Path, port: int, servers: Mapping[str, str], *, bac
         f"backend {backend}",
         "    balance roundrobin",
         "    option httpchk GET /health",
-        *servers_lines(),
+        *server_lines,
     ]
     if metrics_backend:
         lines += [f"backend {metrics_backend}", "    balance roundrobin", "    option httpchk GET /health",
-                  *servers_lines()]
+                  *server_lines]
     return "\n".join(lines) + "\n"
 
 

@@ -4,6 +4,8 @@ the traffic share without a reload, a server added and removed at run time, refu
 from __future__ import annotations
 
 import collections
+import csv
+import io
 import threading
 import time
 import urllib.request
@@ -158,10 +160,7 @@ def test_a_server_is_replaced_without_a_failed_request(tmp_path: Path, origins: 
 
 
 def _backend_queue(lb: HAProxy) -> int:
-    """Requests waiting in the backend's queue (show stat's qcur of the BACKEND row)."""
-    import csv
-    import io
-
+    """Requests waiting in the backend's queue (show stat's qcur of the backend and its servers)."""
     text = lb.command("show stat")
     rows = csv.DictReader(io.StringIO(text[2:]))
     return sum(int(r.get("qcur") or 0) for r in rows if r.get("pxname") == lb.backend)
