@@ -65,7 +65,20 @@ def load_agent(path: str | Path) -> Agent:
         space = parse_space(spec.search_space, file=str(path), lines=lines, prefix=("search_space",))
     agent = Agent(spec=spec, path=path, space=space, target_options=target_options)
     _check_files(agent, lines)
+    _check_candidates(agent, lines)
     return agent
+
+
+def _check_candidates(agent: Agent, lines: dict[Loc, int]) -> None:
+    """Every candidate is a configuration of the search space (its knobs, their ranges, the constraints)."""
+    for i, cand in enumerate(agent.spec.candidates):
+        _, problems = agent.space.point(cand.params)
+        if problems:
+            knob, rule = problems[0]
+            loc: Loc = ("candidates", i, "params", knob) if knob else ("candidates", i, "params")
+            raise ConfigError(f"candidate {cand.name!r}: {knob + ': ' if knob else ''}{rule}",
+                              file=str(agent.path), line=line_of(lines, loc) or line_of(lines, ("candidates", i)),
+                              field=f"candidates[{i}].params" + (f".{knob}" if knob else ""))
 
 
 def _check_registries(spec: AgentSpec, file: str, lines: dict[Loc, int]) -> None:

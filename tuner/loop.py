@@ -222,6 +222,7 @@ def reap(session: Session) -> None:
     reap_orphans(session.state_dir)
     session.study.reap_stale()
     session.study.ensure_baseline()
+    session.study.ensure_candidates()
 
 
 def run_cycle(

@@ -29,6 +29,7 @@ MAX_GPUS = 4096  # GPUs of a target, GPU ids, parallel trials
 MAX_WEIGHT = 1e6  # a task's share of a mix (relative)
 MAX_SIGMA = 10.0  # a lognormal's sigma (of the log): e**10 is a factor of 22,026
 MAX_WINDOWS = 100_000  # windows of a monitor or a rollout stage
+MAX_CANDIDATES = 100  # configurations an agent asks to try first
 
 
 class _Strict(BaseModel):
@@ -589,6 +590,15 @@ class TargetSpec(BaseModel):
         return dict(self.model_extra or {})
 
 
+class CandidateSpec(_Strict):
+    """A configuration tried first, right after the baseline, in every study of the agent (each scenario's
+    too): a profile the operator already knows (a vendor's recommended settings, what serves today). Knobs
+    left out take their defaults; the loader checks the values against the search space."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
+    params: dict[str, Any] = Field(min_length=1, description="knob -> value, knobs of the search space")
+
+
 class AgentSpec(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     description: str = ""
@@ -615,6 +625,9 @@ class AgentSpec(_Strict):
     scenarios: list[ScenarioSpec] = Field(default_factory=list, description="named regions of workload space, "
                                           "each with its own study and champion (tuner.scenarios)")
     switching: SwitchingSpec = SwitchingSpec()
+    candidates: list[CandidateSpec] = Field(default_factory=list, max_length=MAX_CANDIDATES, description=(
+        "configurations each study tries right after the baseline (known profiles; they count against the "
+        "budget), then the sampler goes on from them"))
 
     _s = field_validator("storage")(classmethod(lambda cls, v: _no_password(v, "storage")))
 
@@ -632,6 +645,15 @@ class AgentSpec(_Strict):
         if self.budget.trials is None and self.budget.wall_time_s is None:
             raise ValueError("budget needs trials or wall_time_s")
         return self
+
+    @field_validator("candidates")
+    @classmethod
+    def _unique_candidates(cls, v: list[CandidateSpec]) -> list[CandidateSpec]:
+        names = [c.name for c in v]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"candidate names must be unique: {', '.join(dup)} twice")
+        return v
 
     @field_validator("scenarios")
     @classmethod

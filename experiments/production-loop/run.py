@@ -49,7 +49,8 @@ SEED_RATIOS = {"single": "Flash 2.12x slower, 0.47x tokens/s", "concurrent": "(n
 
 def agent_yaml(tmp: Path, bal: Balancer, args: argparse.Namespace) -> dict[str, Any]:
     """Two scenarios on the concurrency alone; the engine's scheduling and memory knobs as the space (the two
-    static configurations are two of its points), searched by the default sampler."""
+    static configurations are two of its points), searched by the default sampler after the baseline and the
+    Flash-style candidate."""
     apply = [sys.executable, str(HERE / "apply.py"), "--state", str(tmp / "prod.json"), "--log",
              str(tmp / "prod.log"), "--lb-socket", str(bal.socket), "--backend", bal.backend,
              "--events", str(tmp / "moves.jsonl"), "--keep-warm", str(args.keep_warm)]
@@ -71,6 +72,9 @@ def agent_yaml(tmp: Path, bal: Balancer, args: argparse.Namespace) -> dict[str, 
         "promotion": {"policy": "auto", "verify_runs": 2, "min_improvement": 0.0, "confidence": 0.8,
                       "apply_command": apply},
         "tracking": {"enabled": False},
+        # the seed's Flash-style profile, the one an operator would already know, tried first after the baseline
+        "candidates": [{"name": "flash-style", "params": {k: v for k, v in FLASH.items() if k in SPACE}}]
+        if args.candidates else [],
         "scenarios": [{"name": "concurrent", "concurrency": {"min": 8}},
                       {"name": "single", "concurrency": {"max": 2}}],
         "switching": {"dwell_s": args.dwell_s, "enter_margin": 0.1, "exit_margin": 0.3,
@@ -239,6 +243,8 @@ def main() -> None:
     ap.add_argument("--cross-eval-runs", type=int, default=2)
     ap.add_argument("--trials", type=int, default=6, help="tuning trials per scenario cycle (the first: the baseline)")
     ap.add_argument("--seed", type=int, default=0, help="the sampler's seed")
+    ap.add_argument("--candidates", action=argparse.BooleanOptionalAction, default=True,
+                    help="each scenario's study tries the Flash-style profile right after the baseline")
     # off by default: the daemon observes the workload from the engine's own gauges, and a queue in the balancer
     # hides the requests waiting there (a 20-s smoke run observed a concurrency of 3 under 32 in flight)
     ap.add_argument("--queue-in-balancer", action=argparse.BooleanOptionalAction, default=False,

@@ -27,6 +27,7 @@ class TrialRow:
     error: str | None = None
     broken: list[str] = field(default_factory=list)  # SLOs the measurement broke
     duration_s: float | None = None
+    candidate: str | None = None  # the agent's candidate (a known profile) this trial tried
 
 
 @dataclass
@@ -87,7 +88,7 @@ def _row(t: FrozenTrial) -> TrialRow:
         values=list(t.values) if measured and t.values else [],
         metrics=dict(t.user_attrs.get("metrics") or {}), params=dict(t.params),
         cause=t.user_attrs.get("cause"), error=t.user_attrs.get("error"), broken=broken,
-        duration_s=t.user_attrs.get("duration_s"))
+        duration_s=t.user_attrs.get("duration_s"), candidate=t.user_attrs.get("candidate"))
 
 
 def gather(agent: Agent, state_dir: Path, study: Any, *, plots: bool = True) -> ReportData:

@@ -27,7 +27,8 @@ def changed_params(d: ReportData, row: TrialRow) -> str:
     if base is None or row is base:
         return "defaults" if row.baseline else _params(row.params)
     diff = {k: v for k, v in row.params.items() if base.params.get(k) != v}
-    return _params(diff) if diff else "same as the baseline"
+    text = _params(diff) if diff else "same as the baseline"
+    return f"candidate {row.candidate}: {text}" if row.candidate else text
 
 
 def _params(p: dict[str, Any]) -> str:

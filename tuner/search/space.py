@@ -22,6 +22,7 @@ applies). A sample that violates a constraint is never deployed: the study recor
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -192,6 +193,26 @@ class SearchSpace:
                 out[p.name] = p.default
         return out
 
+    def point(self, given: Mapping[str, Any]) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+        """A configuration from some knobs' values (the rest at their defaults, conditions applied) and what is
+        wrong with it, as (knob, rule) pairs: a knob the space does not have, one whose condition is off, a
+        value outside its range or choices, a constraint it violates (knob "")."""
+        problems = [(k, f"not a knob of the search space (knobs: {', '.join(self.by_name)})")
+                    for k in given if k not in self.by_name]
+        out: dict[str, Any] = {}
+        for p in self.params:
+            if not self.active(p, out):
+                if p.name in given:
+                    problems.append((p.name, f"inactive here: its condition {p.spec.when!r} is false"))
+                continue
+            v = given.get(p.name, p.default)
+            if not _holds(p.spec, v):
+                problems.append((p.name, f"{v!r} is not a value of this knob ({_describe(p.spec)})"))
+            out[p.name] = v
+        if not problems:
+            problems += [("", f"violates the constraint {c}") for c in self.violations(out, resources=False)]
+        return out, problems
+
     def check_expressions(self, params: Mapping[str, Any]) -> None:
         """Evaluate every condition and constraint on `params`: an ExprError for the first that cannot be
         evaluated (a division by zero, a comparison of a number with a string)."""
@@ -329,3 +350,27 @@ def _expr_loc(exc: ExprError, params: list[Param], constraints: list[Expr], pref
 def load_space(path: str | Path) -> SearchSpace:
     data, lines = load_yaml(path)
     return parse_space(data, file=str(path), lines=lines)
+
+
+def _holds(spec: ParamSpec, v: Any) -> bool:
+    """Whether `v` is a value the parameter can take (its type, range and step, or its choices)."""
+    if spec.type == "bool":
+        return isinstance(v, bool)
+    if spec.type == "categorical":
+        return any(v == c and isinstance(v, bool) == isinstance(c, bool) for c in spec.choices or [])
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+        return False
+    assert spec.low is not None and spec.high is not None
+    if spec.type == "int" and not float(v).is_integer():
+        return False
+    if not spec.low <= v <= spec.high:
+        return False
+    return spec.step is None or abs((v - spec.low) / spec.step - round((v - spec.low) / spec.step)) < 1e-9
+
+
+def _describe(spec: ParamSpec) -> str:
+    if spec.type in ("int", "float"):
+        return f"{spec.type} in [{spec.low:g}, {spec.high:g}]" + (f", step {spec.step:g}" if spec.step else "")
+    if spec.type == "bool":
+        return "true or false"
+    return "one of " + ", ".join(repr(c) for c in spec.choices or [])

@@ -364,6 +364,29 @@ class TunerStudy:
                     return
             self.study.enqueue_trial(self.space.defaults(), user_attrs={"baseline": True})
 
+    def ensure_candidates(self) -> list[str]:
+        """Enqueue the agent's candidates (known profiles) after the baseline, each once for the whole fleet: not
+        again once it ran (or failed for a cause of its own), waits or runs, and not when a trial of the study
+        already has its configuration. Returns the names enqueued now."""
+        if not self.spec.candidates:
+            return []
+        queued: list[str] = []
+        with self.lock("baseline"):
+            kept = [t for t in self.study.get_trials(deepcopy=False)
+                    if not (t.state == TrialState.FAIL and t.user_attrs.get("cause") in LOST_CAUSES)]
+            names = {t.user_attrs.get("candidate") for t in kept}
+            configs = [t.params or t.system_attrs.get("fixed_params") for t in kept]
+            for cand in self.spec.candidates:
+                params, problems = self.space.point(cand.params)
+                if problems or cand.name in names or params in configs:
+                    continue  # the loader refused bad ones; this one ran, waits, or is another trial's
+                self.study.enqueue_trial(params, user_attrs={"candidate": cand.name}, skip_if_exists=False)
+                configs.append(params)
+                queued.append(cand.name)
+        if queued:
+            log.info("candidates queued after the baseline: %s", ", ".join(queued))
+        return queued
+
     def counted(self) -> int:
         """Trials that count against a fleet's budget: running or told, except those whose process went away."""
         n = 0
