@@ -79,10 +79,6 @@ assert set(RULES) == set(SIGNALS)
 TESTS = sum(2 if r.direction == "both" else 1 for r in RULES.values() if r.tested)  # one-sided tests per window
 GPU_THROTTLE = ("gpu_throttled", "gpu_sm_clock_mhz")
 LENGTHS = ("prompt_tokens_mean", "output_tokens_mean")  # means over the window's finished requests
-# latencies read as a quantile of a window's few requests, interpolated inside a histogram bucket (a request or
-# two move it across a bucket at once: TTFT and end-to-end, one value per request); the ITL's mean is exact (the
-# histogram's sum over its count) and its quantiles come from every token of the window (hundreds)
-BUCKET_QUANTILES = tuple(n for n in LATENCIES if not n.startswith("itl_"))
 OPEN_CAUSES = {"anomaly": ("latency", "gpu", "gpu_throttle"),  # the causes an open anomaly or saturation has
                "saturation": ("kv_full", "bandwidth", "queue_growing")}
 
@@ -102,13 +98,20 @@ class MonitorConfig:
     # a latency's scale (log) is at least this: the smallest change of the server's speed worth an alarm (on the
     # streams of experiments/detection every latency's learnt scale was above it: it never bound there)
     latency_rel_floor: float = 0.05
-    # an anomaly of per-request latency quantiles alone (BUCKET_QUANTILES) needs this many of them in alarm (a
+    # an anomaly of latency quantiles alone (those not in `alone`) needs this many of them in alarm (a
     # slower server slows every request: its TTFT and end-to-end times move together), or one whose own
     # evidence goes on after its alarm (its CUSUM back at h/2 within `confirm_windows`): a quantile of a
     # window's few requests jumps across a histogram bucket alone (TTFT p90 on a quiet host: 22 of 120
     # windows at 1.5x its median), and two such windows in a row are no change of the server
     corroborate: int = 2
     confirm_windows: int = 2
+    # the latencies that alarm alone (the rest are corroborated as above): the ITL's mean, an exact sum over a
+    # count. TTFT and end-to-end quantiles are of a window's few requests (a request or two move them across a
+    # bucket at once). The ITL's p90 comes from every token but is interpolated inside a histogram bucket
+    # (vLLM's 7.5, 10, 25 ms edges around a CPU server's 8-9 ms): a stall that stretches a few percent of the
+    # steps across an edge moves it by half (+54 % in experiments/detection's quiet2 stall, the mean +16 %); a
+    # slower server moves the mean as much as the p90, so the mean finds it alone
+    alone: tuple[str, ...] = ("itl_ms_mean",)
     learn_windows: int = 20  # windows that make a baseline (after a start or a drift)
     settle_windows: int = 1  # an output alarm waits this long for an input alarm before it is an anomaly ...
     settle_evidence: float = 0.25  # ... while an input's CUSUM holds at least this share of h (else none)
@@ -270,7 +273,7 @@ class Monitor:
     def _corroborated(self) -> bool:
         """Whether the pending output alarms make an anomaly (see MonitorConfig.corroborate); a lone latency
         alarm whose evidence did not go on within `confirm_windows` is dropped."""
-        lat = [n for n in self._pending if n in BUCKET_QUANTILES]
+        lat = [n for n in self._pending if n in LATENCIES and n not in self.config.alone]
         if len(lat) < len(self._pending) or len(lat) >= self.config.corroborate:
             return True
         for n in lat:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from tuner.monitor.classify import Event, Monitor, MonitorConfig
 
 NORMAL = {"rate_per_s": (4.0, 0.4), "prompt_tokens_mean": (100.0, 5.0), "output_tokens_mean": (16.0, 1.0),
-          "itl_ms_mean": (8.0, 0.3), "ttft_ms_p50": (50.0, 3.0), "e2el_ms_p50": (200.0, 10.0),
+          "itl_ms_mean": (8.0, 0.3), "itl_ms_p90": (9.5, 0.3), "ttft_ms_p50": (50.0, 3.0), "e2el_ms_p50": (200.0, 10.0),
           "running": (2.0, 0.5), "waiting": (0.0, 0.0), "kv_cache_usage_frac": (0.05, 0.01),
           "gpu_util_pct": (60.0, 2.0), "gpu_power_w": (450.0, 8.0), "gpu_sm_clock_mhz": (1980.0, 10.0),
           "gpu_throttled": (0.0, 0.0), "gpu_dram_active_frac": (0.5, 0.02)}
@@ -131,6 +131,30 @@ def test_a_latency_quantile_jumping_alone_is_no_anomaly_unless_it_stays_or_anoth
     assert kinds(ev)[:1] == ["anomaly"] and ev[0][0] <= 40 + 1
     # with corroboration off, the two-window burst alarms
     _, ev = stream(burst, config=MonitorConfig(interval_s=15.0, corroborate=1))
+    assert kinds(ev)[:1] == ["anomaly"]
+
+
+def test_a_stall_of_the_itl_p90_alone_is_no_anomaly_but_a_slower_server_is() -> None:
+    # a host stall of two windows: a few percent of the steps across a bucket edge, the p90 x1.6, the mean x1.1
+    def stall(w: dict[str, float], i: int) -> None:
+        if i < 42:
+            w["itl_ms_p90"] *= 1.6
+            w["itl_ms_mean"] *= 1.1
+
+    _, ev = stream(stall)
+    assert ev == []
+    # a server 30 % slower: every step, so the mean moves as much as the p90; found in two windows
+    def slower(w: dict[str, float], i: int) -> None:
+        w["itl_ms_p90"] *= 1.3
+        w["itl_ms_mean"] *= 1.3
+
+    _, ev = stream(slower)
+    assert kinds(ev)[:1] == ["anomaly"] and ev[0][0] <= 40 + 1 and "itl_ms_mean" in ev[0][1].signals
+    # the p90 alone up to stay is confirmed like any corroborated quantile
+    _, ev = stream(lambda w, i: w.__setitem__("itl_ms_p90", w["itl_ms_p90"] * 1.6))
+    assert kinds(ev)[:1] == ["anomaly"] and 40 + 1 <= ev[0][0] <= 40 + 3
+    # with the p90 allowed alone (the earlier rule), the stall alarms
+    _, ev = stream(stall, config=MonitorConfig(interval_s=15.0, alone=("itl_ms_mean", "itl_ms_p90")))
     assert kinds(ev)[:1] == ["anomaly"]
 
 
