@@ -590,6 +590,11 @@ class TargetSpec(BaseModel):
         return dict(self.model_extra or {})
 
 
+def _repeated(names: list[str]) -> list[str]:
+    """The names given more than once, sorted."""
+    return sorted({n for n in names if names.count(n) > 1})
+
+
 class CandidateSpec(_Strict):
     """A configuration tried first, right after the baseline, in every study of the agent (each scenario's
     too): a profile the operator already knows (a vendor's recommended settings, what serves today). Knobs
@@ -649,18 +654,14 @@ class AgentSpec(_Strict):
     @field_validator("candidates")
     @classmethod
     def _unique_candidates(cls, v: list[CandidateSpec]) -> list[CandidateSpec]:
-        names = [c.name for c in v]
-        dup = sorted({n for n in names if names.count(n) > 1})
-        if dup:
+        if dup := _repeated([c.name for c in v]):
             raise ValueError(f"candidate names must be unique: {', '.join(dup)} twice")
         return v
 
     @field_validator("scenarios")
     @classmethod
     def _unique_scenarios(cls, v: list[ScenarioSpec]) -> list[ScenarioSpec]:
-        names = [s.name for s in v]
-        dup = sorted({n for n in names if names.count(n) > 1})
-        if dup:
+        if dup := _repeated([s.name for s in v]):
             raise ValueError(f"scenario name(s) {', '.join(dup)} given twice")
         return v
 
