@@ -174,6 +174,10 @@ def injected(label: str, name: str, phases: dict[str, list[tuple[float, Window]]
     lead = cfg.learn_windows + args.pre
     group = name.rpartition("/")[0]
     mine = {n.rpartition("/")[2]: ws for n, ws in phases.items() if n.rpartition("/")[0] == group}
+    if len(stat) <= lead + args.post:
+        print(f"| {label} | (none) | {len(stat)} windows: too few for {lead} before the change and {args.post} after "
+              f"| 0 | | | | | | | | |")
+        return
     for change in [c for c in EXPECT if c in mine or c in ("slowdown_model", "gpu_throttle")]:
         delays_w: list[int] = []
         missed, right, sat, had_early, firsts = 0, 0, 0, 0, {}
