@@ -218,11 +218,11 @@ def finish_tracking(session: Session, *, interrupted: bool = False) -> None:
 
 
 def reap(session: Session) -> None:
-    """Before new trials: kill orphan servers of a killed tuner, fail its RUNNING trials, queue baseline."""
+    """Before new trials: kill orphan servers of a killed tuner, fail its RUNNING trials, queue the baseline
+    and the candidates."""
     reap_orphans(session.state_dir)
     session.study.reap_stale()
     session.study.ensure_baseline()
-    session.study.ensure_candidates()
 
 
 def run_cycle(

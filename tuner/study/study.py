@@ -356,35 +356,32 @@ class TunerStudy:
             return False
 
     def ensure_baseline(self) -> None:
-        """Enqueue the baseline (all defaults) unless it already ran or waits: once for the whole fleet."""
+        """Enqueue the baseline (all defaults) unless it already ran or waits, then the agent's candidates (known
+        profiles), each once: once for the whole fleet, under one lock and one read of the trials."""
         with self.lock("baseline"):
-            for t in self.study.get_trials(deepcopy=False):
-                if t.user_attrs.get("baseline") and t.state in (TrialState.COMPLETE, TrialState.WAITING,
-                                                                 TrialState.RUNNING):
-                    return
-            self.study.enqueue_trial(self.space.defaults(), user_attrs={"baseline": True})
-
-    def ensure_candidates(self) -> list[str]:
-        """Enqueue the agent's candidates (known profiles) after the baseline, each once for the whole fleet: not
-        again once it ran (or failed for a cause of its own), waits or runs, and not when a trial of the study
-        already has its configuration. Returns the names enqueued now."""
-        if not self.spec.candidates:
-            return []
-        queued: list[str] = []
-        with self.lock("baseline"):
-            kept = [t for t in self.study.get_trials(deepcopy=False)
-                    if not (t.state == TrialState.FAIL and t.user_attrs.get("cause") in LOST_CAUSES)]
-            names = {t.user_attrs.get("candidate") for t in kept}
-            configs = [t.params or t.system_attrs.get("fixed_params") for t in kept]
-            for cand in self.spec.candidates:
-                params, problems = self.space.point(cand.params)
-                if problems or cand.name in names or params in configs:
-                    continue  # the loader refused bad ones; this one ran, waits, or is another trial's
-                self.study.enqueue_trial(params, user_attrs={"candidate": cand.name}, skip_if_exists=False)
-                configs.append(params)
-                queued.append(cand.name)
+            trials = self.study.get_trials(deepcopy=False)
+            if not any(t.user_attrs.get("baseline") and t.state in (TrialState.COMPLETE, TrialState.WAITING,
+                                                                    TrialState.RUNNING) for t in trials):
+                self.study.enqueue_trial(self.space.defaults(), user_attrs={"baseline": True})
+                trials = self.study.get_trials(deepcopy=False)
+            queued = self._queue_candidates(trials)
         if queued:
             log.info("candidates queued after the baseline: %s", ", ".join(queued))
+
+    def _queue_candidates(self, trials: list[FrozenTrial]) -> list[str]:
+        """Enqueue each candidate not yet tried: not again once it ran (or failed for a cause of its own), waits
+        or runs, and not when a trial of the study already has its configuration. The names enqueued now."""
+        kept = [t for t in trials if not (t.state == TrialState.FAIL and t.user_attrs.get("cause") in LOST_CAUSES)]
+        names = {t.user_attrs.get("candidate") for t in kept}
+        configs = [t.params or t.system_attrs.get("fixed_params") for t in kept]
+        queued: list[str] = []
+        for cand in self.spec.candidates:
+            params, problems = self.space.point(cand.params)
+            if problems or cand.name in names or params in configs:
+                continue  # the loader refused bad ones; this one ran, waits, or is another trial's
+            self.study.enqueue_trial(params, user_attrs={"candidate": cand.name}, skip_if_exists=False)
+            configs.append(params)
+            queued.append(cand.name)
         return queued
 
     def counted(self) -> int:
