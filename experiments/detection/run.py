@@ -4,15 +4,18 @@ tuner.monitor's Monitor at full speed.
 
     python experiments/detection/run.py --streams experiments/detection/streams.jsonl.gz [--hours 240]
 
-- stationary, real order: the recorded stationary phase as it came (the real run against the engine).
-- stationary, replayed: streams of --hours in all, made by a moving-block bootstrap of the recorded stationary
-  windows (blocks of --block windows keep the noise's autocorrelation), each stream `--stream-hours` long.
-- injected: a stationary stretch (learning + --pre windows) followed by windows of a recorded changed phase:
-  rate x2, prompt length x2, output length x4 (each a `tuner bench` load of its own), the engine's per-step
-  delay raised (a real server slowdown at the same load), the stationary windows' latencies x1.3 (the same
-  slowdown as a model), and a GPU power throttle on the NVML double (tests/support/nvml_double.py). --trials
-  trials each at random offsets; delay counts windows from the change (1: found at the end of the first
-  changed window); a miss finds nothing within --post windows.
+- stationary, real order: the recorded stationary phase as it came (the real run against the engine), then in
+  its own order from every window of its steady state as the start of a baseline (the steady state: after the
+  fresh engine's warm-up, cut by MSER-5 from the stream alone).
+- stationary, replayed: streams of --hours in all, made by a bootstrap of the steady-state windows, once window
+  by window and once in blocks of --block windows (they keep the noise's autocorrelation, and put distant
+  stretches side by side at their seams), each stream `--stream-hours` long.
+- injected: a steady-state stationary stretch (learning + --pre windows) followed by windows of a recorded
+  changed phase: rate x2, prompt length x2, output length x4 (each a `tuner bench` load of its own), the
+  engine's per-step delay raised (a real server slowdown at the same load), the stationary windows' latencies
+  x1.3 (the same slowdown as a model), and a GPU power throttle on the NVML double
+  (tests/support/nvml_double.py). --trials trials each at random offsets; delay counts windows from the change
+  (1: found at the end of the first changed window); a miss finds nothing within --post windows.
 GPU signals come from the NVML double in every stream (noise --gpu-noise of each reading: no GPU here).
 """
 
@@ -115,6 +118,28 @@ class Gpu:
         return self.tel.read()
 
 
+def warmup(windows: list[Window], cfg: MonitorConfig, expect: ChampionExpectation | None, batch: int = 5) -> int:
+    """The windows of a stationary stream's start that are not yet steady state (a fresh engine's first minutes
+    run slower), by MSER-5 (White 1997, the truncation rule of simulation output analysis): the cut d, in
+    whole batches of 5 windows and within the first half, that minimises the squared standard error of the
+    mean of what is left, sum((y - mean)^2) / (n - d)^2 over batch means. y: the log ITL mean the monitor
+    judges (its residual: against the expectation, corrected for the CPU wait). Chosen from the stream alone,
+    before any replay."""
+    m = Monitor(cfg, expect)
+    for i, w in enumerate(windows):
+        m.observe(cfg.interval_s * i, w)
+    y = [math.log(r) for r in m.tracks["itl_ms_mean"].residuals]
+    means = [statistics.fmean(y[i:i + batch]) for i in range(0, len(y) - batch + 1, batch)]
+    if len(means) < 4:
+        return 0
+
+    def mse(d: int) -> float:
+        rest = means[d:]
+        mu = statistics.fmean(rest)
+        return sum((v - mu) ** 2 for v in rest) / len(rest) ** 2
+    return batch * min(range(len(means) // 2 + 1), key=mse)
+
+
 def bootstrap(windows: list[Window], n: int, block: int, rng: random.Random) -> list[Window]:
     out: list[Window] = []
     while len(out) < n:
@@ -140,16 +165,38 @@ def replay(windows: list[Window], cfg: MonitorConfig, gpu: Gpu, expect: Champion
     return out
 
 
-def false_alarms(label: str, stat: list[Window], cfg: MonitorConfig, expect: ChampionExpectation | None,
-                 args: argparse.Namespace, rng: random.Random) -> None:
-    """The rows of one stationary stream: as recorded, then bootstrapped window by window and in blocks."""
+def false_alarms(label: str, recorded: list[Window], cut: int, cfg: MonitorConfig,
+                 expect: ChampionExpectation | None, args: argparse.Namespace, rng: random.Random) -> None:
+    """The rows of one stationary stream: as recorded (from its start, as the monitor saw it), then from every
+    window after its warm-up (`cut` windows) as a start, then its steady state bootstrapped window by window
+    and in blocks."""
     blind: list[int] = []
-    ev = replay(stat, cfg, Gpu(args.gpu_noise, args.seed), expect, unjudged=blind)
-    watched = max(1, len(stat) - cfg.learn_windows)
+    ev = replay(recorded, cfg, Gpu(args.gpu_noise, args.seed), expect, unjudged=blind)
+    watched = max(1, len(recorded) - cfg.learn_windows)
     hours = watched * cfg.interval_s / 3600
     real = [e for e in ev if e[1] != "recovery"]
     print(f"| {label} | as recorded | {hours:.2f} | {len(real)} | {len(real) / hours * 24:.1f} | "
           f"{', '.join(f'{k}/{c}@{i}' for i, k, c in ev) or '-'} | {blind[0] / watched:.0%} |")
+    stat = recorded[cut:]
+    # a baseline learnt at every window of the steady state in turn, the stream then replayed in its own order
+    # to its end: no seams (a block bootstrap's seams put two distant levels of a wandering stream side by
+    # side), every alarm counted once per start that saw it
+    starts, watched, kinds, at, blind = 0, 0, {}, set(), []
+    for s in range(0, len(stat) - cfg.learn_windows - args.min_watch + 1):
+        ev = replay(stat[s:], cfg, Gpu(args.gpu_noise, 200 + s), expect, unjudged=blind)
+        starts += 1
+        watched += len(stat) - s - cfg.learn_windows
+        for i, k, c in ev:
+            kinds[f"{k}/{c}"] = kinds.get(f"{k}/{c}", 0) + 1
+            if k != "recovery":
+                at.add(cut + s + i)
+    if starts:
+        alarms = sum(v for k, v in kinds.items() if not k.startswith("recovery"))
+        hours = watched * cfg.interval_s / 3600
+        print(f"| {label} | as recorded, from each of {starts} starts after a warm-up of {cut} windows "
+              f"(alarms at windows {', '.join(map(str, sorted(at))) or 'none'}) | {hours:.1f} | {alarms} | "
+              f"{alarms / hours * 24:.2f} | {', '.join(f'{k} {v}' for k, v in sorted(kinds.items())) or '-'} | "
+              f"{sum(blind) / watched:.0%} |")
     n = int(args.stream_hours * 3600 / cfg.interval_s)
     for block in (1, args.block):
         total_h, kinds, blind = 0.0, {}, []
@@ -166,11 +213,12 @@ def false_alarms(label: str, stat: list[Window], cfg: MonitorConfig, expect: Cha
               f"{sum(blind) / (len(blind) * n):.0%} |")
 
 
-def injected(label: str, name: str, phases: dict[str, list[tuple[float, Window]]], cfg: MonitorConfig,
+def injected(label: str, name: str, phases: dict[str, list[tuple[float, Window]]], cut: int, cfg: MonitorConfig,
              expect: ChampionExpectation | None, args: argparse.Namespace, rng: random.Random) -> None:
-    """The rows of the injected changes, each trial a stretch of stationary phase `name` followed by a change
-    recorded with it (its file's label: the part of `name` before '/')."""
-    stat = [w for _, w in phases[name]]
+    """The rows of the injected changes, each trial a stretch of stationary phase `name` (its steady state:
+    after a warm-up of `cut` windows) followed by a change recorded with it (its file's label: the part of
+    `name` before '/')."""
+    stat = [w for _, w in phases[name]][cut:]
     lead = cfg.learn_windows + args.pre
     group = name.rpartition("/")[0]
     mine = {n.rpartition("/")[2]: ws for n, ws in phases.items() if n.rpartition("/")[0] == group}
@@ -247,6 +295,10 @@ def main() -> None:
     # (with 24-h streams the 10 baselines of 240 h made the estimate swing 0.7 <-> 10.7 a day with the seed)
     ap.add_argument("--stream-hours", type=float, default=4.0)
     ap.add_argument("--block", type=int, default=8)
+    ap.add_argument("--min-watch", type=int, default=4,
+                    help="the fewest windows watched after the baseline, for a start of the real-order replay")
+    ap.add_argument("--no-warmup-cut", action="store_true",
+                    help="bootstrap and inject from a stationary stream's first window (no MSER-5 cut)")
     ap.add_argument("--trials", type=int, default=100)
     ap.add_argument("--pre", type=int, default=20)
     ap.add_argument("--post", type=int, default=12)
@@ -309,8 +361,10 @@ def main() -> None:
     print("| set | stream | hours watched | events | per 24 h | kinds | windows whose latencies were not judged |")
     print("|---|---|---:|---:|---:|---|---:|")
     t0 = time.monotonic()
+    cuts = {name: 0 if args.no_warmup_cut else warmup([w for _, w in phases[name]], cfg, expect)
+            for name, _ in sets}
     for name, label in sets:
-        false_alarms(f"{label} (`{name}`)", [w for _, w in phases[name]], cfg, expect, args, rng)
+        false_alarms(f"{label} (`{name}`)", [w for _, w in phases[name]], cuts[name], cfg, expect, args, rng)
     print(f"\n(events: drift, anomaly and saturation; recoveries listed, not counted. Replay: "
           f"{time.monotonic() - t0:.0f} s for all the replayed hours)")
 
@@ -324,7 +378,7 @@ def main() -> None:
           "with a false alarm before |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|")
     for name, label in sets:
-        injected(f"{label} (`{name}`)", name, phases, cfg, expect, args, rng)
+        injected(f"{label} (`{name}`)", name, phases, cuts[name], cfg, expect, args, rng)
 
 
 if __name__ == "__main__":
