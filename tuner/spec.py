@@ -421,6 +421,10 @@ class MonitorSpec(_Strict):
                                         "for a CPU is read (tuner.monitor.contention): pid:<N> (that process's "
                                         "threads) or a PSI file such as its cgroup's cpu.pressure; latencies are "
                                         "then judged at the window's CPU wait")
+    cpu_steal_source: str | None = Field(default=None, max_length=4096, description="the /proc/stat of the "
+                                         "server's host, a virtual machine (tuner.monitor.contention): its steal "
+                                         "column, the CPU time the hypervisor gave other guests, is added to "
+                                         "the CPU wait; e.g. /proc/stat where the daemon runs on that host")
     expect_from_champion: bool = Field(default=True, description="latency expectations from the champion's trial "
                                        "carried to the observed load by the agent's screening simulator "
                                        "(sampler.screen.model), where it has one")

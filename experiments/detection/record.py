@@ -56,7 +56,8 @@ PLAN: list[tuple[float, list[tuple[str, float, str]]]] = [
 
 def cpu_readings(pid: int) -> dict[str, object]:
     """What the contention covariates are computed from, raw: the engine process's schedstat lines (one per
-    thread: ns on a CPU, ns waiting for one, timeslices), the host's CPU pressure and load average."""
+    thread: ns on a CPU, ns waiting for one, timeslices), the host's CPU pressure and load average, and the host's
+    CPU time line of /proc/stat (its steal column: time the hypervisor ran other guests on this one's CPUs)."""
     threads = {}
     for task in Path(f"/proc/{pid}/task").glob("*"):
         try:
@@ -68,7 +69,8 @@ def cpu_readings(pid: int) -> dict[str, object]:
             return Path(p).read_text()
         except OSError:
             return ""
-    return {"schedstat": threads, "pressure": text("/proc/pressure/cpu"), "loadavg": text("/proc/loadavg")}
+    return {"schedstat": threads, "pressure": text("/proc/pressure/cpu"), "loadavg": text("/proc/loadavg"),
+            "stat": text("/proc/stat").splitlines()[0]}
 
 
 def free_port() -> int:

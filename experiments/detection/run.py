@@ -43,7 +43,7 @@ import record  # noqa: E402
 from tests.support.nvml_double import ControlledNvml  # noqa: E402
 from tuner.measure.scrape import parse  # noqa: E402
 from tuner.monitor.classify import TESTS, Monitor, MonitorConfig  # noqa: E402
-from tuner.monitor.contention import CpuWait, schedstat_wait_ns  # noqa: E402
+from tuner.monitor.contention import CpuSteal, CpuWait, proc_stat_steal, schedstat_wait_ns  # noqa: E402
 from tuner.monitor.expect import ChampionExpectation, from_simulator  # noqa: E402
 from tuner.monitor.signals import LATENCIES, window_signals  # noqa: E402
 from tuner.monitor.telemetry import NvmlTelemetry  # noqa: E402
@@ -75,7 +75,8 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
 def load(path: Path) -> tuple[dict[str, list[tuple[float, Window]]], dict[str, dict[str, float]]]:
     """Phase -> its windows (end time, signals), from consecutive scrapes of one phase, with cpu_wait_frac
-    from the engine's schedstat through the monitor's own CpuWait (streams recorded before it have none);
+    from the engine's schedstat through the monitor's own CpuWait (streams recorded before it have none) and
+    cpu_steal_frac from the host's /proc/stat line through its CpuSteal (where recorded);
     and each phase's settings and median load average."""
     rows = read_rows(path)
     out: dict[str, list[tuple[float, Window]]] = {}
@@ -91,6 +92,10 @@ def load(path: Path) -> tuple[dict[str, list[tuple[float, Window]]], dict[str, d
             wait = CpuWait("pid:0")
             wait.update(a["t"], schedstat_wait_ns(a["cpu"]["schedstat"]))
             sig.update(wait.update(b["t"], schedstat_wait_ns(b["cpu"]["schedstat"])))
+            if "stat" in a["cpu"] and "stat" in b["cpu"]:  # the host's steal (recordings from 2026-12-02 on)
+                steal = CpuSteal()
+                steal.update(proc_stat_steal(a["cpu"]["stat"]))
+                sig.update(steal.update(proc_stat_steal(b["cpu"]["stat"])))
             loads.setdefault(b["phase"], []).append(float(b["cpu"]["loadavg"].split()[0]))
         out.setdefault(b["phase"], []).append((b["t"], sig))
         info[b["phase"]] = {"step_delay_ms": b["step_delay_ms"], "slowdown": b.get("step_slowdown_frac", 0.0),
@@ -154,7 +159,7 @@ def replay(windows: list[Window], cfg: MonitorConfig, gpu: Gpu, expect: Champion
     """(window index, kind, cause) of every event; `on_change` runs before window `at`; `unjudged` gets the
     count of windows whose latencies were not judged."""
     m = Monitor(cfg, expect)
-    out = []
+    out: list[tuple[int, str, str]] = []
     for i, w in enumerate(windows):
         if at is not None and i == at and on_change is not None:
             on_change()
@@ -181,7 +186,8 @@ def false_alarms(label: str, recorded: list[Window], cut: int, cfg: MonitorConfi
     # a baseline learnt at every window of the steady state in turn, the stream then replayed in its own order
     # to its end: no seams (a block bootstrap's seams put two distant levels of a wandering stream side by
     # side), every alarm counted once per start that saw it
-    starts, watched, kinds, at, blind = 0, 0, {}, set(), []
+    starts, watched, at, blind = 0, 0, set(), []
+    kinds: dict[str, int] = {}
     for s in range(0, len(stat) - cfg.learn_windows - args.min_watch + 1):
         ev = replay(stat[s:], cfg, Gpu(args.gpu_noise, 200 + s), expect, unjudged=blind)
         starts += 1
@@ -228,7 +234,8 @@ def injected(label: str, name: str, phases: dict[str, list[tuple[float, Window]]
         return
     for change in [c for c in EXPECT if c in mine or c in ("slowdown_model", "gpu_throttle")]:
         delays_w: list[int] = []
-        missed, right, sat, had_early, firsts = 0, 0, 0, 0, {}
+        missed, right, sat, had_early = 0, 0, 0, 0
+        firsts: dict[str, int] = {}
         for tr in range(args.trials):
             i = rng.randrange(0, len(stat) - lead - args.post)
             before = stat[i:i + lead]

@@ -3,7 +3,8 @@
 
 - its expectation (tuner.monitor.expect): the champion's trial carried to the observed load by the agent's
   screening simulator, built at the first scrape and again after a rollback; and the server's CPU wait
-  (tuner.monitor.contention) when `cpu_wait_source` names where to read it;
+  (tuner.monitor.contention) when `cpu_wait_source` names where to read it, and its host's CPU steal when
+  `cpu_steal_source` does;
 - every event: a record (MLflow and the agent's events file), tuner_monitor_events / tuner_monitor_open on
   /metrics, a log line;
 - drift: the agent's next cycle now (it tunes the traffic the event observed);
@@ -27,7 +28,7 @@ from tuner.daemon.runtime import AgentState, Runtime, job_id
 from tuner.daemon.watch import CONSUMERS
 from tuner.measure.scrape import Snapshot
 from tuner.monitor.classify import Event, Monitor, MonitorConfig
-from tuner.monitor.contention import CpuWait
+from tuner.monitor.contention import CpuSteal, CpuWait
 from tuner.monitor.expect import ChampionExpectation
 from tuner.monitor.records import record_event, record_response
 from tuner.monitor.telemetry import DcgmTelemetry, NvmlTelemetry
@@ -50,13 +51,15 @@ class MonitorFeed:
         self.nvml = NvmlTelemetry(ms.gpus) if ms.gpus else None
         self.dcgm = DcgmTelemetry(ms.dcgm_prometheus_url, ms.dcgm_selector) if ms.dcgm_prometheus_url else None
         self.cpu_wait = CpuWait(ms.cpu_wait_source) if ms.cpu_wait_source else None
+        self.cpu_steal = CpuSteal(ms.cpu_steal_source) if ms.cpu_steal_source else None
         self._expecting = ms.expect_from_champion  # build the expectation at the next scrape
         self.tracker = Tracker.for_agent(spec, Path(rt.state_dir))
         self.responding: threading.Thread | None = None
 
     def gpu(self) -> dict[str, float]:
         out: dict[str, float] = {}
-        for src in (self.dcgm, self.nvml, self.cpu_wait):  # this host's NVML over the exporter when both are given
+        # this host's NVML over the exporter when both are given
+        for src in (self.dcgm, self.nvml, self.cpu_wait, self.cpu_steal):
             if src is not None:
                 out.update(src.read())
         return out

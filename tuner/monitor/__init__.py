@@ -6,8 +6,9 @@ changed into events: workload drift, performance anomaly, saturation, recovery.
 - `signals`: one window (two scrapes) -> the value of every signal; missing series are named once.
 - `telemetry`: GPU sources (NVML through tuner.measure.gpu, DCGM through the Prometheus HTTP API), and
   Prometheus instant queries turned into the same Snapshots a scrape gives.
-- `contention`: the server's wait for a CPU (a PSI file, a process's schedstat): the environment signal
-  `cpu_wait_frac`, which explains latencies and never alarms.
+- `contention`: the server's wait for a CPU (a PSI file, a process's schedstat) and its host's CPU steal (a
+  /proc/stat): the environment signals `cpu_wait_frac` and `cpu_steal_frac`, which explain latencies and
+  never alarm.
 - `expect`: the champion's expected latencies at the observed load (its trial's metrics, the screening
   simulator's elasticities).
 - `detect`: the CUSUM detector, its baseline (the champion's own behaviour) and its calibration (Siegmund's

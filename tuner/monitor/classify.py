@@ -73,7 +73,8 @@ RULES: dict[str, SignalRule] = {
     "gpu_util_pct": SignalRule("both", 2.0), "gpu_power_w": SignalRule("both", 5.0),
     "gpu_sm_clock_mhz": SignalRule("down", 15.0), "gpu_dram_active_frac": SignalRule("both", 0.02),
     "gpu_fb_used_mb": SignalRule("up", 256.0), "gpu_throttled": SignalRule("up", 0.05),
-    "cpu_wait_frac": SignalRule("up", 0.02, tested=False), "finished_per_s": SignalRule("both", 0.01, tested=False),
+    "cpu_wait_frac": SignalRule("up", 0.02, tested=False), "cpu_steal_frac": SignalRule("up", 0.02, tested=False),
+    "finished_per_s": SignalRule("both", 0.01, tested=False),
 }
 assert set(RULES) == set(SIGNALS)
 TESTS = sum(2 if r.direction == "both" else 1 for r in RULES.values() if r.tested)  # one-sided tests per window
@@ -115,8 +116,9 @@ class MonitorConfig:
     learn_windows: int = 20  # windows that make a baseline (after a start or a drift)
     settle_windows: int = 1  # an output alarm waits this long for an input alarm before it is an anomaly ...
     settle_evidence: float = 0.25  # ... while an input's CUSUM holds at least this share of h (else none)
-    # latencies divided by 1 / (1 - cpu_wait_frac) where that signal is read: a server that waited a share w
-    # of the window for a CPU (a noisy neighbour) is expected to be 1 / (1 - w) times as slow
+    # latencies divided by 1 / (1 - w) where the wait is read: a server that waited a share w of the window for
+    # a CPU (a noisy neighbour: cpu_wait_frac, and a hypervisor's other guests: cpu_steal_frac s, the two
+    # together w = 1 - (1 - wait)(1 - s)) is expected to be 1 / (1 - w) times as slow
     contention: bool = True
     autocorrelation: bool = True  # latency scales widened by their pooled lag-1 autocorrelation (AR(1))
     # the CPU wait's own error (a share of the window): a latency corrected by 1 - w is uncertain by about
@@ -236,10 +238,19 @@ class Monitor:
             return x
         if self.expectation is not None:
             x /= self.expectation.factor(name, self.last_signals)
-        w = self.last_signals.get("cpu_wait_frac")
-        if self.config.contention and w is not None:
-            x *= 1.0 - min(w, MAX_WAIT_FRAC)
+        w = self._wait()
+        if w is not None:
+            x *= 1.0 - w
         return x
+
+    def _wait(self) -> float | None:
+        """The share of the last window the server could not run (MonitorConfig.contention): its own wait for a
+        CPU and the steal of its host's CPUs, 1 - (1 - wait)(1 - steal); None where neither is read (or the
+        correction is off)."""
+        shares = [self.last_signals[n] for n in ("cpu_wait_frac", "cpu_steal_frac") if n in self.last_signals]
+        if not self.config.contention or not shares:
+            return None
+        return min(MAX_WAIT_FRAC, 1.0 - math.prod(1.0 - min(v, MAX_WAIT_FRAC) for v in shares))
 
     def _z(self, name: str) -> float:
         """The last window's standardised residual of a signal that has a baseline."""
@@ -289,7 +300,7 @@ class Monitor:
         """One window's signal values (any subset of tuner.monitor.signals.SIGNALS) ending at time `t`."""
         self.windows += 1
         self.last_signals = {k: float(v) for k, v in signals.items() if k in self.tracks and math.isfinite(v)}
-        w = self.last_signals.get("cpu_wait_frac") if self.config.contention else None
+        w = self._wait()
         keep = self.config.wait_memory - 1
         self._waits = [*(self._waits[-keep:] if keep else []), w] if w is not None else []
         self._blind = bool(self._waits) and max(self._waits) > self.config.max_wait_judged

@@ -5,7 +5,14 @@ change of its own: every latency stretches by the time it spent waiting for a CP
 time as the signal `cpu_wait_frac`, the share of the window the server waited, and uses it to correct its
 latency expectation (tuner.monitor.expect), so a noisy neighbour is not taken for a slower champion.
 
-Two sources, both cumulative counters of Linux, differenced between reads:
+A virtual machine has a neighbour its own kernel cannot see waiting for: the hypervisor running other guests
+on the physical CPUs while this guest's vCPUs were ready. Inside the guest that time passes as if the server
+ran (its schedstat counts no wait); Linux counts it as `steal` in /proc/stat (node_exporter's
+node_cpu_seconds_total{mode="steal"}). `CpuSteal` reads the signal `cpu_steal_frac`, the share of the
+host's runnable CPU time (user, nice, system, irq, softirq, steal) that was stolen; the monitor adds it to
+the wait (tuner.monitor.classify).
+
+Two sources of the wait, both cumulative counters of Linux, differenced between reads:
 - a PSI file (`cpu.pressure` of the server's cgroup v2, or the host's /proc/pressure/cpu): `some ... total=`
   microseconds during which at least one task of the group waited for a CPU;
 - a process (`pid`): /proc/<pid>/task/<tid>/schedstat of each of its threads (nanoseconds on a CPU,
@@ -13,7 +20,8 @@ Two sources, both cumulative counters of Linux, differenced between reads:
   latency follows its busiest thread, the engine loop: the others' waits overlap it).
 
 The first read gives nothing (no window yet); a thread that ended, a counter that went down (a new process)
-or an unreadable file gives nothing for that window (named once in the log), never an error.
+or an unreadable file gives nothing for that window (named once in the log), never an error. The same for
+the steal.
 """
 
 from __future__ import annotations
@@ -125,3 +133,50 @@ class CpuWait:
         else:
             return {}
         return {"cpu_wait_frac": min(MAX_WAIT_FRAC, max(0.0, waited / dt))}
+
+
+def proc_stat_steal(text: str) -> tuple[float, float] | None:
+    """(steal, runnable) cumulative ticks of the aggregate `cpu` line of a /proc/stat text: runnable is every
+    column but idle and iowait (user, nice, system, irq, softirq, steal: guest time is inside user and nice);
+    None when the text has no such line or a kernel too old for a steal column."""
+    for line in text.splitlines():
+        parts = line.split()
+        if parts and parts[0] == "cpu":
+            try:
+                user, nice, system, _idle, _iowait, irq, softirq, steal = (float(v) for v in parts[1:9])
+            except ValueError:
+                return None
+            return steal, user + nice + system + irq + softirq + steal
+    return None
+
+
+class CpuSteal:
+    """cpu_steal_frac per window from successive readings of a /proc/stat (fed by `update`, read by `read`)."""
+
+    def __init__(self, source: str = "/proc/stat") -> None:
+        """`source`: the path of the server's host's /proc/stat (this host's by default)."""
+        self.source = source
+        self.missing = MissingSeries("CPU steal source")
+        self._last: tuple[float, float] | None = None
+
+    def read(self) -> dict[str, float]:
+        """{'cpu_steal_frac': the stolen share since the previous read}, or {} (first read, nothing readable)."""
+        try:
+            text = Path(self.source).read_text()
+        except OSError:
+            text = ""
+        return self.update(proc_stat_steal(text))
+
+    def update(self, reading: tuple[float, float] | None) -> dict[str, float]:
+        """One reading of proc_stat_steal's (steal, runnable) ticks."""
+        if reading is None:
+            self.missing.note(f"steal column of {self.source}")
+            self._last = None
+            return {}
+        last, self._last = self._last, reading
+        if last is None:
+            return {}
+        stolen, runnable = reading[0] - last[0], reading[1] - last[1]
+        if stolen < 0 or runnable < 0:  # the counters went down: another host, a reboot
+            return {}
+        return {"cpu_steal_frac": min(MAX_WAIT_FRAC, stolen / runnable) if runnable > 0 else 0.0}

@@ -35,9 +35,11 @@ def test_the_feed_records_events_triggers_a_cycle_on_drift_and_answers_an_anomal
     path = agents.write_agent(tmp_path / "mon.yaml", name="mon", tracking={"enabled": False},
                               watch={"url": "http://127.0.0.1:9/metrics", "interval_s": 15,
                                      "monitor": {"learn_windows": 10, "gpus": [0],
-                                                 "cpu_wait_source": str(tmp_path / "cpu.pressure")}})
+                                                 "cpu_wait_source": str(tmp_path / "cpu.pressure"),
+                                                 "cpu_steal_source": str(tmp_path / "stat")}})
     spec = load_agent(path).spec
     (tmp_path / "cpu.pressure").write_text("some avg10=0.00 avg60=0.00 avg300=0.00 total=1000\n")  # no neighbour
+    (tmp_path / "stat").write_text("cpu  500 0 100 9000 10 0 5 0 0 0\n")  # no hypervisor's neighbour either
     sd = tmp_path / "state"
     st = AgentState(name="mon", path=path)
     sched = Scheduler()
@@ -64,6 +66,7 @@ def test_the_feed_records_events_triggers_a_cycle_on_drift_and_answers_an_anomal
     assert anomaly["response"]["action"] == "alert" and "no champion" in anomaly["response"]["reason"]
     assert feed.monitor.tracks["gpu_power_w"].baseline is not None  # NVML read on every scrape
     assert feed.monitor.tracks["cpu_wait_frac"].values == [0.0] * 59  # the CPU wait read on every scrape
+    assert feed.monitor.tracks["cpu_steal_frac"].values == [0.0] * 59  # and the steal
     text = rt.metrics.render().decode()
     assert 'tuner_monitor_events_total{agent="mon",cause="inputs",kind="drift"} 1.0' in text
     assert 'tuner_monitor_unjudged_windows{agent="mon"} 0.0' in text  # no neighbour: every window judged

@@ -1,6 +1,7 @@
-"""The server's wait for a CPU (tuner.monitor.contention): PSI files and per-thread schedstat, read from files
-laid out as Linux lays them out, and this process's own /proc; the monitor judging latencies at that wait (a
-noisy neighbour is no anomaly, a slower server at the same wait is)."""
+"""The server's wait for a CPU (tuner.monitor.contention): PSI files, per-thread schedstat and the host's steal
+in /proc/stat, read from files laid out as Linux lays them out, and this process's own /proc; the monitor
+judging latencies at that wait (a noisy neighbour, in the guest or on the hypervisor, is no anomaly, a slower
+server at the same wait is)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,14 @@ from pathlib import Path
 import pytest
 
 from tuner.monitor.classify import Monitor, MonitorConfig
-from tuner.monitor.contention import MAX_WAIT_FRAC, CpuWait, psi_some_total_us, schedstat_wait_ns
+from tuner.monitor.contention import (
+    MAX_WAIT_FRAC,
+    CpuSteal,
+    CpuWait,
+    proc_stat_steal,
+    psi_some_total_us,
+    schedstat_wait_ns,
+)
 
 PSI = "some avg10=43.66 avg60=44.76 avg300=21.39 total={}\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
 
@@ -70,11 +78,37 @@ def test_this_process_and_a_gone_one(tmp_path: Path) -> None:
         CpuWait("pid:x")
 
 
+STAT = "cpu  {user} 0 {system} {idle} 40 0 7 {steal} 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\nintr 12345\n"
+
+
+def test_steal_is_the_stolen_share_of_the_hosts_runnable_cpu_time(tmp_path: Path) -> None:
+    f = tmp_path / "stat"
+    s = CpuSteal(str(f))
+    f.write_text(STAT.format(user=1000, system=200, idle=9000, steal=50))
+    assert s.read() == {}  # the first read opens the window
+    f.write_text(STAT.format(user=1100, system=250, idle=9500, steal=100))  # 50 stolen of 200 runnable
+    assert s.read() == {"cpu_steal_frac": pytest.approx(0.25)}
+    f.write_text(STAT.format(user=1100, system=250, idle=9900, steal=100))  # idle only: nothing wanted to run
+    assert s.read() == {"cpu_steal_frac": 0.0}
+    f.write_text(STAT.format(user=10, system=2, idle=90, steal=0))  # counters down (a reboot): no window
+    assert s.read() == {}
+    f.unlink()
+    assert s.read() == {} and s.missing.named  # unreadable: named once, never an error
+    assert proc_stat_steal("cpu  1 2 3 4 5 6 7\n") is None  # a kernel without the steal column
+    assert proc_stat_steal("cpu0 1 2 3 4 5 6 7 8\n") is None  # no aggregate line
+    here = CpuSteal()  # this host's own /proc/stat
+    here.read()
+    sum(i * i for i in range(200_000))
+    got = here.read()
+    assert set(got) <= {"cpu_steal_frac"} and 0.0 <= got.get("cpu_steal_frac", 0.0) <= MAX_WAIT_FRAC
+
+
 def _stream(latency_x: float, wait: float, *, seed: int, n: int = 80, at: int = 40, contention: bool = True,
-            starve: tuple[int, ...] = ()) -> tuple[Monitor, list[tuple[int, str, str]]]:
+            starve: tuple[int, ...] = (), signal: str = "cpu_wait_frac") -> tuple[Monitor, list[tuple[int, str, str]]]:
     """Windows whose latencies the server's own work sets (x `latency_x` from `at` on), stretched by a
     neighbour who makes it wait a share of each window that wanders between 0.05 and 0.45 (from `at` on:
-    `wait`; in the windows `starve`, 0.97 and latencies far off)."""
+    `wait`; in the windows `starve`, 0.97 and latencies far off), read as `signal` (cpu_steal_frac: a
+    hypervisor's other guests; "both": half of the share each way, 1 - (1 - w)(1 - s) = the share)."""
     rng = random.Random(seed)
     m = Monitor(MonitorConfig(interval_s=15.0, contention=contention))
     out = []
@@ -85,7 +119,12 @@ def _stream(latency_x: float, wait: float, *, seed: int, n: int = 80, at: int = 
             w, f = 0.97, 80.0
         sig = {"rate_per_s": rng.gauss(4.0, 0.4), "prompt_tokens_mean": rng.gauss(100, 5),
                "output_tokens_mean": rng.gauss(16, 1), "itl_ms_mean": 8.0 * f * rng.lognormvariate(0, 0.05),
-               "ttft_ms_p50": 50.0 * f * rng.lognormvariate(0, 0.08), "cpu_wait_frac": w}
+               "ttft_ms_p50": 50.0 * f * rng.lognormvariate(0, 0.08)}
+        if signal == "both":
+            half = 1 - (1 - w) ** 0.5
+            sig.update(cpu_wait_frac=half, cpu_steal_frac=half)
+        else:
+            sig[signal] = w
         out += [(i, e.kind, e.cause) for e in m.observe(15.0 * i, sig)]
     return m, out
 
@@ -99,3 +138,13 @@ def test_a_noisy_neighbour_is_no_anomaly_and_a_slower_server_at_the_same_wait_is
         assert ev and ev[0][1:] == ("anomaly", "latency") and ev[0][0] - 40 <= 4  # within five windows
     # without the wait the neighbour's variation alone is taken for the server's
     assert any(k == "anomaly" for _, k, _ in _stream(1.0, 0.45, seed=0, contention=False, starve=(50, 51))[1])
+
+
+@pytest.mark.parametrize("signal", ["cpu_steal_frac", "both"])
+def test_a_hypervisors_steal_is_a_wait_too(signal: str) -> None:
+    for seed in range(3):
+        assert _stream(1.0, 0.45, seed=seed, signal=signal)[1] == []
+        m, ev = _stream(1.0, 0.2, seed=seed, starve=(50, 51), signal=signal)
+        assert ev == [] and m.unjudged >= 2
+        _, ev = _stream(2.0, 0.2, seed=seed, signal=signal)
+        assert ev and ev[0][1:] == ("anomaly", "latency") and ev[0][0] - 40 <= 4
