@@ -285,6 +285,7 @@ def main() -> None:
     ap.add_argument("--sim-model", type=Path, default=None,
                     help="the step-cost model for the expectation (experiments/sim-calibration/model-cpu.json)")
     ap.add_argument("--no-contention", action="store_true", help="latencies not corrected for the CPU wait")
+    ap.add_argument("--no-steal", action="store_true", help="the host's CPU steal left out of the wait")
     ap.add_argument("--no-autocorrelation", action="store_true", help="latency scales not widened for it")
     ap.add_argument("--wait-error", type=float, default=MonitorConfig.wait_error)
     ap.add_argument("--wait-memory", type=int, default=MonitorConfig.wait_memory)
@@ -323,6 +324,10 @@ def main() -> None:
         p, d = load(Path(path))
         phases.update({f"{tag}/{k}" if tag else k: v for k, v in p.items()})
         info.update({f"{tag}/{k}" if tag else k: v for k, v in d.items()})
+    if args.no_steal:
+        for ws in phases.values():
+            for _, w in ws:
+                w.pop("cpu_steal_frac", None)
     sets = [(args.tuned, "tuned"), *((h, "held out") for h in args.held_out)]
     sets = [(name, label) for name, label in sets if name in phases]
     times = [t for t, _ in phases[sets[0][0]]]
@@ -352,17 +357,20 @@ def main() -> None:
         print(f"elasticities (d log latency / d log input, simulator): {el}\n")
     print("command: `python experiments/detection/run.py " + " ".join(sys.argv[1:]) + "`\n")
     print("| phase | windows | step slowdown | load average (median) | rate /s | prompt | output | CPU wait | "
-          "ITL ms mean | ITL x (1 - wait) | TTFT ms p50 |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "CPU steal (median, max) | ITL ms mean | ITL x (1 - wait) | TTFT ms p50 |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|")
     for name, ws in phases.items():
         def med(k: str, ws: list[tuple[float, Window]] = ws) -> float:
             vals = [w[k] for _, w in ws if k in w]
             return statistics.median(vals) if vals else float("nan")
+        stolen = [w["cpu_steal_frac"] for _, w in ws if "cpu_steal_frac" in w]
+        steal = f"{statistics.median(stolen):.3f}, {max(stolen):.2f}" if stolen else "-"
         own = statistics.median([w["itl_ms_mean"] * (1 - w["cpu_wait_frac"]) for _, w in ws
                                  if "itl_ms_mean" in w and "cpu_wait_frac" in w] or [math.nan])
         print(f"| {name} | {len(ws)} | {info[name]['slowdown']:g} | {info[name]['load']:.1f} | "
               f"{med('rate_per_s'):.2f} | {med('prompt_tokens_mean'):.0f} | {med('output_tokens_mean'):.1f} | "
-              f"{med('cpu_wait_frac'):.2f} | {med('itl_ms_mean'):.1f} | {own:.1f} | {med('ttft_ms_p50'):.0f} |")
+              f"{med('cpu_wait_frac'):.2f} | {steal} | {med('itl_ms_mean'):.1f} | {own:.1f} | "
+              f"{med('ttft_ms_p50'):.0f} |")
 
     print("\n## False alarms on stationary traffic\n")
     print("| set | stream | hours watched | events | per 24 h | kinds | windows whose latencies were not judged |")
