@@ -421,10 +421,14 @@ class MonitorSpec(_Strict):
                                         "for a CPU is read (tuner.monitor.contention): pid:<N> (that process's "
                                         "threads) or a PSI file such as its cgroup's cpu.pressure; latencies are "
                                         "then judged at the window's CPU wait")
-    cpu_steal_source: str | None = Field(default=None, max_length=4096, description="the /proc/stat of the "
-                                         "server's host, a virtual machine (tuner.monitor.contention): its steal "
-                                         "column, the CPU time the hypervisor gave other guests, is added to "
-                                         "the CPU wait; e.g. /proc/stat where the daemon runs on that host")
+    cpu_steal_source: str | None = Field(default=None, max_length=4096, description="where the CPU steal of "
+                                         "the server's host, a virtual machine, is read (tuner.monitor."
+                                         "contention): its /proc/stat (e.g. /proc/stat where the daemon runs on "
+                                         "that host), or the http(s) URL of a Prometheus holding node_exporter's "
+                                         "node_cpu_seconds_total; the time the hypervisor gave other guests is "
+                                         "added to the CPU wait")
+    cpu_steal_selector: str = Field(default="", max_length=4096, description="label matchers of that host's "
+                                    'node_exporter series in Prometheus, e.g. instance="node-1:9100"')
     expect_from_champion: bool = Field(default=True, description="latency expectations from the champion's trial "
                                        "carried to the observed load by the agent's screening simulator "
                                        "(sampler.screen.model), where it has one")
@@ -432,6 +436,7 @@ class MonitorSpec(_Strict):
                                                      "champion against the baseline, roll back if it lost")
 
     _u = field_validator("dcgm_prometheus_url")(classmethod(lambda cls, v: _no_password(v, "dcgm_prometheus_url")))
+    _s = field_validator("cpu_steal_source")(classmethod(lambda cls, v: _no_password(v, "cpu_steal_source")))
 
     @field_validator("cpu_wait_source")
     @classmethod

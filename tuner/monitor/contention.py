@@ -9,8 +9,9 @@ A virtual machine has a neighbour its own kernel cannot see waiting for: the hyp
 on the physical CPUs while this guest's vCPUs were ready. Inside the guest that time passes as if the server
 ran (its schedstat counts no wait); Linux counts it as `steal` in /proc/stat (node_exporter's
 node_cpu_seconds_total{mode="steal"}). `CpuSteal` reads the signal `cpu_steal_frac`, the share of the
-host's runnable CPU time (user, nice, system, irq, softirq, steal) that was stolen; the monitor adds it to
-the wait (tuner.monitor.classify).
+host's runnable CPU time (user, nice, system, irq, softirq, steal) that was stolen, from the host's
+/proc/stat or from Prometheus (a fleet's node_exporter series); the monitor adds it to the wait
+(tuner.monitor.classify).
 
 Two sources of the wait, both cumulative counters of Linux, differenced between reads:
 - a PSI file (`cpu.pressure` of the server's cgroup v2, or the host's /proc/pressure/cpu): `some ... total=`
@@ -32,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tuner.monitor.signals import MissingSeries
+from tuner.monitor.telemetry import node_steal_reading
 
 log = logging.getLogger(__name__)
 
@@ -151,16 +153,23 @@ def proc_stat_steal(text: str) -> tuple[float, float] | None:
 
 
 class CpuSteal:
-    """cpu_steal_frac per window from successive readings of a /proc/stat (fed by `update`, read by `read`)."""
+    """cpu_steal_frac per window from successive readings of a /proc/stat, or of node_exporter's CPU seconds in
+    Prometheus (fed by `update`, read by `read`)."""
 
-    def __init__(self, source: str = "/proc/stat") -> None:
-        """`source`: the path of the server's host's /proc/stat (this host's by default)."""
+    def __init__(self, source: str = "/proc/stat", selector: str = "") -> None:
+        """`source`: the path of the server's host's /proc/stat (this host's by default), or the http(s) URL of
+        a Prometheus holding node_exporter's node_cpu_seconds_total of that host, which the label matchers
+        `selector` pick (e.g. `instance="node-1:9100"`; empty: every host it has)."""
         self.source = source
+        self.selector = selector
+        self.prometheus = source.startswith(("http://", "https://"))
         self.missing = MissingSeries("CPU steal source")
         self._last: tuple[float, float] | None = None
 
     def read(self) -> dict[str, float]:
         """{'cpu_steal_frac': the stolen share since the previous read}, or {} (first read, nothing readable)."""
+        if self.prometheus:
+            return self.update(node_steal_reading(self.source, self.selector))
         try:
             text = Path(self.source).read_text()
         except OSError:
@@ -170,7 +179,8 @@ class CpuSteal:
     def update(self, reading: tuple[float, float] | None) -> dict[str, float]:
         """One reading of proc_stat_steal's (steal, runnable) ticks."""
         if reading is None:
-            self.missing.note(f"steal column of {self.source}")
+            self.missing.note("node_cpu_seconds_total (node_exporter) in Prometheus" if self.prometheus
+                              else f"steal column of {self.source}")
             self._last = None
             return {}
         last, self._last = self._last, reading

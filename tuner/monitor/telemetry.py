@@ -8,6 +8,8 @@
   DCGM_FI_DEV_CLOCKS_EVENT_REASONS by newer exporters: the bit mask of NVML's clocks-event reasons).
 - `prometheus_snapshot`: the server's vLLM series as Prometheus holds them at one instant, as the Snapshot a
   scrape of the server itself would give (so a monitor can run from Prometheus alone).
+- `node_steal_reading`: node_exporter's node_cpu_seconds_total of a host, as the (steal, runnable) pair
+  tuner.monitor.contention.CpuSteal differences (the host's CPU steal, read from Prometheus).
 
 Each returns the monitor's GPU signal names (tuner.monitor.signals.GPU); a series that is not there is named
 once (MissingSeries) and left out. Averages over GPUs: utilisation, SM clock, DRAM active; totals: power,
@@ -134,3 +136,19 @@ def prometheus_snapshot(prometheus_url: str, selector: str = "") -> Snapshot | N
 
 def _escape(v: str) -> str:
     return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+RUNNABLE_MODES = ("user", "nice", "system", "irq", "softirq", "steal")  # /proc/stat's columns but idle, iowait
+
+
+def node_steal_reading(prometheus_url: str, selector: str = "") -> tuple[float, float] | None:
+    """(steal, runnable) cumulative CPU seconds of the hosts `selector` picks (e.g. `instance="node-1:9100"`),
+    summed over their CPUs, from node_exporter's node_cpu_seconds_total in Prometheus; None without them."""
+    sel = f',{selector}' if selector else ""
+    got: list[float] = []
+    for modes in ("steal", "|".join(RUNNABLE_MODES)):
+        rows = prometheus_query(prometheus_url, f'sum(node_cpu_seconds_total{{mode=~"{modes}"{sel}}})')
+        if not rows:
+            return None
+        got.append(float(rows[0]["value"][1]))
+    return got[0], got[1]

@@ -100,12 +100,14 @@ def _validate(tmp_path: Path, spec: dict) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("field", ["storage", "tracking.uri"])
+@pytest.mark.parametrize("field", ["storage", "tracking.uri", "watch.monitor.dcgm_prometheus_url",
+                                   "watch.monitor.cpu_steal_source"])
 def test_the_spec_refuses_a_password_of_any_shape(tmp_path: Path, seed: int, field: str) -> None:
     rng = random.Random(seed)
     pw = _password(rng)
     url = _url(rng, pw) if rng.random() < 0.7 else f"postgresql://db/optuna?password={quote(pw, safe='')}"
-    code, out = _validate(tmp_path, agent_spec(at={field: url}))
+    watch = {"watch.url": "http://127.0.0.1:9/metrics"} if field.startswith("watch.") else {}
+    code, out = _validate(tmp_path, agent_spec(at={**watch, field: url}))
     assert code == 2 and "a password in the URL is refused" in " ".join(out.split()), out
     assert not any(part in out for part in _secret_parts(pw)), out
 
