@@ -168,3 +168,26 @@ def test_the_token_throughput_explains_and_never_alarms_alone() -> None:
 
     m, ev = stream(halve, at=0)
     assert ev == [] and m.tracks["token_throughput_per_s"].values[-1] < 60
+
+
+def _warm(w: dict[str, float], i: int) -> None:
+    """A fresh server's first minutes: every latency 25 % slower at the start, back to normal by window 16;
+    from window 60 on a 30 % slower server."""
+    f = (1 + 0.25 * max(0.0, 1 - i / 16)) * (1.3 if i >= 60 else 1.0)
+    for k in ("itl_ms_mean", "itl_ms_p90", "ttft_ms_p50", "e2el_ms_p50"):
+        w[k] *= f
+
+
+def test_the_baseline_waits_for_a_fresh_server_to_warm_up() -> None:
+    for seed in range(4):
+        m, ev = stream(_warm, at=0, n=72, seed=seed)
+        base = m.tracks["itl_ms_mean"].baseline
+        assert base is not None and abs(base.level / 8.0 - 1) < 0.03  # learnt after the warm-up
+        assert kinds(ev) == ["anomaly"] and 60 <= ev[0][0] <= 62 and ev[0][1].cause == "latency"
+        # learnt on the warm-up, the baseline sits high, and the slower server hides behind it
+        m, ev = stream(_warm, at=0, n=72, seed=seed, config=MonitorConfig(interval_s=15.0, warmup_p=None))
+        base = m.tracks["itl_ms_mean"].baseline
+        assert base is not None and base.level / 8.0 - 1 > 0.05
+    # on a server warm from the start, learning ends at learn_windows as before
+    m, _ = stream(n=21, seed=0)
+    assert not m.learning
