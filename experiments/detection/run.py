@@ -30,6 +30,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -274,6 +275,29 @@ def injected(label: str, name: str, phases: dict[str, list[tuple[float, Window]]
               f"{had_early} |")
 
 
+def after_start(label: str, recorded: list[Window], x: float, cfg: MonitorConfig,
+                expect: ChampionExpectation | None, args: argparse.Namespace) -> None:
+    """A row per stationary stream watched from its engine's start (its warm-up in the learning windows): the
+    latencies times `x` from window `at` on, for every `at` from learn_windows + 10 to the last that leaves
+    --post windows, with the warm-up rule (MonitorConfig.warmup_p) and without it."""
+    cells = []
+    for warm in (cfg, replace(cfg, warmup_p=None)):
+        delays, trials = [], 0
+        for at in range(cfg.learn_windows + 10, len(recorded) - args.post + 1):
+            after = [{k: v * x if k in LATENCIES else v for k, v in w.items()}
+                     for w in recorded[at:at + args.post]]
+            ev = replay(recorded[:at] + after, warm, Gpu(args.gpu_noise, 300 + at), expect)
+            trials += 1
+            found = [i for i, k, _ in ev if i >= at and k == "anomaly"]
+            early = [i for i, k, _ in ev if i < at and k != "recovery"]
+            if found and not early:
+                delays.append(found[0] - at + 1)
+        med = statistics.median(delays) if delays else float("nan")
+        cells.append(f"{len(delays)}/{trials} | {med:g}")
+    if len(recorded) - args.post + 1 > cfg.learn_windows + 10:
+        print(f"| {label} | x{x:g} | {' | '.join(cells)} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--streams", nargs="+", required=True, metavar="[LABEL=]PATH",
@@ -394,6 +418,18 @@ def main() -> None:
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|")
     for name, label in sets:
         injected(f"{label} (`{name}`)", name, phases, cuts[name], cfg, expect, args, rng)
+
+    print("\n## A slowdown after the engine's start\n")
+    print("Each stationary stream watched from its first window (the fresh engine's warm-up among the learning "
+          "windows), its latencies x1.15 or x1.3 from window `at` on, every `at` from "
+          f"{cfg.learn_windows + 10} to {args.post} windows before its end; found: an anomaly within {args.post} "
+          "windows and no event before.\n")
+    print("| stream | latencies | found (warm-up rule) | median delay | found (baseline from the first windows) | "
+          "median delay |")
+    print("|---|---|---:|---:|---:|---:|")
+    for x in (1.15, 1.3):
+        for name, label in sets:
+            after_start(f"{label} (`{name}`)", [w for _, w in phases[name]], x, cfg, expect, args)
 
 
 if __name__ == "__main__":
