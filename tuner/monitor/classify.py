@@ -117,10 +117,10 @@ class MonitorConfig:
     # a fresh server warms up (its first minutes are slower: experiments/detection's engines 4-16 % on the ITL
     # for 2-7 minutes): while the learning windows' latency still falls (Mann-Kendall, one-sided p < warmup_p)
     # learning goes on by half of learn_windows, the baseline then from the latest learn_windows, at most
-    # until warmup_max_windows have gone to it (None: off). A baseline learnt on the warm-up sits high and
-    # hides a slowdown of its size
+    # until warmup_max_factor x learn_windows have gone to it (warmup_p None: off). A baseline learnt on the
+    # warm-up sits high and hides a slowdown of its size
     warmup_p: float | None = 0.01
-    warmup_max_windows: int = 80
+    warmup_max_factor: int = 4
     settle_windows: int = 1  # an output alarm waits this long for an input alarm before it is an anomaly ...
     settle_evidence: float = 0.25  # ... while an input's CUSUM holds at least this share of h (else none)
     # latencies divided by 1 / (1 - w) where the wait is read: a server that waited a share w of the window for
@@ -381,7 +381,7 @@ class Monitor:
         """Whether the learning windows' latency still falls (MonitorConfig.warmup_p): the judged residuals of
         the ITL mean (else the end-to-end or TTFT median), Mann-Kendall's one-sided test of a downward trend."""
         c = self.config
-        if c.warmup_p is None or self._spent >= c.warmup_max_windows:
+        if c.warmup_p is None or self._spent >= c.warmup_max_factor * c.learn_windows:
             return False
         n = c.learn_windows
         for name in ("itl_ms_mean", "e2el_ms_p50", "ttft_ms_p50"):
