@@ -280,6 +280,8 @@ def after_start(label: str, recorded: list[Window], x: float, cfg: MonitorConfig
     """A row per stationary stream watched from its engine's start (its warm-up in the learning windows): the
     latencies times `x` from window `at` on, for every `at` from learn_windows + 10 to the last that leaves
     --post windows, with the warm-up rule (MonitorConfig.warmup_p) and without it."""
+    if len(recorded) - args.post + 1 <= cfg.learn_windows + 10:
+        return
     cells = []
     for warm in (cfg, replace(cfg, warmup_p=None)):
         delays, trials = [], 0
@@ -294,8 +296,7 @@ def after_start(label: str, recorded: list[Window], x: float, cfg: MonitorConfig
                 delays.append(found[0] - at + 1)
         med = statistics.median(delays) if delays else float("nan")
         cells.append(f"{len(delays)}/{trials} | {med:g}")
-    if len(recorded) - args.post + 1 > cfg.learn_windows + 10:
-        print(f"| {label} | x{x:g} | {' | '.join(cells)} |")
+    print(f"| {label} | x{x:g} | {' | '.join(cells)} |")
 
 
 def main() -> None:

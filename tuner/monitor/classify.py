@@ -214,6 +214,7 @@ class Monitor:
         self._last: tuple[float, Snapshot] | None = None
         self.last_signals: dict[str, float] = {}
         self._waits: list[float] = []
+        self._wait_now: float | None = None  # the last window's share lost to neighbours (_wait), once a window
         self.unjudged = 0  # windows whose latencies were not judged (tuner.monitor.classify.MonitorConfig)
         self._blind = False
         self._blind_times: set[float] = set()  # ends of the windows not judged (nor learnt from)
@@ -246,9 +247,8 @@ class Monitor:
             return x
         if self.expectation is not None:
             x /= self.expectation.factor(name, self.last_signals)
-        w = self._wait()
-        if w is not None:
-            x *= 1.0 - w
+        if self._wait_now is not None:
+            x *= 1.0 - self._wait_now
         return x
 
     def _wait(self) -> float | None:
@@ -308,7 +308,7 @@ class Monitor:
         """One window's signal values (any subset of tuner.monitor.signals.SIGNALS) ending at time `t`."""
         self.windows += 1
         self.last_signals = {k: float(v) for k, v in signals.items() if k in self.tracks and math.isfinite(v)}
-        w = self._wait()
+        w = self._wait_now = self._wait()
         keep = self.config.wait_memory - 1
         self._waits = [*(self._waits[-keep:] if keep else []), w] if w is not None else []
         self._blind = bool(self._waits) and max(self._waits) > self.config.max_wait_judged

@@ -33,10 +33,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tuner.monitor.signals import MissingSeries
-from tuner.monitor.telemetry import node_steal_reading
+from tuner.monitor.telemetry import RUNNABLE_MODES, node_steal_reading
 
 log = logging.getLogger(__name__)
 
+# the first columns of /proc/stat's cpu lines (node_exporter's modes of node_cpu_seconds_total)
+PROC_STAT_COLUMNS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 MAX_WAIT_FRAC = 0.99  # a share above it says nothing more (the server barely ran)
 
 
@@ -145,10 +147,10 @@ def proc_stat_steal(text: str) -> tuple[float, float] | None:
         parts = line.split()
         if parts and parts[0] == "cpu":
             try:
-                user, nice, system, _idle, _iowait, irq, softirq, steal = (float(v) for v in parts[1:9])
+                ticks = dict(zip(PROC_STAT_COLUMNS, (float(v) for v in parts[1:9]), strict=True))
             except ValueError:
                 return None
-            return steal, user + nice + system + irq + softirq + steal
+            return ticks["steal"], sum(ticks[m] for m in RUNNABLE_MODES)
     return None
 
 
