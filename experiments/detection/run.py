@@ -317,6 +317,8 @@ def main() -> None:
     ap.add_argument("--wait-law-error", type=float, default=MonitorConfig.wait_law_error)
     ap.add_argument("--max-wait-judged", type=float, default=MonitorConfig.max_wait_judged)
     ap.add_argument("--latency-rel-floor", type=float, default=MonitorConfig.latency_rel_floor)
+    ap.add_argument("--slowdown-to-find", type=float, default=MonitorConfig.slowdown_to_find_frac,
+                    help="a latency's CUSUM allowance at least half this slowdown (a fraction; 0: k alone)")
     ap.add_argument("--corroborate", type=int, default=MonitorConfig.corroborate)
     ap.add_argument("--confirm-windows", type=int, default=MonitorConfig.confirm_windows)
     ap.add_argument("--alone", nargs="*", default=list(MonitorConfig.alone), metavar="LATENCY",
@@ -364,7 +366,7 @@ def main() -> None:
                         wait_memory=args.wait_memory, robust=args.robust, max_wait_judged=args.max_wait_judged,
                         wait_law_error=args.wait_law_error, latency_rel_floor=args.latency_rel_floor,
                         corroborate=args.corroborate, confirm_windows=args.confirm_windows,
-                        alone=tuple(args.alone))
+                        alone=tuple(args.alone), slowdown_to_find_frac=args.slowdown_to_find or None)
     expect = expectation(args.sim_model)
     rng = random.Random(args.seed)
     print(f"# detection experiment ({time.strftime('%Y-%m-%d %H:%M')})\n")
@@ -374,6 +376,7 @@ def main() -> None:
           f">= {cfg.settle_evidence:g} h; latencies corrected for the CPU wait: {cfg.contention} (its error "
           f"{cfg.wait_error:g}); latency scales widened for autocorrelation: {cfg.autocorrelation}; expectation "
           f"from the simulator: {args.sim_model is not None}; latency scales at least {cfg.latency_rel_floor:g} (log); "
+          f"a latency's allowance at least half of a slowdown of {cfg.slowdown_to_find_frac or 0:g} (log); "
           f"a latency anomaly needs {cfg.corroborate} latency signals or one confirmed within "
           f"{cfg.confirm_windows} windows, except {', '.join(cfg.alone) or 'none'} (alone)\n")
     if expect is not None:

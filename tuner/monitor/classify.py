@@ -92,8 +92,14 @@ class MonitorConfig:
     # 2.5 scales and more (a x2 rate at 2/s in 15-s windows ~4, a 30 % slower server 2.5-5 on its ITL); 1.0
     # (shifts of 2) met the delay goal less often for the same false-alarm rate (experiments/detection)
     k: float = 1.25
-    # residuals clipped to +-z_clip; by default (None) to h/2 + k + 0.25, where one window, however far out,
-    # cannot alarm alone and two at the clip do: a burst of one window on a busy host is no change
+    # a latency's allowance is at least half the slowdown the monitor is to find (Page's design: the
+    # reference is half the shift to detect; issue 24's +30 %), log(1 + frac) / 2 over its baseline's log
+    # scale, and its threshold h the one for that allowance and the same share of the false-alarm budget: on a
+    # quiet host, whose latency scale is small, 1.25 scales would be a shift of a few percent, and minutes of a
+    # host slower by 10-16 % (experiments/detection) would add up to an alarm. None: k alone
+    slowdown_to_find_frac: float | None = 0.3
+    # residuals clipped to +-z_clip; by default (None) to h/2 + k + 0.25 (the signal's own h and k), where one
+    # window, however far out, cannot alarm alone and two at the clip do: a burst of one window is no change
     z_clip: float | None = None
     rel_floor: float = 0.02  # a baseline's scale is at least this share of its centre
     # a latency's scale (log) is at least this: the smallest change of the server's speed worth an alarm (on the
@@ -201,7 +207,6 @@ class Monitor:
         self.config = config or MonitorConfig()
         self.expectation = expectation
         self.h = self.config.h
-        self.clip = self.config.clip
         self.tracks = {name: SignalTrack(name, Cusum(self.config.h, self.config.k, RULES[name].direction),
                                          RULES[name].floor_abs) for name in SIGNALS}
         self.missing = MissingSeries()
@@ -298,7 +303,7 @@ class Monitor:
         for n in lat:
             since, side = self._pending[n]
             cusum = self.tracks[n].cusum
-            if (cusum.up if side == "up" else cusum.down) >= self.h / 2 and self.windows > since:
+            if (cusum.up if side == "up" else cusum.down) >= cusum.h / 2 and self.windows > since:
                 return True
             if self.windows - since >= self.config.confirm_windows:
                 del self._pending[n]
@@ -334,8 +339,8 @@ class Monitor:
             if tr.baseline is None or not RULES[name].tested or (blind and name in LATENCIES):
                 continue
             z = self._z(name)
-            z = max(-self.clip, min(self.clip, z))
-            side = tr.cusum.update(z)
+            clip = self._clip(tr.cusum)
+            side = tr.cusum.update(max(-clip, min(clip, z)))
             if side is not None:
                 alarms[name] = side
         inputs = {n: s for n, s in alarms.items() if n in INPUTS}
@@ -374,8 +379,23 @@ class Monitor:
             floor = self.config.latency_rel_floor if latency else self.config.rel_floor
             tr.baseline = Baseline.learn(vals, rule.floor_abs, log=rule.log, rel_floor=floor,
                                          rho=rho if latency else 0.0, robust=latency and self.config.robust)
+            tr.cusum.k, tr.cusum.h = self._design(tr.name, tr.baseline)
             tr.cusum.reset()
         self._blind_times.clear()
+
+    def _design(self, name: str, baseline: Baseline) -> tuple[float, float]:
+        """A signal's CUSUM allowance k and threshold h on this baseline: MonitorConfig.k, and for a latency at
+        least half the slowdown to find in its scale (MonitorConfig.slowdown_to_find_frac); h from k for the
+        test's share of the false-alarm budget (the same for every test, whatever its k)."""
+        c = self.config
+        k = c.k
+        if name in LATENCIES and baseline.log and c.slowdown_to_find_frac is not None and baseline.scale > 0:
+            k = max(k, math.log1p(c.slowdown_to_find_frac) / 2 / baseline.scale)
+        return k, (self.h if k == c.k else threshold(c.false_alarms_per_day, c.interval_s, TESTS, k))
+
+    def _clip(self, cusum: Cusum) -> float:
+        """Residuals are clipped to +-this (MonitorConfig.z_clip; by default h/2 + k + 0.25 of the CUSUM)."""
+        return self.config.z_clip if self.config.z_clip is not None else cusum.h / 2 + cusum.k + 0.25
 
     def _warming(self) -> bool:
         """Whether the learning windows' latency still falls (MonitorConfig.warmup_p): the judged residuals of
@@ -406,6 +426,7 @@ class Monitor:
         self._open = [o for o in self._open if o.kind == "saturation"]
         for tr in self.tracks.values():
             tr.baseline = None
+            tr.cusum.k, tr.cusum.h = self.config.k, self.h
             tr.cusum.reset()
 
     # ---------------------------------------------------------------- events

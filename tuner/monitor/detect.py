@@ -46,7 +46,7 @@ def threshold(false_alarms_per_day: float, interval_s: float, tests: int, k: flo
     target = SECONDS_PER_DAY / interval_s * tests / false_alarms_per_day
     if target <= arl0(0.0, k):
         return 0.0
-    return float(brentq(lambda h: arl0(h, k) - target, 0.0, 200.0))
+    return float(brentq(lambda h: arl0(h, k) - target, 0.0, min(200.0, 300.0 / k)))  # exp() stays finite
 
 
 MAX_RHO = 0.8

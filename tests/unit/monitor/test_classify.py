@@ -3,6 +3,7 @@ queue, bandwidth) and recovery; and no event on stationary noise."""
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 
@@ -191,3 +192,26 @@ def test_the_baseline_waits_for_a_fresh_server_to_warm_up() -> None:
     # on a server warm from the start, learning ends at learn_windows as before
     m, _ = stream(n=21, seed=0)
     assert not m.learning
+
+
+def _slower(frac: float) -> Change:
+    def change(w: dict[str, float], i: int) -> None:
+        for k in ("itl_ms_mean", "itl_ms_p90", "ttft_ms_p50", "e2el_ms_p50"):
+            w[k] *= 1 + frac
+    return change
+
+
+def test_a_latency_cusum_is_designed_for_the_slowdown_to_find() -> None:
+    # a host slower by 12 % for 40 windows (half the +30 % the monitor is to find: Page's allowance) is no
+    # alarm, though 1.25 scales alone (a shift of 10 % at this scale) would find it; the +30 % is
+    # found within 2 windows either way
+    for seed in range(6):
+        m, ev = stream(_slower(0.12), seed=seed)
+        track = m.tracks["itl_ms_mean"]
+        assert track.baseline is not None and track.cusum.k > 1.25  # the design binds ...
+        assert abs(track.cusum.k * track.baseline.scale - math.log(1.3) / 2) < 1e-9  # ... at half of +30 %
+        assert ev == []
+        _, ev = stream(_slower(0.12), seed=seed, config=MonitorConfig(interval_s=15.0, slowdown_to_find_frac=None))
+        assert kinds(ev)[:1] == ["anomaly"]
+        _, ev = stream(_slower(0.3), seed=seed)
+        assert kinds(ev)[:1] == ["anomaly"] and ev[0][0] - 40 <= 1
