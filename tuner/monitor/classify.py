@@ -166,7 +166,8 @@ class MonitorConfig:
         """The agent file's `watch.monitor` at the watch's scrape interval."""
         return cls(interval_s=interval_s, false_alarms_per_day=spec.false_alarms_per_day,
                    learn_windows=spec.learn_windows, settle_windows=spec.settle_windows,
-                   recovery_windows=spec.recovery_windows, kv_full_frac=spec.kv_full_frac,
+                   recovery_windows=spec.recovery_windows, slowdown_to_find_frac=spec.slowdown_to_find_frac,
+                   kv_full_frac=spec.kv_full_frac,
                    dram_limit_frac=spec.dram_limit_frac)
 
 

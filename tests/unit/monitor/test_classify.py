@@ -6,7 +6,13 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
+from pathlib import Path
 
+import pytest
+
+from tests.support import agents
+from tuner.agent import load_agent
+from tuner.errors import ConfigError
 from tuner.monitor.classify import Event, Monitor, MonitorConfig
 
 NORMAL = {"rate_per_s": (4.0, 0.4), "prompt_tokens_mean": (100.0, 5.0), "output_tokens_mean": (16.0, 1.0),
@@ -215,3 +221,17 @@ def test_a_latency_cusum_is_designed_for_the_slowdown_to_find() -> None:
         assert kinds(ev)[:1] == ["anomaly"]
         _, ev = stream(_slower(0.3), seed=seed)
         assert kinds(ev)[:1] == ["anomaly"] and ev[0][0] - 40 <= 1
+
+
+def test_the_slowdown_to_find_is_the_agent_files_and_checked(tmp_path: Path) -> None:
+    watch = {"url": "http://127.0.0.1:9/metrics", "interval_s": 15, "monitor": {"slowdown_to_find_frac": 0.5}}
+    spec = load_agent(agents.write_agent(tmp_path / "a.yaml", name="a", watch=watch)).spec
+    assert spec.watch is not None and spec.watch.monitor is not None
+    assert MonitorConfig.from_spec(spec.watch.monitor, 15.0).slowdown_to_find_frac == 0.5
+    watch["monitor"] = {"slowdown_to_find_frac": None}
+    spec = load_agent(agents.write_agent(tmp_path / "b.yaml", name="b", watch=watch)).spec
+    assert spec.watch is not None and spec.watch.monitor is not None
+    assert MonitorConfig.from_spec(spec.watch.monitor, 15.0).slowdown_to_find_frac is None
+    watch["monitor"] = {"slowdown_to_find_frac": -0.3}
+    with pytest.raises(ConfigError, match=r"c\.yaml[\s\S]*slowdown_to_find_frac[\s\S]*greater than 0"):
+        load_agent(agents.write_agent(tmp_path / "c.yaml", name="c", watch=watch))
