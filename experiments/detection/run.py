@@ -319,6 +319,8 @@ def main() -> None:
     ap.add_argument("--latency-rel-floor", type=float, default=MonitorConfig.latency_rel_floor)
     ap.add_argument("--slowdown-to-find", type=float, default=MonitorConfig.slowdown_to_find_frac,
                     help="a latency's CUSUM allowance at least half this slowdown (a fraction; 0: k alone)")
+    ap.add_argument("--history-windows", type=int, default=MonitorConfig.history_windows,
+                    help="latency baselines learnt again from up to this many calm windows (default: never)")
     ap.add_argument("--corroborate", type=int, default=MonitorConfig.corroborate)
     ap.add_argument("--confirm-windows", type=int, default=MonitorConfig.confirm_windows)
     ap.add_argument("--alone", nargs="*", default=list(MonitorConfig.alone), metavar="LATENCY",
@@ -366,7 +368,8 @@ def main() -> None:
                         wait_memory=args.wait_memory, robust=args.robust, max_wait_judged=args.max_wait_judged,
                         wait_law_error=args.wait_law_error, latency_rel_floor=args.latency_rel_floor,
                         corroborate=args.corroborate, confirm_windows=args.confirm_windows,
-                        alone=tuple(args.alone), slowdown_to_find_frac=args.slowdown_to_find or None)
+                        alone=tuple(args.alone), slowdown_to_find_frac=args.slowdown_to_find or None,
+                        history_windows=args.history_windows)
     expect = expectation(args.sim_model)
     rng = random.Random(args.seed)
     print(f"# detection experiment ({time.strftime('%Y-%m-%d %H:%M')})\n")

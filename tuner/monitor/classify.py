@@ -145,6 +145,11 @@ class MonitorConfig:
     # neighbours, not the server, set it then (the windows are counted in `unjudged`)
     max_wait_judged: float = 0.5
     recovery_windows: int = 3
+    # the latencies' baselines learnt again, every learn_windows calm windows (judged, no latency alarm pending
+    # and no anomaly open), from up to this many of the latest calm windows: a host whose speed wanders over
+    # minutes is judged against its longer normal, not the first minutes' (None: the first baseline kept
+    # until a drift). The cost: a slowdown slower than the CUSUM finds is partly learnt as normal
+    history_windows: int | None = None
     kv_full_frac: float = 0.95
     dram_limit_frac: float = 0.85
     sat_windows: int = 2
@@ -224,6 +229,9 @@ class Monitor:
         self.unjudged = 0  # windows whose latencies were not judged (tuner.monitor.classify.MonitorConfig)
         self._blind = False
         self._blind_times: set[float] = set()  # ends of the windows not judged (nor learnt from)
+        self._calm: list[float] = []  # ends of the calm windows since the baseline (MonitorConfig.history_windows)
+        self._calm_new = 0
+        self._rho = 0.0
 
     # ---------------------------------------------------------------- feeding
     def scrape(self, t: float, snap: Snapshot, gpu: Mapping[str, float] | None = None) -> list[Event]:
@@ -361,12 +369,15 @@ class Monitor:
             self._pending.clear()
             events.append(self._anomaly(t, due))
         events.extend(self._recoveries(t))
+        self._learn_history(t, blind)
         return events
 
     # ---------------------------------------------------------------- baselines
     def _learn(self) -> None:
         n = self.config.learn_windows
-        rho = self._latency_rho() if self.config.autocorrelation else 0.0
+        rho = self._rho = self._latency_rho() if self.config.autocorrelation else 0.0
+        self._calm = [t for t in self.tracks["itl_ms_mean"].times[-n:] if t not in self._blind_times]
+        self._calm_new = 0
         for tr in self.tracks.values():
             vals = tr.residuals[-n:]
             if tr.name in LATENCIES:  # learnt from the windows it would be judged in, where there are enough
@@ -383,6 +394,29 @@ class Monitor:
             tr.cusum.k, tr.cusum.h = self._design(tr.name, tr.baseline)
             tr.cusum.reset()
         self._blind_times.clear()
+
+    def _learn_history(self, t: float, blind: bool) -> None:
+        """A calm window joins the latencies' history; every learn_windows of them the latencies' baselines are
+        learnt again from it (MonitorConfig.history_windows), their CUSUMs going on."""
+        c = self.config
+        if c.history_windows is None or blind or any(n in LATENCIES for n in self._pending) \
+                or any(o.kind == "anomaly" for o in self._open):
+            return
+        self._calm = [*self._calm[-(c.history_windows - 1):], t]
+        self._calm_new += 1
+        if self._calm_new < c.learn_windows:
+            return
+        self._calm_new = 0
+        calm = set(self._calm)
+        for name in LATENCIES:
+            tr = self.tracks[name]
+            vals = [r for u, r in zip(tr.times, tr.residuals, strict=True) if u in calm]
+            if tr.baseline is None or len(vals) < c.learn_windows:
+                continue
+            rule = RULES[name]
+            tr.baseline = Baseline.learn(vals, rule.floor_abs, log=rule.log, rel_floor=c.latency_rel_floor,
+                                         rho=self._rho, robust=c.robust)
+            tr.cusum.k, tr.cusum.h = self._design(name, tr.baseline)
 
     def _design(self, name: str, baseline: Baseline) -> tuple[float, float]:
         """A signal's CUSUM allowance k and threshold h on this baseline: MonitorConfig.k, and for a latency at
@@ -423,6 +457,7 @@ class Monitor:
         """Start a new baseline from the next window on (after a drift, or a new champion)."""
         self._learned = self._spent = 0
         self._blind_times.clear()
+        self._calm, self._calm_new = [], 0
         self._pending.clear()
         self._open = [o for o in self._open if o.kind == "saturation"]
         for tr in self.tracks.values():
