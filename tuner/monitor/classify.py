@@ -164,7 +164,11 @@ class MonitorConfig:
 
     @property
     def clip(self) -> float:
-        return self.z_clip if self.z_clip is not None else self.h / 2 + self.k + 0.25
+        return self.clip_for(self.h, self.k)
+
+    def clip_for(self, h: float, k: float) -> float:
+        """The residuals' clip for a CUSUM of threshold h and allowance k (z_clip where set)."""
+        return self.z_clip if self.z_clip is not None else h / 2 + k + 0.25
 
     @classmethod
     def from_spec(cls, spec: MonitorSpec, interval_s: float) -> MonitorConfig:
@@ -348,7 +352,7 @@ class Monitor:
             if tr.baseline is None or not RULES[name].tested or (blind and name in LATENCIES):
                 continue
             z = self._z(name)
-            clip = self._clip(tr.cusum)
+            clip = self.config.clip_for(tr.cusum.h, tr.cusum.k)
             side = tr.cusum.update(max(-clip, min(clip, z)))
             if side is not None:
                 alarms[name] = side
@@ -375,7 +379,7 @@ class Monitor:
     # ---------------------------------------------------------------- baselines
     def _learn(self) -> None:
         n = self.config.learn_windows
-        rho = self._rho = self._latency_rho() if self.config.autocorrelation else 0.0
+        self._rho = self._latency_rho() if self.config.autocorrelation else 0.0
         self._calm = [t for t in self.tracks["itl_ms_mean"].times[-n:] if t not in self._blind_times]
         self._calm_new = 0
         for tr in self.tracks.values():
@@ -386,12 +390,7 @@ class Monitor:
             if len(vals) < max(3, n // 2):
                 tr.baseline = None  # too few windows carried it (a signal that came and went)
                 continue
-            rule = RULES[tr.name]
-            latency = tr.name in LATENCIES
-            floor = self.config.latency_rel_floor if latency else self.config.rel_floor
-            tr.baseline = Baseline.learn(vals, rule.floor_abs, log=rule.log, rel_floor=floor,
-                                         rho=rho if latency else 0.0, robust=latency and self.config.robust)
-            tr.cusum.k, tr.cusum.h = self._design(tr.name, tr.baseline)
+            self._baseline(tr, vals)
             tr.cusum.reset()
         self._blind_times.clear()
 
@@ -413,10 +412,16 @@ class Monitor:
             vals = [r for u, r in zip(tr.times, tr.residuals, strict=True) if u in calm]
             if tr.baseline is None or len(vals) < c.learn_windows:
                 continue
-            rule = RULES[name]
-            tr.baseline = Baseline.learn(vals, rule.floor_abs, log=rule.log, rel_floor=c.latency_rel_floor,
-                                         rho=self._rho, robust=c.robust)
-            tr.cusum.k, tr.cusum.h = self._design(name, tr.baseline)
+            self._baseline(tr, vals)
+
+    def _baseline(self, tr: SignalTrack, vals: list[float]) -> None:
+        """A track's baseline learnt from `vals` (a latency's widened by the learnt autocorrelation), and its
+        CUSUM designed for it (its reset is the caller's)."""
+        rule, latency = RULES[tr.name], tr.name in LATENCIES
+        floor = self.config.latency_rel_floor if latency else self.config.rel_floor
+        tr.baseline = Baseline.learn(vals, rule.floor_abs, log=rule.log, rel_floor=floor,
+                                     rho=self._rho if latency else 0.0, robust=latency and self.config.robust)
+        tr.cusum.k, tr.cusum.h = self._design(tr.name, tr.baseline)
 
     def _design(self, name: str, baseline: Baseline) -> tuple[float, float]:
         """A signal's CUSUM allowance k and threshold h on this baseline: MonitorConfig.k, and for a latency at
@@ -427,10 +432,6 @@ class Monitor:
         if name in LATENCIES and baseline.log and c.slowdown_to_find_frac is not None and baseline.scale > 0:
             k = max(k, math.log1p(c.slowdown_to_find_frac) / 2 / baseline.scale)
         return k, (self.h if k == c.k else threshold(c.false_alarms_per_day, c.interval_s, TESTS, k))
-
-    def _clip(self, cusum: Cusum) -> float:
-        """Residuals are clipped to +-this (MonitorConfig.z_clip; by default h/2 + k + 0.25 of the CUSUM)."""
-        return self.config.z_clip if self.config.z_clip is not None else cusum.h / 2 + cusum.k + 0.25
 
     def _warming(self) -> bool:
         """Whether the learning windows' latency still falls (MonitorConfig.warmup_p): the judged residuals of
