@@ -5,7 +5,11 @@ see the same load on a busy machine; each tool's median per round is computed fr
 records with one definition per metric (TTFT; TPOT = (latency - TTFT) / (output tokens - 1); ITL, every
 gap between chunks; E2EL), and the two agree when the gap between their medians over the rounds is within
 the round-to-round spread of either tool (the noise), or within `floor_frac` of the figure.
-`simultaneous` runs both at once instead, so that they see the same load at the same moments.
+`simultaneous` runs both at once instead, so that they see the same load at the same moments. Two closed
+loops run together lock into phase with the server's steps: one tool's requests then keep arriving at a
+better moment than the other's, and its median TTFT read 40 % lower in one run and 2.5x higher in the next
+(E2EL equal); with `Load.rate_per_s` both send Poisson arrivals instead (open loop: each arrival's moment
+independent of the server's steps) and their TTFTs agreed within 10 %.
 Used by the vLLM-tier test and experiments/interop/vs_vllm_bench.py.
 """
 
@@ -16,7 +20,7 @@ import os
 import statistics
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,21 +39,34 @@ class Load:
     prompt_tokens: int = 128
     output_tokens: int = 32
     warmups: int = 4
+    rate_per_s: float | None = None  # open loop: Poisson arrivals at this rate, no concurrency limit
 
 
 def vllm_bench_argv(url: str, model: str, tokenizer: Path, out: Path, load: Load, *, seed: int) -> list[str]:
     return [str(VLLM_BIN), "bench", "serve", "--backend", "openai", "--base-url", url, "--model", model,
             "--tokenizer", str(tokenizer), "--dataset-name", "random", "--random-input-len",
             str(load.prompt_tokens), "--random-output-len", str(load.output_tokens), "--num-prompts",
-            str(load.requests), "--max-concurrency", str(load.concurrency), "--num-warmups", str(load.warmups),
+            str(load.requests), *_vllm_arrivals(load), "--num-warmups", str(load.warmups),
             "--ignore-eos", "--seed", str(seed), "--save-result", "--save-detailed", "--disable-tqdm",
             "--result-dir", str(out.parent), "--result-filename", out.name,
             "--percentile-metrics", "ttft,tpot,itl,e2el"]
 
 
+def _vllm_arrivals(load: Load) -> list[str]:
+    if load.rate_per_s is None:
+        return ["--max-concurrency", str(load.concurrency)]
+    return ["--request-rate", str(load.rate_per_s), "--burstiness", "1.0"]
+
+
+def _tuner_arrivals(load: Load) -> list[str]:
+    if load.rate_per_s is None:
+        return ["--concurrency", str(load.concurrency)]
+    return ["--rate", str(load.rate_per_s), "--arrival", "poisson"]
+
+
 def tuner_bench_argv(url: str, model: str, out: Path, load: Load, *, seed: int) -> list[str]:
     return [sys.executable, "-m", "tuner.cli", "bench", "--url", url, "--model", model, "--requests",
-            str(load.requests), "--concurrency", str(load.concurrency), "--prompt-tokens", str(load.prompt_tokens),
+            str(load.requests), *_tuner_arrivals(load), "--prompt-tokens", str(load.prompt_tokens),
             "--output-tokens", str(load.output_tokens), "--warmup-requests", str(load.warmups), "--ignore-eos",
             "--seed", str(seed), "--json", str(out)]
 
@@ -120,9 +137,10 @@ def _slice(res: dict[str, Any], idx: list[int], span_s: float) -> dict[str, Any]
 
 
 def simultaneous(url: str, model: str, tokenizer: Path, work: Path, load: Load, *, slices: int = 3,
-                 timeout_s: float = 600.0) -> Rounds:
-    """Both clients at once, each with `load` (the server sees twice its concurrency): `vllm bench serve`
-    runs longer, `tuner bench` starts once vLLM's main run has started; the tuner's run is cut into `slices`
+                 timeout_s: float = 600.0, lead_s: float = 60.0) -> Rounds:
+    """Both clients at once, each with `load` (the server sees twice its concurrency or rate): `vllm bench
+    serve` runs longer (six times the requests; open loop: `lead_s` more of them at its rate, time for the
+    tuner's start), `tuner bench` starts once vLLM's main run has started; the tuner's run is cut into `slices`
     consecutive time slices, and each tool's medians per slice come from its requests sent in that slice
     (both clocks are CLOCK_MONOTONIC: vLLM's start_times, the tuner's clock_origin_s + start_times). Both
     tools see the same load at the same moments, whatever the rest of the machine does."""
@@ -132,8 +150,8 @@ def simultaneous(url: str, model: str, tokenizer: Path, work: Path, load: Load, 
     v_path, t_path, v_log = work / "vllm-sim.json", work / "tuner-sim.json", work / "vllm-sim.log"
     for p in (v_path, t_path):
         p.unlink(missing_ok=True)
-    long_load = Load(requests=load.requests * 6, concurrency=load.concurrency, prompt_tokens=load.prompt_tokens,
-                     output_tokens=load.output_tokens, warmups=load.warmups)
+    longer = load.requests * 6 if load.rate_per_s is None else load.requests + round(load.rate_per_s * lead_s)
+    long_load = replace(load, requests=longer)
     out = Rounds(loads=[" ".join(f"{x:.1f}" for x in os.getloadavg())])
     with v_log.open("wb") as log:
         proc = subprocess.Popen(vllm_bench_argv(url, model, tokenizer, v_path, long_load, seed=0), stdout=log,
