@@ -326,6 +326,8 @@ def main() -> None:
     ap.add_argument("--alone", nargs="*", default=list(MonitorConfig.alone), metavar="LATENCY",
                     help="the latencies that alarm alone (the others are corroborated)")
     ap.add_argument("--robust", action="store_true", help="latency scales from the MAD alone")
+    ap.add_argument("--no-bucket-error", action="store_true",
+                    help="a quantile in another histogram bucket than its baseline's not widened for it")
     ap.add_argument("--only-false-alarms", action="store_true", help="skip the injected changes")
     ap.add_argument("--hours", type=float, default=240.0)
     # each replayed stream learns its own baseline from its first windows: short streams sample many baselines
@@ -369,7 +371,7 @@ def main() -> None:
                         wait_law_error=args.wait_law_error, latency_rel_floor=args.latency_rel_floor,
                         corroborate=args.corroborate, confirm_windows=args.confirm_windows,
                         alone=tuple(args.alone), slowdown_to_find_frac=args.slowdown_to_find or None,
-                        history_windows=args.history_windows)
+                        history_windows=args.history_windows, bucket_error=not args.no_bucket_error)
     expect = expectation(args.sim_model)
     rng = random.Random(args.seed)
     print(f"# detection experiment ({time.strftime('%Y-%m-%d %H:%M')})\n")
@@ -380,6 +382,7 @@ def main() -> None:
           f"{cfg.wait_error:g}); latency scales widened for autocorrelation: {cfg.autocorrelation}; expectation "
           f"from the simulator: {args.sim_model is not None}; latency scales at least {cfg.latency_rel_floor:g} (log); "
           f"a latency's allowance at least half of a slowdown of {cfg.slowdown_to_find_frac or 0:g} (log); "
+          f"quantiles widened in another bucket than their baseline's: {cfg.bucket_error}; "
           f"a latency anomaly needs {cfg.corroborate} latency signals or one confirmed within "
           f"{cfg.confirm_windows} windows, except {', '.join(cfg.alone) or 'none'} (alone)\n")
     if expect is not None:

@@ -118,21 +118,36 @@ def scrape(url: str, timeout_s: float = 5.0) -> Snapshot | None:
 
 def histogram_quantile(q: float, buckets: dict[float, float]) -> float:
     """Prometheus-style quantile from cumulative bucket counts (upper bound -> count)."""
+    found = _quantile_bucket(q, buckets)
+    if found is None:
+        return math.nan
+    lo, le, prev_c, c, rank = found
+    if math.isinf(le):
+        return lo  # in the +Inf bucket: the highest finite bound
+    if c == prev_c:
+        return le
+    return lo + (le - lo) * (rank - prev_c) / (c - prev_c)
+
+
+def histogram_bucket(q: float, buckets: dict[float, float]) -> tuple[float, float] | None:
+    """The (lower, upper) bounds of the bucket that holds the q-quantile (the first bucket's lower bound 0, the
+    last one's upper +Inf): histogram_quantile's value is interpolated inside it, so it is known no better."""
+    found = _quantile_bucket(q, buckets)
+    return None if found is None else (found[0], found[1])
+
+
+def _quantile_bucket(q: float, buckets: dict[float, float]) -> tuple[float, float, float, float, float] | None:
+    """(lower bound, upper bound, count below, count up to the upper bound, rank) of the q-quantile's bucket."""
     bs = sorted(buckets.items())
     if not bs or bs[-1][1] <= 0:
-        return math.nan
-    total = bs[-1][1]
-    rank = q * total
+        return None
+    rank = q * bs[-1][1]
     prev_le, prev_c = 0.0, 0.0
     for le, c in bs:
         if c >= rank:
-            if math.isinf(le):
-                return prev_le  # in the +Inf bucket: the highest finite bound
-            if c == prev_c:
-                return le
-            return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
+            return prev_le, le, prev_c, c, rank
         prev_le, prev_c = le, c
-    return bs[-1][0]
+    return prev_le, bs[-1][0], prev_c, bs[-1][1], rank  # q > 1: the last bucket
 
 
 def telemetry(before: Snapshot | None, after: Snapshot | None,

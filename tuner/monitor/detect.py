@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -165,14 +166,38 @@ class SignalTrack:
     values: list[float] = field(default_factory=list)
     # what the baseline is about: the value divided by its expectation (tuner.monitor.expect), else the value
     residuals: list[float] = field(default_factory=list)
+    # a histogram quantile's bucket bounds per window (tuner.monitor.signals.bucket_keys; None: not bucketed)
+    buckets: list[tuple[float, float] | None] = field(default_factory=list)
+    usual_bucket: tuple[float, float] | None = None  # the bucket the baseline's windows were in most often
     keep: int = 360
 
-    def add(self, t: float, x: float, residual: float | None = None) -> None:
+    def add(self, t: float, x: float, residual: float | None = None,
+            bucket: tuple[float, float] | None = None) -> None:
         self.times.append(t)
         self.values.append(x)
         self.residuals.append(x if residual is None else residual)
+        self.buckets.append(bucket)
         if len(self.values) > self.keep:
-            del self.times[0], self.values[0], self.residuals[0]
+            del self.times[0], self.values[0], self.residuals[0], self.buckets[0]
+
+    def learn_bucket(self, windows: int) -> None:
+        """usual_bucket from the latest `windows` windows."""
+        seen = Counter(b for b in self.buckets[-windows:] if b is not None)
+        self.usual_bucket = seen.most_common(1)[0][0] if seen else None
+
+    def bucket_error(self) -> float:
+        """The last window's extra uncertainty (log scale) from bucketing: 0 in the usual bucket; in another,
+        the interpolation's unknown offset in either bucket (uniform over its log width: width / sqrt 12), the
+        two together. A quantile that crossed an edge into a wide bucket moved less than its value says."""
+        now, usual = self.buckets[-1] if self.buckets else None, self.usual_bucket
+        if now is None or usual is None or now == usual:
+            return 0.0
+        return math.hypot(_log_width(now), _log_width(usual)) / math.sqrt(12.0)
+
+
+def _log_width(bucket: tuple[float, float]) -> float:
+    lo, hi = bucket
+    return math.log(hi / lo) if lo > 0 and math.isfinite(hi) else math.inf
 
 
 def change_index(values: Sequence[float]) -> int | None:

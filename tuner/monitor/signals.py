@@ -3,11 +3,11 @@
 Inputs (what the users send): rate_per_s (arrivals: finished requests plus the growth of running + waiting),
 prompt_tokens_mean, output_tokens_mean (of the requests finished in the window). Outputs (how the server
 answers): ttft_ms_p50/p90, itl_ms_mean/p90, e2el_ms_p50/p90 (quantiles from the histograms' bucket deltas over
-the window), token_throughput_per_s, error_frac (aborted or failed share of the finished requests). State:
-running, waiting (gauges at the window's end), kv_cache_usage_frac, preemptions_per_s, finished_per_s. GPU
-signals come from tuner.monitor.telemetry, the environment's (cpu_wait_frac: the share of the window the server
-waited for a CPU; cpu_steal_frac: the share of its host's CPU time the hypervisor gave other guests) from
-tuner.monitor.contention; the caller merges them in.
+the window, each with its bucket's bounds: bucket_keys), token_throughput_per_s, error_frac (aborted or failed
+share of the finished requests). State: running, waiting (gauges at the window's end), kv_cache_usage_frac,
+preemptions_per_s, finished_per_s. GPU signals come from tuner.monitor.telemetry, the environment's
+(cpu_wait_frac: the share of the window the server waited for a CPU; cpu_steal_frac: the share of its host's CPU
+time the hypervisor gave other guests) from tuner.monitor.contention; the caller merges them in.
 
 A counter that went down (the server restarted) makes the window unusable: None. A signal whose series the
 server does not export is named once in the log and left out, never fatal.
@@ -19,7 +19,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 
-from tuner.measure.scrape import Hist, Snapshot, histogram_quantile
+from tuner.measure.scrape import Hist, Snapshot, histogram_bucket, histogram_quantile
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +71,16 @@ def _has(snap: Snapshot, kind: str, key: str) -> bool:
     return _GAUGE_KEYS.get(key, key) in snap.gauges
 
 
-def _quantile_ms(q: float, before: Hist, after: Hist) -> float:
+def bucket_keys(name: str) -> tuple[str, str]:
+    """The keys of a histogram quantile's bucket bounds (ms) in a window's signals: its value is interpolated
+    inside that bucket (vLLM's TTFT buckets jump from 100 to 250 ms, its end-to-end ones from 100 to 300)."""
+    return f"{name}_bucket_lo", f"{name}_bucket_hi"
+
+
+def _quantile_ms(q: float, before: Hist, after: Hist) -> tuple[float, tuple[float, float] | None]:
     delta = {le: c - before.buckets.get(le, 0.0) for le, c in after.buckets.items()}
-    return histogram_quantile(q, delta) * 1000.0
+    bucket = histogram_bucket(q, delta)
+    return histogram_quantile(q, delta) * 1000.0, None if bucket is None else (bucket[0] * 1000.0, bucket[1] * 1000.0)
 
 
 def window_signals(before: Snapshot, after: Snapshot, seconds: float,
@@ -144,7 +151,10 @@ def window_signals(before: Snapshot, after: Snapshot, seconds: float,
         if key == "itl_ms":
             out["itl_ms_mean"] = (h.sum - b.sum) / n * 1000.0
         for q in qs:
-            v = _quantile_ms(q, b, h)
+            v, bucket = _quantile_ms(q, b, h)
             if math.isfinite(v):
-                out[f"{key}_p{round(q * 100)}"] = v
+                name = f"{key}_p{round(q * 100)}"
+                out[name] = v
+                if bucket is not None:
+                    out.update(zip(bucket_keys(name), bucket, strict=True))
     return out

@@ -17,7 +17,7 @@ from tuner.measure.gpu import GpuSampler
 from tuner.measure.measurement import Measurement
 from tuner.measure.metrics import summarise
 from tuner.measure.records import RequestRecord
-from tuner.measure.scrape import histogram_quantile, parse, telemetry
+from tuner.measure.scrape import histogram_bucket, histogram_quantile, parse, telemetry
 from tuner.measure.tokenize import ApproxTokenizer, ByteTokenizer, load_tokenizer
 from tuner.spec import Arrival, LengthDist, WorkloadSpec
 
@@ -87,6 +87,15 @@ def test_scrape_deltas_and_bucket_percentiles() -> None:
 def test_histogram_quantile_edges() -> None:
     assert math.isnan(histogram_quantile(0.5, {}))
     assert histogram_quantile(0.99, {1.0: 0, 2.0: 0, math.inf: 5}) == 2.0  # all in +Inf: highest finite bound
+
+
+def test_histogram_bucket_is_the_one_the_quantile_is_interpolated_in() -> None:
+    cum = {0.08: 4.0, 0.1: 10.0, 0.25: 20.0, math.inf: 20.0}
+    assert histogram_bucket(0.5, cum) == (0.08, 0.1) and 0.08 < histogram_quantile(0.5, cum) <= 0.1
+    assert histogram_bucket(0.6, cum) == (0.1, 0.25) and histogram_quantile(0.6, cum) == pytest.approx(0.13)
+    assert histogram_bucket(0.1, cum) == (0.0, 0.08)  # the first bucket starts at 0
+    assert histogram_bucket(0.99, {1.0: 0, 2.0: 0, math.inf: 5}) == (2.0, math.inf)
+    assert histogram_bucket(0.5, {}) is None
 
 
 # ------------------------------------------------------------------ capacity search

@@ -235,3 +235,55 @@ def test_the_slowdown_to_find_is_the_agent_files_and_checked(tmp_path: Path) -> 
     watch["monitor"] = {"slowdown_to_find_frac": -0.3}
     with pytest.raises(ConfigError, match=r"c\.yaml[\s\S]*slowdown_to_find_frac[\s\S]*greater than 0"):
         load_agent(agents.write_agent(tmp_path / "c.yaml", name="c", watch=watch))
+
+
+# vLLM's TTFT and end-to-end histogram bounds (ms) around a CPU server's values (experiments/detection)
+_TTFT_EDGES = (40.0, 60.0, 80.0, 100.0, 250.0, 500.0, 750.0, 1000.0)
+_E2E_EDGES = (50.0, 100.0, 300.0, 500.0, 800.0, 1000.0, 1500.0)
+
+
+def _in_buckets(w: dict[str, float]) -> None:
+    """The window as the histograms give it: each quantile with the bounds of the bucket it lies in."""
+    for name, edges in (("ttft_ms_p50", _TTFT_EDGES), ("e2el_ms_p50", _E2E_EDGES)):
+        hi = next(e for e in edges if e >= w[name])
+        lo = max((e for e in edges if e < hi), default=0.0)
+        w[f"{name}_bucket_lo"], w[f"{name}_bucket_hi"] = lo, hi
+
+
+def test_a_quantile_across_a_wide_bucket_edge_is_judged_with_both_buckets_uncertainty() -> None:
+    # the TTFT median just under vLLM's 100 ms edge, the end-to-end one inside its 100-300 ms bucket; a host
+    # slower by 5 % takes both across an edge, interpolated at +60 % and +45 % (experiments/detection's quiet6):
+    # no anomaly, where the interpolated values taken at their word make one; a prefill 3x slower still does
+    def base(w: dict[str, float]) -> None:
+        w["ttft_ms_p50"] = 91.0 + (w["ttft_ms_p50"] - 50.0)
+        w["e2el_ms_p50"] = 232.0 + (w["e2el_ms_p50"] - 200.0)
+
+    def across(factor_ttft: float, factor_e2e: float, itl: float) -> Change:
+        def change(w: dict[str, float], i: int) -> None:
+            w["ttft_ms_p50"] *= factor_ttft
+            w["e2el_ms_p50"] *= factor_e2e
+            w["itl_ms_mean"] *= itl
+        return change
+
+    def run(change: Change, config: MonitorConfig | None = None, seed: int = 0) -> list[tuple[int, Event]]:
+        def bucketed(w: dict[str, float], i: int) -> None:
+            if i >= 40:
+                change(w, i)
+            _in_buckets(w)
+        rng = random.Random(seed)
+        m = Monitor(config or MonitorConfig(interval_s=15.0))
+        out = []
+        for i in range(80):
+            w = {k: rng.gauss(mu, sd) for k, (mu, sd) in NORMAL.items()}
+            base(w)
+            bucketed(w, i)
+            out.extend((i, e) for e in m.observe(1000.0 + 15.0 * i, w))
+        return out
+
+    for seed in range(4):
+        assert run(across(1.0, 1.0, 1.0), seed=seed) == []
+        assert run(across(1.6, 1.45, 1.05), seed=seed) == []
+        off = run(across(1.6, 1.45, 1.05), MonitorConfig(interval_s=15.0, bucket_error=False), seed=seed)
+        assert kinds(off)[:1] == ["anomaly"]
+        slow = run(across(3.0, 2.0, 1.0), seed=seed)
+        assert kinds(slow)[:1] == ["anomaly"] and "ttft_ms_p50" in slow[0][1].signals and slow[0][0] - 40 <= 3

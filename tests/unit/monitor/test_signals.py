@@ -8,7 +8,7 @@ import pytest
 
 from tests.support.vllm_series import VllmSeries as Server
 from tuner.measure.scrape import parse
-from tuner.monitor.signals import MissingSeries, window_signals
+from tuner.monitor.signals import MissingSeries, bucket_keys, window_signals
 
 
 def test_window_signals_from_two_scrapes() -> None:
@@ -30,6 +30,9 @@ def test_window_signals_from_two_scrapes() -> None:
     assert sig["error_frac"] == pytest.approx(10 / 40)
     assert sig["itl_ms_mean"] == pytest.approx(8.0)
     assert 5.0 < sig["itl_ms_p90"] <= 10.0 and 10.0 < sig["ttft_ms_p50"] <= 50.0
+    lo, hi = (sig[k] for k in bucket_keys("ttft_ms_p50"))  # the bucket it was interpolated in
+    assert lo < sig["ttft_ms_p50"] <= hi and 10.0 <= lo and hi <= 50.0
+    assert all(k in sig for n in ("ttft_ms_p90", "itl_ms_p90") for k in bucket_keys(n))
     assert (sig["running"], sig["waiting"], sig["kv_cache_usage_frac"]) == (4, 2, 0.5)
     assert sig["preemptions_per_s"] == 0
 
