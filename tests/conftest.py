@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,11 @@ from typing import Any
 import pytest
 
 from tests.support.agents import write_agent
+
+# The CLI's tables take COLUMNS where it is set (tuner.base.textfmt.console_width), and the tests read its output
+# as a pipe sees it, with none: pytest-xdist's workers set COLUMNS to the controller's terminal width (80 off a
+# terminal), which wrapped `tuner status` and `tuner observe` tables there
+os.environ.pop("COLUMNS", None)
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """Spec fuzzing: a valid simulator agent mutated by hypothesis (hostile values in any field, fields removed
 or added, hostile expressions, YAML anchors) goes through `tuner validate`. Every spec exits 0 or 2, never
-with a traceback, within 2 s of CPU and 500 MB (peak RSS); every spec validate accepts also starts `run`
+with a traceback, within 5 s of CPU and 500 MB (peak RSS); every spec validate accepts also starts `run`
 on the sim target (the session opens and its first trial is recorded, never left RUNNING) and holds no
 value (a choice, a range's end, a fixed value) the simulator refuses whatever the other knobs are."""
 
@@ -106,7 +106,7 @@ _RSS0_MB = [_max_rss_mb()]  # set again once validate's imports are done (the _w
 
 
 def _validate(path: Path) -> tuple[int, str]:
-    """Validate in this process: exit 0 or 2, no traceback, under 2 s of CPU; this process's peak memory
+    """Validate in this process: exit 0 or 2, no traceback, under 5 s of CPU; this process's peak memory
     (which only grows) stays within 500 MB of its peak before the first spec, so no spec took 500 MB more."""
     t0, cpu0 = time.monotonic(), time.thread_time()
     r = CliRunner().invoke(app, ["validate", str(path)])
@@ -120,9 +120,11 @@ def _validate(path: Path) -> tuple[int, str]:
     assert r.exit_code in (0, 2), r.output
     assert "Traceback" not in r.output, r.output
     # CPU time (what a tower of powers or a billion laughs burns), not wall time a loaded host stretches;
-    # the wall-time bound catches waiting (on a pipe, a device) and is far beyond what 2 s of CPU become on a
-    # host with several busy processes per core
-    assert cpu < 2.0, f"validate took {cpu:.1f} s of CPU"
+    # the wall-time bound catches waiting (on a pipe, a device) and is far beyond what 5 s of CPU become on a
+    # host with several busy processes per core. The CPU time of the same work grows on a busy host too (shared
+    # caches, clocks): one spec's validate read 2.1 s with two test processes on 2 cores; the blow-ups it is
+    # there for burn minutes
+    assert cpu < 5.0, f"validate took {cpu:.1f} s of CPU"
     assert took < 120.0, f"validate took {took:.1f} s"
     assert grown_mb < 500, f"validate took the process's memory {grown_mb:.0f} MB up"
     return r.exit_code, r.output
