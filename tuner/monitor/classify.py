@@ -343,7 +343,7 @@ class Monitor:
             self._blind_times.add(t)
         for name, x in self.last_signals.items():
             lo, hi = (signals.get(k) for k in bucket_keys(name))
-            bucket = (float(lo), float(hi)) if lo is not None and hi is not None else None
+            bucket = (lo, hi) if lo is not None and hi is not None else None
             self.tracks[name].add(t, x, self.residual(name, x), bucket)
         events = self._saturation(t)
         if self.learning:

@@ -266,19 +266,12 @@ def test_a_quantile_across_a_wide_bucket_edge_is_judged_with_both_buckets_uncert
         return change
 
     def run(change: Change, config: MonitorConfig | None = None, seed: int = 0) -> list[tuple[int, Event]]:
-        def bucketed(w: dict[str, float], i: int) -> None:
+        def every(w: dict[str, float], i: int) -> None:  # every window moved to the edges, the change from 40
+            base(w)
             if i >= 40:
                 change(w, i)
             _in_buckets(w)
-        rng = random.Random(seed)
-        m = Monitor(config or MonitorConfig(interval_s=15.0))
-        out = []
-        for i in range(80):
-            w = {k: rng.gauss(mu, sd) for k, (mu, sd) in NORMAL.items()}
-            base(w)
-            bucketed(w, i)
-            out.extend((i, e) for e in m.observe(1000.0 + 15.0 * i, w))
-        return out
+        return stream(every, at=0, seed=seed, config=config)[1]
 
     for seed in range(4):
         assert run(across(1.0, 1.0, 1.0), seed=seed) == []
