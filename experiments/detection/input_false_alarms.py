@@ -1,6 +1,7 @@
 """Input drifts only (rate, prompt and output means) on stationary streams, bootstrapped window by window, N x 4 h
 per stream; MODE lin (shipped), log (all inputs on the log scale), sqrtlog (Anscombe sqrt of the rate count, log of
-the length means). Run from the repository root: N=300 MODE=lin python experiments/detection/input_false_alarms.py"""
+the length means). Counts are alarmed input signals of the drifts (one drift may carry two).
+Run from the repository root: N=300 MODE=lin python experiments/detection/input_false_alarms.py"""
 import collections
 import dataclasses
 import math
@@ -15,6 +16,7 @@ import run
 
 import tuner.monitor.classify as C
 from tuner.monitor.classify import Monitor, MonitorConfig
+from tuner.monitor.signals import INPUTS
 
 MODE = os.environ.get("MODE", "lin")
 if MODE in ("sqrtlog", "log"):
@@ -33,7 +35,6 @@ files = [
 ]
 expect = run.expectation(Path("experiments/sim-calibration/model-cpu.json"))
 N = int(os.environ.get("N", "60"))
-INP = ("rate_per_s","prompt_tokens_mean","output_tokens_mean")
 allc = collections.Counter()
 for tag, f, name in files:
     p, _ = run.load(Path("experiments/detection") / f)
@@ -41,17 +42,18 @@ for tag, f, name in files:
     cfg = MonitorConfig(interval_s=15)
     stat = ws[run.warmup(ws, cfg, expect):]
     if MODE == "sqrtlog":
-        stat = [{**w, "rate_per_s": math.sqrt(w["rate_per_s"] * 15 + 3 / 8)} if "rate_per_s" in w else w for w in stat]
+        stat = [{**w, "rate_per_s": math.sqrt(w["rate_per_s"] * cfg.interval_s + 3 / 8)} if "rate_per_s" in w else w
+                for w in stat]
     rng = random.Random(int(os.environ.get("SEED", "0")))
     cnt = collections.Counter()
-    n = int(4 * 3600 / 15)
+    n = int(4 * 3600 / cfg.interval_s)
     for _ in range(N):
         m = Monitor(cfg, expect)
-        for i, w in enumerate(run.bootstrap(stat, n + 20, int(os.environ.get("BLOCK", "1")), rng)):
-            for e in m.observe(15 * i, {k: w[k] for k in (*INP, "finished_per_s") if k in w}):
+        for i, w in enumerate(run.bootstrap(stat, n + cfg.learn_windows, int(os.environ.get("BLOCK", "1")), rng)):
+            for e in m.observe(cfg.interval_s * i, {k: w[k] for k in (*INPUTS, "finished_per_s") if k in w}):
                 if e.kind == "drift":
                     for k, v in e.signals.items():
-                        if k in INP:
+                        if k in INPUTS:
                             cnt[k.split("_")[0] + ":" + v.get("direction")] += 1
     allc.update(cnt)
     print(MODE, tag, N * 4, sum(cnt.values()), dict(sorted(cnt.items())), flush=True)
