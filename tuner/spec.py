@@ -415,6 +415,10 @@ class MonitorSpec(_Strict):
                                                 "monitor is to find fastest (0.3: 30 % slower); its latency CUSUMs "
                                                 "take half of it as their allowance, so a host a few percent "
                                                 "slower for minutes is no alarm; null: the CUSUM's own k alone")
+    drift_to_find_frac: float | None = Field(default=0.5, gt=0, le=10, description="the input drift (request "
+                                             "rate, prompt or output length) the monitor is to find fastest (0.5: "
+                                             "1.5 times or 1 / 1.5 of normal); its input CUSUMs take half of it as "
+                                             "their allowance; null: the CUSUM's own k alone")
     kv_full_frac: float = Field(default=0.95, gt=0, le=1)
     dram_limit_frac: float = Field(default=0.85, gt=0, le=1, description="DRAM active above it is saturation")
     gpus: list[int] = Field(default_factory=list, description="this host's GPU indices to read through NVML")

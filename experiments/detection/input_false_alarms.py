@@ -1,10 +1,11 @@
 """Input drifts only (rate, prompt and output means) on stationary streams, bootstrapped window by window, N x 4 h
-per stream; MODE lin (shipped), log (all inputs on the log scale), sqrtlog (Anscombe sqrt of the rate count, log of
-the length means). Counts are alarmed input signals of the drifts (one drift may carry two).
-Run from the repository root: N=300 MODE=lin python experiments/detection/input_false_alarms.py"""
+per stream. SCALES: shipped (the monitor's RULES: sqrt of the rate, log of the lengths), lin (all three on their
+own scale, as before 2026-12-03), log (all three on the log scale); DRIFT: the inputs' drift to find (the
+monitor's MonitorConfig.drift_to_find_frac; "none": the CUSUM's k alone). Counts are alarmed input signals of the
+drifts (one drift may carry two).
+Run from the repository root: N=300 SCALES=shipped DRIFT=0.5 python experiments/detection/input_false_alarms.py"""
 import collections
 import dataclasses
-import math
 import os
 import random
 import sys
@@ -18,12 +19,11 @@ import tuner.monitor.classify as C
 from tuner.monitor.classify import Monitor, MonitorConfig
 from tuner.monitor.signals import INPUTS
 
-MODE = os.environ.get("MODE", "lin")
-if MODE in ("sqrtlog", "log"):
-    for k in ("prompt_tokens_mean", "output_tokens_mean"):
-        C.RULES[k] = dataclasses.replace(C.RULES[k], log=True)
-if MODE == "log":
-    C.RULES["rate_per_s"] = dataclasses.replace(C.RULES["rate_per_s"], log=True)
+SCALES = os.environ.get("SCALES", "shipped")
+if SCALES != "shipped":  # this process's own table of rules, rewritten for the variant
+    for k in INPUTS:
+        C.RULES[k] = dataclasses.replace(C.RULES[k], transform="identity" if SCALES == "lin" else "log")
+DRIFT = os.environ.get("DRIFT", str(MonitorConfig.drift_to_find_frac))
 files = [
     ("a", "recorded2.jsonl.gz", "stationary_a"),
     ("b", "recorded2.jsonl.gz", "stationary_b"),
@@ -35,17 +35,15 @@ files = [
 ]
 expect = run.expectation(Path("experiments/sim-calibration/model-cpu.json"))
 N = int(os.environ.get("N", "60"))
-allc = collections.Counter()
+tag_run = f"scales={SCALES} drift={DRIFT}"
+allc: collections.Counter[str] = collections.Counter()
 for tag, f, name in files:
     p, _ = run.load(Path("experiments/detection") / f)
     ws = [w for _, w in p[name]]
-    cfg = MonitorConfig(interval_s=15)
+    cfg = MonitorConfig(interval_s=15, drift_to_find_frac=None if DRIFT == "none" else float(DRIFT))
     stat = ws[run.warmup(ws, cfg, expect):]
-    if MODE == "sqrtlog":
-        stat = [{**w, "rate_per_s": math.sqrt(w["rate_per_s"] * cfg.interval_s + 3 / 8)} if "rate_per_s" in w else w
-                for w in stat]
     rng = random.Random(int(os.environ.get("SEED", "0")))
-    cnt = collections.Counter()
+    cnt: collections.Counter[str] = collections.Counter()
     n = int(4 * 3600 / cfg.interval_s)
     for _ in range(N):
         m = Monitor(cfg, expect)
@@ -56,6 +54,6 @@ for tag, f, name in files:
                         if k in INPUTS:
                             cnt[k.split("_")[0] + ":" + v.get("direction")] += 1
     allc.update(cnt)
-    print(MODE, tag, N * 4, sum(cnt.values()), dict(sorted(cnt.items())), flush=True)
+    print(tag_run, tag, N * 4, sum(cnt.values()), dict(sorted(cnt.items())), flush=True)
 per_day = round(sum(allc.values()) / (len(files) * N * 4 / 24), 3)
-print(MODE, "total", sum(allc.values()), "per day", per_day, dict(sorted(allc.items())))
+print(tag_run, "total", sum(allc.values()), "per day", per_day, dict(sorted(allc.items())))

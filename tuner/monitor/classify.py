@@ -34,6 +34,7 @@ from tuner.monitor.detect import (
     Cusum,
     Direction,
     SignalTrack,
+    Transform,
     change_index,
     lag1,
     threshold,
@@ -52,16 +53,18 @@ KINDS: tuple[EventKind, ...] = ("drift", "anomaly", "saturation", "recovery")
 class SignalRule:
     direction: Direction  # which way a change matters
     floor_abs: float  # the resolution of the signal, in its unit (the baseline's smallest scale)
-    log: bool = False  # watched on the log scale (latencies: multiplicative, right-skewed noise)
+    transform: Transform = "identity"  # the scale it is watched on (tuner.monitor.detect.Transform)
     tested: bool = True  # False: an explanatory signal (the environment), recorded but never alarming
 
 
 RULES: dict[str, SignalRule] = {
-    "rate_per_s": SignalRule("both", 0.01), "prompt_tokens_mean": SignalRule("both", 1.0),
-    "output_tokens_mean": SignalRule("both", 1.0),
-    "ttft_ms_p50": SignalRule("up", 0.1, log=True), "ttft_ms_p90": SignalRule("up", 0.1, log=True),
-    "itl_ms_mean": SignalRule("up", 0.05, log=True), "itl_ms_p90": SignalRule("up", 0.05, log=True),
-    "e2el_ms_p50": SignalRule("up", 0.5, log=True), "e2el_ms_p90": SignalRule("up", 0.5, log=True),
+    # the inputs' windows have tails heavier than a Gaussian's on their own scale (a single long prompt moves a
+    # window's mean length; experiments/detection's input_false_alarms.py), less so on these
+    "rate_per_s": SignalRule("both", 0.01, "sqrt"), "prompt_tokens_mean": SignalRule("both", 1.0, "log"),
+    "output_tokens_mean": SignalRule("both", 1.0, "log"),
+    "ttft_ms_p50": SignalRule("up", 0.1, "log"), "ttft_ms_p90": SignalRule("up", 0.1, "log"),
+    "itl_ms_mean": SignalRule("up", 0.05, "log"), "itl_ms_p90": SignalRule("up", 0.05, "log"),
+    "e2el_ms_p50": SignalRule("up", 0.5, "log"), "e2el_ms_p90": SignalRule("up", 0.5, "log"),
     "error_frac": SignalRule("up", 0.01),
     # the requests in the server and their cache follow from the load and the latencies (Little's law), and
     # the token throughput from the rate and the output length while the server keeps up (when it does not,
@@ -98,6 +101,10 @@ class MonitorConfig:
     # quiet host, whose latency scale is small, 1.25 scales would be a shift of a few percent, and minutes of a
     # host slower by 10-16 % (experiments/detection) would add up to an alarm. None: k alone
     slowdown_to_find_frac: float | None = 0.3
+    # an input's allowance likewise at least half the drift to find (a rate or a length 1 + frac times its
+    # normal, or 1 / (1 + frac) of it) on its scale: the inputs' windows have heavy tails, and moderate
+    # residuals summed over several windows made most of their false alarms (experiments/detection). None: k
+    drift_to_find_frac: float | None = 0.5
     # residuals clipped to +-z_clip; by default (None) to h/2 + k + 0.25 (the signal's own h and k), where one
     # window, however far out, cannot alarm alone and two at the clip do: a burst of one window is no change
     z_clip: float | None = None
@@ -181,6 +188,7 @@ class MonitorConfig:
         return cls(interval_s=interval_s, false_alarms_per_day=spec.false_alarms_per_day,
                    learn_windows=spec.learn_windows, settle_windows=spec.settle_windows,
                    recovery_windows=spec.recovery_windows, slowdown_to_find_frac=spec.slowdown_to_find_frac,
+                   drift_to_find_frac=spec.drift_to_find_frac,
                    kv_full_frac=spec.kv_full_frac,
                    dram_limit_frac=spec.dram_limit_frac)
 
@@ -430,19 +438,21 @@ class Monitor:
         CUSUM designed for it (its reset is the caller's)."""
         rule, latency = RULES[tr.name], tr.name in LATENCIES
         floor = self.config.latency_rel_floor if latency else self.config.rel_floor
-        tr.baseline = Baseline.learn(vals, rule.floor_abs, log=rule.log, rel_floor=floor,
+        tr.baseline = Baseline.learn(vals, rule.floor_abs, transform=rule.transform, rel_floor=floor,
                                      rho=self._rho if latency else 0.0, robust=latency and self.config.robust)
         tr.learn_bucket(self.config.learn_windows)
         tr.cusum.k, tr.cusum.h = self._design(tr.name, tr.baseline)
 
     def _design(self, name: str, baseline: Baseline) -> tuple[float, float]:
         """A signal's CUSUM allowance k and threshold h on this baseline: MonitorConfig.k, and for a latency at
-        least half the slowdown to find in its scale (MonitorConfig.slowdown_to_find_frac); h from k for the
-        test's share of the false-alarm budget (the same for every test, whatever its k)."""
+        least half the slowdown to find in its scale (MonitorConfig.slowdown_to_find_frac), for an input at least
+        half the drift to find (drift_to_find_frac); h from k for the test's share of the false-alarm budget (the
+        same for every test, whatever its k)."""
         c = self.config
         k = c.k
-        if name in LATENCIES and baseline.log and c.slowdown_to_find_frac is not None and baseline.scale > 0:
-            k = max(k, math.log1p(c.slowdown_to_find_frac) / 2 / baseline.scale)
+        frac = c.slowdown_to_find_frac if name in LATENCIES else c.drift_to_find_frac if name in INPUTS else None
+        if frac is not None and baseline.scale > 0:
+            k = max(k, baseline.shift_of(frac, RULES[name].direction) / 2 / baseline.scale)
         return k, (self.h if k == c.k else threshold(c.false_alarms_per_day, c.interval_s, TESTS, k))
 
     def _warming(self) -> bool:
@@ -485,7 +495,7 @@ class Monitor:
         onset = change_index(tr.residuals[-60:])
         start = len(tr.residuals[-60:])
         return {"direction": side, "baseline": b.level if b else None, "scale": b.scale if b else None,
-                "log_scale": b.log if b else False, "expected": self._expected(name),
+                "transform": b.transform if b else RULES[name].transform, "expected": self._expected(name),
                 "value": tr.values[-1] if tr.values else None,
                 "onset_time": tr.times[-start + onset] if onset is not None else None}
 

@@ -1,6 +1,7 @@
 """Change detection: a two-sided CUSUM (Page 1954) on standardised residuals, one per signal and direction.
 
-Each signal's window value x (its log for latencies) is standardised against its baseline (the champion's own
+Each signal's window value x, on its watched scale (the log of a latency or a length, the square root of a rate),
+is standardised against its baseline (the champion's own
 behaviour: the median and spread of the first `learn_windows` windows after a (re)start),
 z = (x - centre) / scale, and fed to
 
@@ -30,6 +31,9 @@ from scipy.optimize import brentq
 from scipy.stats import chi2, norm
 
 Direction = Literal["up", "down", "both"]
+# the scale a signal is watched on: its own (identity), its log (latencies, lengths: multiplicative, right-skewed
+# noise), or its square root (a count's rate: Poisson noise, whose variance is its mean, has a constant one there)
+Transform = Literal["identity", "log", "sqrt"]
 SECONDS_PER_DAY = 86400.0
 
 
@@ -67,27 +71,46 @@ def lag1(values: Sequence[float], *, log: bool = False) -> float | None:
     return sum((a - m) * (b - m) for a, b in zip(vals, vals[1:], strict=False)) / den
 
 
+def forward(x: float, transform: Transform) -> float:
+    """`x` on the scale `transform` names."""
+    if transform == "log":
+        return math.log(max(x, 1e-12))
+    if transform == "sqrt":
+        return math.sqrt(max(x, 0.0))
+    return x
+
+
+def inverse(y: float, transform: Transform) -> float:
+    """The value in the signal's own unit of `y` on the scale `transform` names."""
+    if transform == "log":
+        return math.exp(y)
+    if transform == "sqrt":
+        return max(y, 0.0) ** 2
+    return y
+
+
 @dataclass(frozen=True)
 class Baseline:
-    """A signal's normal value and the spread of one window around it."""
+    """A signal's normal value and the spread of one window around it, on its watched scale (Transform)."""
 
     centre: float
     scale: float
-    log: bool = False  # centre and scale of log(x): latencies, whose noise is multiplicative and skewed
+    transform: Transform = "identity"
 
     @property
     def level(self) -> float:
         """The normal value in the signal's own unit."""
-        return math.exp(self.centre) if self.log else self.centre
+        return inverse(self.centre, self.transform)
 
     @classmethod
-    def learn(cls, values: Sequence[float], floor: float, confidence: float = 0.9, *, log: bool = False,
+    def learn(cls, values: Sequence[float], floor: float, confidence: float = 0.9, *, transform: Transform = "identity",
               rel_floor: float = 0.0, rho: float = 0.0, robust: bool = False) -> Baseline:
         """The median, and as scale the larger of the MAD's normal-consistent scale and the upper `confidence`
         bound of the standard deviation (chi-square), times sqrt(1 + 1/n) for the centre's own error: a
         baseline learnt from n windows misjudges both, and a CUSUM fed a scale too small alarms far more often
         than its threshold promises. At least `floor` (the resolution below which a change means nothing: a
-        queue of 0.5 requests, 1 % errors). `rho`, the windows' lag-1 autocorrelation (> 0: a slow neighbour
+        queue of 0.5 requests, 1 % errors) and `rel_floor` of the median, both in the signal's unit and taken
+        to its watched scale there. `rho`, the windows' lag-1 autocorrelation (> 0: a slow neighbour
         moves several windows together), widens the scale to the long-run one of an AR(1) series,
         sqrt((1 + rho) / (1 - rho)): the CUSUM sums windows, and correlated windows sum to more than independent
         ones would. `robust`: the scale from the MAD alone, at its upper `confidence` bound (its standard
@@ -97,12 +120,15 @@ class Baseline:
         vals = [v for v in values if math.isfinite(v)]
         if not vals:
             raise ValueError("no values to learn a baseline from")
-        if log:  # the floor becomes relative: `floor` units at the median, or rel_floor, whichever is larger
-            med = max(statistics.median(vals), 1e-12)
-            floor = max(rel_floor, floor / med)
-            vals = [math.log(max(v, 1e-12)) for v in vals]
+        med = statistics.median(vals)
+        if transform == "log":  # the floor becomes relative: `floor` units at the median, or rel_floor
+            floor = max(rel_floor, floor / max(med, 1e-12))
+        elif transform == "sqrt":  # d sqrt(x) = dx / (2 sqrt(x)) at the median
+            root = math.sqrt(max(med, 1e-12))
+            floor = max(floor / (2 * root), rel_floor * root / 2)
         else:
-            floor = max(floor, rel_floor * abs(statistics.median(vals)))
+            floor = max(floor, rel_floor * abs(med))
+        vals = [forward(v, transform) for v in vals]
         n = len(vals)
         centre = statistics.median(vals)
         mad = statistics.median(abs(v - centre) for v in vals) * 1.4826
@@ -113,12 +139,18 @@ class Baseline:
             sd = statistics.stdev(vals) * math.sqrt((n - 1) / chi2.ppf(1 - confidence, n - 1)) if n > 1 else 0.0
         rho = min(max(rho, 0.0), MAX_RHO)
         return cls(centre=centre, scale=max(sd, mad, floor) * math.sqrt(1 + 1 / n) * math.sqrt((1 + rho) / (1 - rho)),
-                   log=log)
+                   transform=transform)
 
     def z(self, x: float) -> float:
-        if self.log:
-            x = math.log(max(x, 1e-12))
-        return (x - self.centre) / self.scale
+        return (forward(x, self.transform) - self.centre) / self.scale
+
+    def shift_of(self, frac: float, direction: Direction) -> float:
+        """How far the signal moves on its watched scale when its level grows by 1 + frac (`up`), falls to
+        1 / (1 + frac) of it (`down`), or the smaller of the two (`both`): the shift a CUSUM designed to find
+        that change takes half of as its allowance."""
+        up = forward(self.level * (1 + frac), self.transform) - self.centre
+        down = self.centre - forward(self.level / (1 + frac), self.transform)
+        return up if direction == "up" else down if direction == "down" else min(up, down)
 
 
 @dataclass

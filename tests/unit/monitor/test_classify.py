@@ -58,7 +58,7 @@ def test_rate_doubling_is_drift_even_though_latency_moved_with_it() -> None:
     i, e = ev[0]
     assert i - 40 <= 1 and e.cause == "inputs" and "rate_per_s" in e.signals
     assert abs(e.observed["rate_per_s"] - 8.0) < 1.0  # the new load, for the next cycle to tune for
-    assert m.learning or m.tracks["rate_per_s"].baseline.centre > 6  # learning the new normal
+    assert m.learning or m.tracks["rate_per_s"].baseline.level > 6  # learning the new normal
 
 
 def test_a_slowdown_at_the_same_load_is_an_anomaly_then_recovers() -> None:
@@ -223,17 +223,47 @@ def test_a_latency_cusum_is_designed_for_the_slowdown_to_find() -> None:
         assert kinds(ev)[:1] == ["anomaly"] and ev[0][0] - 40 <= 1
 
 
-def test_the_slowdown_to_find_is_the_agent_files_and_checked(tmp_path: Path) -> None:
-    watch = {"url": "http://127.0.0.1:9/metrics", "interval_s": 15, "monitor": {"slowdown_to_find_frac": 0.5}}
+def _drift(frac: float, *names: str) -> Change:
+    def change(w: dict[str, float], i: int) -> None:
+        for k in names:
+            w[k] *= 1 + frac
+    return change
+
+
+def test_an_input_cusum_is_designed_for_the_drift_to_find() -> None:
+    # a rate 12 % up (well under the x1.5 the monitor is to find) alarms on fewer of these streams than with
+    # the CUSUM's own k alone; a rate or a length doubled, halved or x4 is found within 2 windows either way
+    designed = alone = 0
+    for seed in range(8):
+        m, ev = stream(_drift(0.12, "rate_per_s"), seed=seed)
+        for name in ("rate_per_s", "prompt_tokens_mean", "output_tokens_mean"):
+            track = m.tracks[name]
+            assert track.baseline is not None and track.cusum.k >= m.config.k
+            assert track.cusum.k * track.baseline.scale >= track.baseline.shift_of(0.5, "both") / 2 - 1e-9
+        designed += bool(ev)
+        off = Monitor(MonitorConfig(interval_s=15.0, drift_to_find_frac=None))
+        assert off._design("rate_per_s", m.tracks["rate_per_s"].baseline)[0] == off.config.k
+        _, ev = stream(_drift(0.12, "rate_per_s"), seed=seed, config=off.config)
+        alone += bool(ev)
+        for name, frac in (("rate_per_s", 1.0), ("rate_per_s", -0.5), ("prompt_tokens_mean", 1.0),
+                           ("prompt_tokens_mean", -0.5), ("output_tokens_mean", 3.0)):
+            _, ev = stream(_drift(frac, name), seed=seed)
+            assert kinds(ev)[:1] == ["drift"] and ev[0][0] - 40 <= 1 and name in ev[0][1].signals, (name, frac)
+    assert designed < alone
+
+
+@pytest.mark.parametrize("field", ["slowdown_to_find_frac", "drift_to_find_frac"])
+def test_the_change_to_find_is_the_agent_files_and_checked(tmp_path: Path, field: str) -> None:
+    watch = {"url": "http://127.0.0.1:9/metrics", "interval_s": 15, "monitor": {field: 0.5}}
     spec = load_agent(agents.write_agent(tmp_path / "a.yaml", name="a", watch=watch)).spec
     assert spec.watch is not None and spec.watch.monitor is not None
-    assert MonitorConfig.from_spec(spec.watch.monitor, 15.0).slowdown_to_find_frac == 0.5
-    watch["monitor"] = {"slowdown_to_find_frac": None}
+    assert getattr(MonitorConfig.from_spec(spec.watch.monitor, 15.0), field) == 0.5
+    watch["monitor"] = {field: None}
     spec = load_agent(agents.write_agent(tmp_path / "b.yaml", name="b", watch=watch)).spec
     assert spec.watch is not None and spec.watch.monitor is not None
-    assert MonitorConfig.from_spec(spec.watch.monitor, 15.0).slowdown_to_find_frac is None
-    watch["monitor"] = {"slowdown_to_find_frac": -0.3}
-    with pytest.raises(ConfigError, match=r"c\.yaml[\s\S]*slowdown_to_find_frac[\s\S]*greater than 0"):
+    assert getattr(MonitorConfig.from_spec(spec.watch.monitor, 15.0), field) is None
+    watch["monitor"] = {field: -0.3}
+    with pytest.raises(ConfigError, match=rf"c\.yaml[\s\S]*{field}[\s\S]*greater than 0"):
         load_agent(agents.write_agent(tmp_path / "c.yaml", name="c", watch=watch))
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 
-from tuner.monitor.detect import Baseline, Cusum, arl0, change_index, lag1, threshold
+from tuner.monitor.detect import Baseline, Cusum, Transform, arl0, change_index, lag1, threshold
 
 
 def run_length(h: float, k: float, rng: random.Random, cap: int = 100_000) -> int:
@@ -56,6 +57,40 @@ def test_baseline_is_robust_and_floored() -> None:
     assert Baseline.learn([0.0] * 10, floor=0.5).scale == pytest.approx(0.5 * 1.1 ** 0.5)  # the resolution
     with pytest.raises(ValueError):
         Baseline.learn([], floor=1)
+
+
+def test_a_baseline_on_its_watched_scale() -> None:
+    rng = random.Random(2)
+    rates = [rng.gauss(4.0, 0.4) for _ in range(200)]
+    b = Baseline.learn(rates, floor=0.01, transform="sqrt")
+    assert b.transform == "sqrt" and abs(b.level - 4.0) < 0.2  # the level in the signal's own unit
+    assert 0.08 < b.scale < 0.14  # sd(sqrt x) ~ sd(x) / (2 sqrt(mean)) = 0.1
+    assert b.z(b.level) == pytest.approx(0.0) and b.z(4 * b.level) == pytest.approx(b.centre / b.scale)
+    lengths = Baseline.learn([rng.lognormvariate(math.log(100), 0.1) for _ in range(200)], floor=1, transform="log")
+    assert abs(lengths.level - 100) < 3 and 0.08 < lengths.scale < 0.13
+    assert lengths.z(lengths.level * 1.5) == pytest.approx(math.log(1.5) / lengths.scale)
+    # the floors, in the signal's unit, taken to its scale at the median
+    grow = 1.1 ** 0.5
+    assert Baseline.learn([4.0] * 10, floor=0.01, transform="sqrt").scale == pytest.approx(0.01 / 4 * grow)
+    assert Baseline.learn([4.0] * 10, floor=0.01, transform="sqrt", rel_floor=0.1).scale == pytest.approx(0.1 * grow)
+    assert Baseline.learn([100.0] * 10, floor=1, transform="log").scale == pytest.approx(0.01 * grow)
+    assert Baseline.learn([100.0] * 10, floor=1, transform="log", rel_floor=0.05).scale == pytest.approx(0.05 * grow)
+    assert Baseline.learn([100.0] * 10, floor=1, rel_floor=0.05).scale == pytest.approx(5 * grow)
+
+
+@pytest.mark.parametrize("transform", ["identity", "log", "sqrt"])
+def test_the_shift_of_a_change_on_each_scale(transform: Transform) -> None:
+    b = Baseline.learn([9.0, 10.0, 11.0, 10.0], floor=0.01, transform=transform)
+    level = b.level
+    assert level == pytest.approx(10.0)
+    up, down = b.shift_of(0.5, "up"), b.shift_of(0.5, "down")
+    assert b.z(level * 1.5) * b.scale == pytest.approx(up)  # the shift is what the change moves z by
+    assert -b.z(level / 1.5) * b.scale == pytest.approx(down)
+    assert b.shift_of(0.5, "both") == pytest.approx(min(up, down))
+    if transform == "log":
+        assert up == pytest.approx(down) == pytest.approx(math.log(1.5))  # symmetric: a ratio either way
+    else:
+        assert down < up  # falling to 1 / 1.5 moves less than growing by 1.5 on a concave or linear scale
 
 
 def test_change_index_locates_the_step() -> None:
