@@ -319,6 +319,8 @@ def main() -> None:
     ap.add_argument("--latency-rel-floor", type=float, default=MonitorConfig.latency_rel_floor)
     ap.add_argument("--slowdown-to-find", type=float, default=MonitorConfig.slowdown_to_find_frac,
                     help="a latency's CUSUM allowance at least half this slowdown (a fraction; 0: k alone)")
+    ap.add_argument("--drift-to-find", type=float, default=MonitorConfig.drift_to_find_frac,
+                    help="an input's CUSUM allowance at least half this drift (a fraction; 0: k alone)")
     ap.add_argument("--history-windows", type=int, default=MonitorConfig.history_windows,
                     help="latency baselines learnt again from up to this many calm windows (default: never)")
     ap.add_argument("--corroborate", type=int, default=MonitorConfig.corroborate)
@@ -371,6 +373,7 @@ def main() -> None:
                         wait_law_error=args.wait_law_error, latency_rel_floor=args.latency_rel_floor,
                         corroborate=args.corroborate, confirm_windows=args.confirm_windows,
                         alone=tuple(args.alone), slowdown_to_find_frac=args.slowdown_to_find or None,
+                        drift_to_find_frac=args.drift_to_find or None,
                         history_windows=args.history_windows, bucket_error=not args.no_bucket_error)
     expect = expectation(args.sim_model)
     rng = random.Random(args.seed)
@@ -382,6 +385,7 @@ def main() -> None:
           f"{cfg.wait_error:g}); latency scales widened for autocorrelation: {cfg.autocorrelation}; expectation "
           f"from the simulator: {args.sim_model is not None}; latency scales at least {cfg.latency_rel_floor:g} (log); "
           f"a latency's allowance at least half of a slowdown of {cfg.slowdown_to_find_frac or 0:g} (log); "
+          f"an input's at least half of a drift of {cfg.drift_to_find_frac or 0:g} (rate: sqrt, lengths: log); "
           f"quantiles widened in another bucket than their baseline's: {cfg.bucket_error}; "
           f"a latency anomaly needs {cfg.corroborate} latency signals or one confirmed within "
           f"{cfg.confirm_windows} windows, except {', '.join(cfg.alone) or 'none'} (alone)\n")
