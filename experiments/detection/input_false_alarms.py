@@ -1,6 +1,7 @@
 """Input drifts only (rate, prompt and output means) on stationary streams, bootstrapped window by window, N x 4 h
-per stream. SCALES: shipped (the monitor's RULES: sqrt of the rate, log of the lengths), lin (all three on their
-own scale, as before 2026-12-03), log (all three on the log scale); DRIFT: the inputs' drift to find (the
+per stream. SCALES: shipped (the monitor's RULES: the rate on its own scale, log of the lengths), sqrtlog (sqrt of
+the rate, log of the lengths), lin (all three on their own scale, as before 2026-12-03), log (all three on the log
+scale); DRIFT: the inputs' drift to find (the
 monitor's MonitorConfig.drift_to_find_frac; "none": the CUSUM's k alone). Counts are alarmed input signals of the
 drifts (one drift may carry two).
 Run from the repository root: N=300 SCALES=shipped DRIFT=0.5 python experiments/detection/input_false_alarms.py"""
@@ -17,12 +18,15 @@ import run
 
 import tuner.monitor.classify as C
 from tuner.monitor.classify import Monitor, MonitorConfig
+from tuner.monitor.detect import Transform
 from tuner.monitor.signals import INPUTS
 
 SCALES = os.environ.get("SCALES", "shipped")
-if SCALES != "shipped":  # this process's own table of rules, rewritten for the variant
-    for k in INPUTS:
-        C.RULES[k] = dataclasses.replace(C.RULES[k], transform="identity" if SCALES == "lin" else "log")
+VARIANTS: dict[str, dict[str, Transform]] = {
+    "lin": dict.fromkeys(INPUTS, "identity"), "log": dict.fromkeys(INPUTS, "log"),
+    "sqrtlog": {**dict.fromkeys(INPUTS, "log"), "rate_per_s": "sqrt"}}
+for k, transform in VARIANTS.get(SCALES, {}).items():  # this process's own table of rules, rewritten
+    C.RULES[k] = dataclasses.replace(C.RULES[k], transform=transform)
 DRIFT = os.environ.get("DRIFT", str(MonitorConfig.drift_to_find_frac))
 files = [
     ("a", "recorded2.jsonl.gz", "stationary_a"),

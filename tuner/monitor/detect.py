@@ -1,6 +1,6 @@
 """Change detection: a two-sided CUSUM (Page 1954) on standardised residuals, one per signal and direction.
 
-Each signal's window value x, on its watched scale (the log of a latency or a length, the square root of a rate),
+Each signal's window value x, on its watched scale (the log of a latency or a length; Transform),
 is standardised against its baseline (the champion's own
 behaviour: the median and spread of the first `learn_windows` windows after a (re)start),
 z = (x - centre) / scale, and fed to
@@ -32,7 +32,8 @@ from scipy.stats import chi2, norm
 
 Direction = Literal["up", "down", "both"]
 # the scale a signal is watched on: its own (identity), its log (latencies, lengths: multiplicative, right-skewed
-# noise), or its square root (a count's rate: Poisson noise, whose variance is its mean, has a constant one there)
+# noise), or its square root (a count's rate: Poisson noise, whose variance is its mean, has a constant one there;
+# tried for the request rate, experiments/detection, and not shipped: a doubling moves it fewer of its scales)
 Transform = Literal["identity", "log", "sqrt"]
 SECONDS_PER_DAY = 86400.0
 

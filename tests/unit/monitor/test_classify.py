@@ -231,25 +231,28 @@ def _drift(frac: float, *names: str) -> Change:
 
 
 def test_an_input_cusum_is_designed_for_the_drift_to_find() -> None:
-    # a rate 12 % up (well under the x1.5 the monitor is to find) alarms on fewer of these streams than with
-    # the CUSUM's own k alone; a rate or a length doubled, halved or x4 is found within 2 windows either way
+    # prompts 12 % longer (well under the x1.5 the monitor is to find) alarm on fewer of these streams than with
+    # the CUSUM's own k alone; a rate or a length doubled or x4 is found within 2 windows, halved within 3 (the
+    # rate is watched on its own scale, where halving moves it half as far as doubling)
     designed = alone = 0
     for seed in range(8):
-        m, ev = stream(_drift(0.12, "rate_per_s"), seed=seed)
+        m, ev = stream(_drift(0.12, "prompt_tokens_mean"), seed=seed)
         for name in ("rate_per_s", "prompt_tokens_mean", "output_tokens_mean"):
             track = m.tracks[name]
             assert track.baseline is not None and track.cusum.k >= m.config.k
             assert track.cusum.k * track.baseline.scale >= track.baseline.shift_of(0.5, "both") / 2 - 1e-9
         designed += bool(ev)
         off = Monitor(MonitorConfig(interval_s=15.0, drift_to_find_frac=None))
-        assert off._design("rate_per_s", m.tracks["rate_per_s"].baseline)[0] == off.config.k
-        _, ev = stream(_drift(0.12, "rate_per_s"), seed=seed, config=off.config)
+        assert off._design("prompt_tokens_mean", m.tracks["prompt_tokens_mean"].baseline)[0] == off.config.k
+        _, ev = stream(_drift(0.12, "prompt_tokens_mean"), seed=seed, config=off.config)
         alone += bool(ev)
         for name, frac in (("rate_per_s", 1.0), ("rate_per_s", -0.5), ("prompt_tokens_mean", 1.0),
                            ("prompt_tokens_mean", -0.5), ("output_tokens_mean", 3.0)):
             _, ev = stream(_drift(frac, name), seed=seed)
-            assert kinds(ev)[:1] == ["drift"] and ev[0][0] - 40 <= 1 and name in ev[0][1].signals, (name, frac)
-    assert designed < alone
+            late = ev[0][0] - 40 if ev else None
+            assert kinds(ev)[:1] == ["drift"] and name in ev[0][1].signals, (name, frac)
+            assert late is not None and late <= (2 if frac < 0 else 1), (name, frac, late)
+    assert designed < alone, (designed, alone)
 
 
 @pytest.mark.parametrize("field", ["slowdown_to_find_frac", "drift_to_find_frac"])
