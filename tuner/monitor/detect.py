@@ -124,9 +124,9 @@ class Baseline:
         med = statistics.median(vals)
         if transform == "log":  # the floor becomes relative: `floor` units at the median, or rel_floor
             floor = max(rel_floor, floor / max(med, 1e-12))
-        elif transform == "sqrt":  # d sqrt(x) = dx / (2 sqrt(x)) at the median
-            root = math.sqrt(max(med, 1e-12))
-            floor = max(floor / (2 * root), rel_floor * root / 2)
+        elif transform == "sqrt":  # what `floor` units, or rel_floor of it, above the median are on the root scale
+            root = math.sqrt(max(med, 0.0))
+            floor = max(math.sqrt(root ** 2 + floor) - root, root * (math.sqrt(1 + rel_floor) - 1))
         else:
             floor = max(floor, rel_floor * abs(med))
         vals = [forward(v, transform) for v in vals]

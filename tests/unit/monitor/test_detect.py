@@ -71,8 +71,10 @@ def test_a_baseline_on_its_watched_scale() -> None:
     assert lengths.z(lengths.level * 1.5) == pytest.approx(math.log(1.5) / lengths.scale)
     # the floors, in the signal's unit, taken to its scale at the median
     grow = 1.1 ** 0.5
-    assert Baseline.learn([4.0] * 10, floor=0.01, transform="sqrt").scale == pytest.approx(0.01 / 4 * grow)
-    assert Baseline.learn([4.0] * 10, floor=0.01, transform="sqrt", rel_floor=0.1).scale == pytest.approx(0.1 * grow)
+    assert Baseline.learn([4.0] * 10, floor=0.01, transform="sqrt").scale == pytest.approx((4.01 ** 0.5 - 2) * grow)
+    assert Baseline.learn([4.0] * 10, floor=0.01, transform="sqrt", rel_floor=0.1).scale == pytest.approx(
+        (4.4 ** 0.5 - 2) * grow)
+    assert Baseline.learn([0.0] * 10, floor=0.01, transform="sqrt").scale == pytest.approx(0.1 * grow)  # idle
     assert Baseline.learn([100.0] * 10, floor=1, transform="log").scale == pytest.approx(0.01 * grow)
     assert Baseline.learn([100.0] * 10, floor=1, transform="log", rel_floor=0.05).scale == pytest.approx(0.05 * grow)
     assert Baseline.learn([100.0] * 10, floor=1, rel_floor=0.05).scale == pytest.approx(5 * grow)
