@@ -97,8 +97,10 @@ def run_worker(session: Session, *, trials: int | None = None, wall_time_s: floa
     # every worker opens the study with the agent's seed: left so, their samplers would propose one sequence
     # between them, each configuration once per worker (Optuna reseeds its own parallel workers alike)
     study.study.sampler.reseed_rng()
-    reap(session)
-    run_id = fleet_run(session, budget)
+    # a worker that joins while the database restarts waits for it, as its trials do (each step is idempotent:
+    # reaping, the baseline's queueing and the fleet run's lookup under their locks)
+    with_db_retry("reap lost trials and queue the baseline", lambda: reap(session))
+    run_id = with_db_retry("join the fleet's MLflow run", lambda: fleet_run(session, budget))
     if gpu_pool is None:
         from tuner.placement.gpupool import GpuPool
 
@@ -146,7 +148,7 @@ def run_worker(session: Session, *, trials: int | None = None, wall_time_s: floa
                 return
             asked, take_s = taken
             if result.run_id is None and session.tracker.enabled:  # MLflow was down when this worker joined
-                result.run_id = fleet_run(session, budget)
+                result.run_id = with_db_retry("join the fleet's MLflow run", lambda: fleet_run(session, budget))
             outcome = run_trial(session, result.run_id, stop, gpu_pool, asked=asked)
             outcome.overhead_s += take_s  # reaping, the budget's lock and the ask
             with lock:
@@ -165,8 +167,10 @@ def run_worker(session: Session, *, trials: int | None = None, wall_time_s: floa
     result.counted = with_db_retry("count the study's trials", study.counted)
     result.wall_s = time.monotonic() - t0
     spent = budget is not None and result.counted >= budget
-    if (spent or exhausted.is_set()) and not _others_running(session):  # nothing more will join the fleet run
-        _end_fleet_run(session, result.run_id)
+    if (spent or exhausted.is_set()) and not with_db_retry("read the running trials",
+                                                           lambda: _others_running(session)):
+        # nothing more will join the fleet run
+        with_db_retry("end the fleet's MLflow run", lambda: _end_fleet_run(session, result.run_id))
     finish_tracking(session, interrupted=result.stopped)
     result.outcomes.sort(key=lambda o: o.number)
     return result
