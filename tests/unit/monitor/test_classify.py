@@ -141,6 +141,41 @@ def test_a_latency_quantile_jumping_alone_is_no_anomaly_unless_it_stays_or_anoth
     assert kinds(ev)[:1] == ["anomaly"]
 
 
+def _with_tails(change: Change | None = None) -> Change:
+    """Every window with TTFT and end-to-end p90s (1.5 and 1.4 times their medians), `change` from window 40."""
+    def tails(w: dict[str, float], i: int) -> None:
+        w["ttft_ms_p90"], w["e2el_ms_p90"] = 1.5 * w["ttft_ms_p50"], 1.4 * w["e2el_ms_p50"]
+        if change is not None and i >= 40:
+            change(w, i)
+    return tails
+
+
+def _times3(*names: str, until: int | None = None) -> Change:
+    def change(w: dict[str, float], i: int) -> None:
+        if until is None or i < until:
+            for k in names:
+                w[k] *= 3.0
+    return change
+
+
+def test_the_p90s_of_the_same_slow_requests_are_one_piece_of_evidence() -> None:
+    # a few slow requests for two windows move the TTFT p90 and the end-to-end p90 together, the medians not:
+    # one piece of evidence, no anomaly unless it goes on
+    p90s = ("ttft_ms_p90", "e2el_ms_p90")
+    for seed in range(4):
+        assert stream(_with_tails(), at=0, seed=seed)[1] == []
+        assert stream(_with_tails(_times3(*p90s, until=42)), at=0, seed=seed)[1] == [], seed
+        # counted as two (the earlier rule), the burst is an anomaly
+        _, ev = stream(_with_tails(_times3(*p90s, until=42)), at=0, seed=seed,
+                       config=MonitorConfig(interval_s=15.0, same_requests=()))
+        assert kinds(ev)[:1] == ["anomaly"], seed
+        # the tails up to stay are confirmed one window later; a p90 and a median at once are two pieces
+        _, ev = stream(_with_tails(_times3(*p90s)), at=0, seed=seed)
+        assert kinds(ev)[:1] == ["anomaly"] and 40 + 1 <= ev[0][0] <= 40 + 3, seed
+        _, ev = stream(_with_tails(_times3("ttft_ms_p90", "e2el_ms_p50")), at=0, seed=seed)
+        assert kinds(ev)[:1] == ["anomaly"] and ev[0][0] <= 40 + 1, seed
+
+
 def test_a_stall_of_the_itl_p90_alone_is_no_anomaly_but_a_slower_server_is() -> None:
     # a host stall of two windows: a few percent of the steps across a bucket edge, the p90 x1.6, the mean x1.1
     def stall(w: dict[str, float], i: int) -> None:
