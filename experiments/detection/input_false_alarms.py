@@ -1,9 +1,8 @@
 """Input drifts only (rate, prompt and output means) on stationary streams, bootstrapped window by window, N x 4 h
 per stream. SCALES: shipped (the monitor's RULES: the rate on its own scale, log of the lengths), sqrtlog (sqrt of
 the rate, log of the lengths), lin (all three on their own scale, as before 2026-12-03), log (all three on the log
-scale); DRIFT: the inputs' drift to find (the
-monitor's MonitorConfig.drift_to_find_frac; "none": the CUSUM's k alone). Counts are alarmed input signals of the
-drifts (one drift may carry two).
+scale); DRIFT: the inputs' drift to find (the monitor's MonitorConfig.drift_to_find_frac; "none": the CUSUM's k
+alone). Counts are alarmed input signals of the drifts (one drift may carry two).
 Run from the repository root: N=300 SCALES=shipped DRIFT=0.5 python experiments/detection/input_false_alarms.py"""
 import collections
 import dataclasses

@@ -43,10 +43,10 @@ import record  # noqa: E402
 
 from tests.support.nvml_double import ControlledNvml  # noqa: E402
 from tuner.measure.scrape import parse  # noqa: E402
-from tuner.monitor.classify import TESTS, Monitor, MonitorConfig  # noqa: E402
+from tuner.monitor.classify import RULES, TESTS, Monitor, MonitorConfig  # noqa: E402
 from tuner.monitor.contention import CpuSteal, CpuWait, proc_stat_steal, schedstat_wait_ns  # noqa: E402
 from tuner.monitor.expect import ChampionExpectation, from_simulator  # noqa: E402
-from tuner.monitor.signals import LATENCIES, window_signals  # noqa: E402
+from tuner.monitor.signals import INPUTS, LATENCIES, window_signals  # noqa: E402
 from tuner.monitor.telemetry import NvmlTelemetry  # noqa: E402
 from tuner.sim.refcost import StepModel  # noqa: E402
 from tuner.spec import WorkloadSpec  # noqa: E402
@@ -385,7 +385,8 @@ def main() -> None:
           f"{cfg.wait_error:g}); latency scales widened for autocorrelation: {cfg.autocorrelation}; expectation "
           f"from the simulator: {args.sim_model is not None}; latency scales at least {cfg.latency_rel_floor:g} (log); "
           f"a latency's allowance at least half of a slowdown of {cfg.slowdown_to_find_frac or 0:g} (log); "
-          f"an input's at least half of a drift of {cfg.drift_to_find_frac or 0:g} (rate: sqrt, lengths: log); "
+          f"an input's at least half of a drift of {cfg.drift_to_find_frac or 0:g} "
+          f"({', '.join(f'{k}: {RULES[k].transform}' for k in INPUTS)}); "
           f"quantiles widened in another bucket than their baseline's: {cfg.bucket_error}; "
           f"a latency anomaly needs {cfg.corroborate} latency signals or one confirmed within "
           f"{cfg.confirm_windows} windows, except {', '.join(cfg.alone) or 'none'} (alone)\n")

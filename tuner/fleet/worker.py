@@ -100,7 +100,14 @@ def run_worker(session: Session, *, trials: int | None = None, wall_time_s: floa
     # a worker that joins while the database restarts waits for it, as its trials do (each step is idempotent:
     # reaping, the baseline's queueing and the fleet run's lookup under their locks)
     with_db_retry("reap lost trials and queue the baseline", lambda: reap(session))
-    run_id = with_db_retry("join the fleet's MLflow run", lambda: fleet_run(session, budget))
+
+    def join() -> str | None:
+        return with_db_retry("join the fleet's MLflow run", lambda: fleet_run(session, budget))
+
+    def others_running() -> bool:
+        return with_db_retry("read the running trials", lambda: _others_running(session))
+
+    run_id = join()
     if gpu_pool is None:
         from tuner.placement.gpupool import GpuPool
 
@@ -136,7 +143,7 @@ def run_worker(session: Session, *, trials: int | None = None, wall_time_s: floa
                 return None
             if asked is not None:
                 return asked, time.monotonic() - t_take
-            if not with_db_retry("read the running trials", lambda: _others_running(session)):
+            if not others_running():
                 return None
             stop.wait(poll_s)  # another worker's trial may yet be lost and re-open a slot
         return None
@@ -148,7 +155,7 @@ def run_worker(session: Session, *, trials: int | None = None, wall_time_s: floa
                 return
             asked, take_s = taken
             if result.run_id is None and session.tracker.enabled:  # MLflow was down when this worker joined
-                result.run_id = with_db_retry("join the fleet's MLflow run", lambda: fleet_run(session, budget))
+                result.run_id = join()
             outcome = run_trial(session, result.run_id, stop, gpu_pool, asked=asked)
             outcome.overhead_s += take_s  # reaping, the budget's lock and the ask
             with lock:
@@ -167,9 +174,7 @@ def run_worker(session: Session, *, trials: int | None = None, wall_time_s: floa
     result.counted = with_db_retry("count the study's trials", study.counted)
     result.wall_s = time.monotonic() - t0
     spent = budget is not None and result.counted >= budget
-    if (spent or exhausted.is_set()) and not with_db_retry("read the running trials",
-                                                           lambda: _others_running(session)):
-        # nothing more will join the fleet run
+    if (spent or exhausted.is_set()) and not others_running():  # nothing more will join the fleet run
         with_db_retry("end the fleet's MLflow run", lambda: _end_fleet_run(session, result.run_id))
     finish_tracking(session, interrupted=result.stopped)
     result.outcomes.sort(key=lambda o: o.number)

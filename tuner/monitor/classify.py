@@ -481,7 +481,7 @@ class Monitor:
         """The latencies' residual lag-1 autocorrelation over the learning windows, pooled (their mean): one
         signal's 20 windows say little, the latencies share their neighbours."""
         n = self.config.learn_windows
-        got = [r for name in LATENCIES if (r := lag1(self.tracks[name].residuals[-n:], log=True)) is not None]
+        got = [r for name in LATENCIES if (r := lag1(self.tracks[name].residuals[-n:], transform="log")) is not None]
         return statistics.fmean(got) if got else 0.0
 
     def relearn(self) -> None:

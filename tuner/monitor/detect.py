@@ -59,10 +59,10 @@ MAX_RHO = 0.8
 MAD_SE = 1.166  # the standard error of the MAD's normal-consistent scale, in sigma / sqrt(n)
 
 
-def lag1(values: Sequence[float], *, log: bool = False) -> float | None:
-    """The lag-1 autocorrelation of a series (of its logs with `log`); None with fewer than 4 values or none
-    varying."""
-    vals = [math.log(max(v, 1e-12)) if log else v for v in values if math.isfinite(v)]
+def lag1(values: Sequence[float], *, transform: Transform = "identity") -> float | None:
+    """The lag-1 autocorrelation of a series (on the scale `transform` names); None with fewer than 4 values or
+    none varying."""
+    vals = [forward(v, transform) for v in values if math.isfinite(v)]
     if len(vals) < 4:
         return None
     m = statistics.fmean(vals)
