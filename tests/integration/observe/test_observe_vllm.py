@@ -20,6 +20,7 @@ import pytest
 
 from tests.support.prometheus import running_prometheus
 from tuner.engine.checkpoint import write_checkpoint
+from tuner.measure.scrape import scrape
 from tuner.observe import observe_metrics, observe_prometheus
 from tuner.targets.base import TrialContext
 from tuner.targets.vllm import VllmOptions, VllmTarget
@@ -28,6 +29,20 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.process, pytest.ma
 
 REPO = Path(__file__).resolve().parents[3]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+
+
+def _wait_finished(metrics_url: str, *, at_least: int, timeout_s: float, bench: subprocess.Popen[bytes]) -> None:
+    """Until the server's vllm:request_success_total reaches `at_least`; fails when the client exits first or
+    the time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        snap = scrape(metrics_url)
+        if snap is not None and snap.counters.get("request_success", 0.0) >= at_least:
+            return
+        if bench.poll() is not None:
+            pytest.fail(f"`tuner bench` exited ({bench.returncode}) before vLLM finished {at_least} requests")
+        time.sleep(0.5)
+    pytest.fail(f"vLLM finished fewer than {at_least} requests in {timeout_s:.0f} s of the client's run")
 
 
 def test_a_closed_loop_is_recovered_from_vllms_metrics_and_prometheus(tmp_path: Path) -> None:
@@ -49,9 +64,11 @@ def test_a_closed_loop_is_recovered_from_vllms_metrics_and_prometheus(tmp_path: 
             out = tmp_path / "bench.json"
             bench = subprocess.Popen(
                 [sys.executable, "-m", "tuner.cli", "bench", "--url", dep.endpoint, "--model", dep.model,
-                 "--tokenizer", str(model), "--concurrency", "2", "--duration-s", "20", "--prompt-tokens", "64",
+                 "--tokenizer", str(model), "--concurrency", "2", "--duration-s", "30", "--prompt-tokens", "64",
                  "--output-tokens", "12", "--json", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-            time.sleep(6)  # the client's start-up and its first requests
+            # the window opens once the client's first requests have finished, however long its start-up takes
+            # on a busy host (a fixed sleep opened it before any had, on CI's two shared cores)
+            _wait_finished(dep.metrics_url, at_least=2, timeout_s=240, bench=bench)
             w0 = time.perf_counter()
             live = observe_metrics(dep.metrics_url, 10, interval_s=0.5)
             w1 = time.perf_counter()
