@@ -15,7 +15,10 @@ tuner.monitor's Monitor at full speed.
   engine's per-step delay raised (a real server slowdown at the same load), the stationary windows' latencies
   x1.3 (the same slowdown as a model), and a GPU power throttle on the NVML double
   (tests/support/nvml_double.py). --trials trials each at random offsets; delay counts windows from the change
-  (1: found at the end of the first changed window); a miss finds nothing within --post windows.
+  (1: found at the end of the first changed window), and for a recorded drift also from the window in which its
+  input had moved half-way to the phase's level (onset(): a phase's first windows can precede its load); a
+  miss finds nothing within --post windows. Beside each slowdown: the windows Siegmund's approximation gives
+  the learnt ITL-mean CUSUM to find it (expected_delay(): what that signal's noise allows at the budget).
 GPU signals come from the NVML double in every stream (noise --gpu-noise of each reading: no GPU here).
 """
 
@@ -156,10 +159,12 @@ def bootstrap(windows: list[Window], n: int, block: int, rng: random.Random) -> 
 
 def replay(windows: list[Window], cfg: MonitorConfig, gpu: Gpu, expect: ChampionExpectation | None,
            at: int | None = None, on_change: Callable[[], None] | None = None,
-           unjudged: list[int] | None = None) -> list[tuple[int, str, str]]:
+           unjudged: list[int] | None = None, monitor: list[Monitor] | None = None) -> list[tuple[int, str, str]]:
     """(window index, kind, cause) of every event; `on_change` runs before window `at`; `unjudged` gets the
-    count of windows whose latencies were not judged."""
+    count of windows whose latencies were not judged, `monitor` the Monitor itself."""
     m = Monitor(cfg, expect)
+    if monitor is not None:
+        monitor.append(m)
     out: list[tuple[int, str, str]] = []
     for i, w in enumerate(windows):
         if at is not None and i == at and on_change is not None:
@@ -220,6 +225,36 @@ def false_alarms(label: str, recorded: list[Window], cut: int, cfg: MonitorConfi
               f"{sum(blind) / (len(blind) * n):.0%} |")
 
 
+def onset(before: list[Window], after: list[Window]) -> int:
+    """Where in `after` (a recorded changed phase) the input that phase changed first moved at least half-way
+    (on the log scale) from `before`'s median to the phase's own: the change point a delay counts from. The
+    changed input is the one whose median moved most; 0 where none moved by 10 % (a slowdown: the same load)."""
+    def med(ws: list[Window], k: str) -> float:
+        return statistics.median(w[k] for w in ws if w.get(k, 0) > 0)
+    moved = {k: math.log(med(after, k) / med(before, k)) for k in INPUTS}
+    key = max(moved, key=lambda k: abs(moved[k]))
+    if abs(moved[key]) < math.log(1.1):
+        return 0
+    base = med(before, key)
+    for t, w in enumerate(after):
+        if w.get(key, 0) > 0 and math.log(w[key] / base) / moved[key] >= 0.5:
+            return t
+    return 0
+
+
+def expected_delay(m: Monitor, signal: str, frac: float) -> float | None:
+    """Siegmund's approximation of the mean windows a signal's learnt one-sided CUSUM takes to find its level
+    x(1 + frac) (the design's k and h, the baseline's scale): what its noise allows at the false-alarm budget."""
+    tr = m.tracks.get(signal)
+    if tr is None or tr.baseline is None:
+        return None
+    mu = tr.baseline.shift_of(frac, "up") / tr.baseline.scale - tr.cusum.k
+    if mu <= 0:
+        return math.inf
+    b = tr.cusum.h + 1.166
+    return (math.exp(-2 * mu * b) + 2 * mu * b - 1) / (2 * mu * mu)
+
+
 def injected(label: str, name: str, phases: dict[str, list[tuple[float, Window]]], cut: int, cfg: MonitorConfig,
              expect: ChampionExpectation | None, args: argparse.Namespace, rng: random.Random) -> None:
     """The rows of the injected changes, each trial a stretch of stationary phase `name` (its steady state:
@@ -231,10 +266,12 @@ def injected(label: str, name: str, phases: dict[str, list[tuple[float, Window]]
     mine = {n.rpartition("/")[2]: ws for n, ws in phases.items() if n.rpartition("/")[0] == group}
     if len(stat) <= lead + args.post:
         print(f"| {label} | (none) | {len(stat)} windows: too few for {lead} before the change and {args.post} after "
-              f"| 0 | | | | | | | | |")
+              f"| 0 | | | | | | | | | | |")
         return
     for change in [c for c in EXPECT if c in mine or c in ("slowdown_model", "gpu_throttle")]:
         delays_w: list[int] = []
+        from_rise: list[int] = []  # the delay counted from the changed input's rise (onset) instead
+        bound: list[float] = []  # the ITL mean's expected delay of a slowdown_to_find_frac slowdown
         missed, right, sat, had_early = 0, 0, 0, 0
         firsts: dict[str, int] = {}
         for tr in range(args.trials):
@@ -242,10 +279,12 @@ def injected(label: str, name: str, phases: dict[str, list[tuple[float, Window]]
             before = stat[i:i + lead]
             gpu = Gpu(args.gpu_noise, 1000 + tr)
             hook = None
+            rise = 0
             if change in mine:
                 src = [w for _, w in mine[change]]
                 j = rng.randrange(0, max(1, len(src) - args.post))
                 after = src[j:j + args.post]
+                rise = onset(stat, src) - j if EXPECT[change] == "drift" else 0
                 source = f"recorded phase `{group + '/' if group else ''}{change}`"
             elif change == "slowdown_model":
                 after = [{k: v * 1.3 if k in LATENCIES else v for k, v in w.items()}
@@ -255,7 +294,11 @@ def injected(label: str, name: str, phases: dict[str, list[tuple[float, Window]]
                 after = stat[i + lead:i + lead + args.post]
                 hook = lambda nv=gpu.nv: nv.throttle(cap_w=350.0, clock_frac=0.7)  # noqa: E731
                 source = "NVML double: 350 W cap, SM clock x0.7"
-            ev = replay(before + after, cfg, gpu, expect, at=lead, on_change=hook)
+            mon: list[Monitor] = []
+            ev = replay(before + after, cfg, gpu, expect, at=lead, on_change=hook, monitor=mon)
+            est = expected_delay(mon[0], "itl_ms_mean", cfg.slowdown_to_find_frac or 0.3)
+            if est is not None:
+                bound.append(est)
             after_ev = [e for e in ev if e[0] >= lead and e[1] != "recovery"]
             early = [e for e in ev if e[0] < lead]
             sat += any(e[1] == "saturation" for e in after_ev)
@@ -266,11 +309,15 @@ def injected(label: str, name: str, phases: dict[str, list[tuple[float, Window]]
                 continue
             k = found[0]
             delays_w.append(k[0] - lead + 1)
+            from_rise.append(k[0] - lead + 1 - max(0, rise))
             right += k[1] == EXPECT[change]
             firsts[f"{k[1]}/{k[2]}"] = firsts.get(f"{k[1]}/{k[2]}", 0) + 1
         med = statistics.median(delays_w) if delays_w else float("nan")
         p90 = sorted(delays_w)[int(0.9 * (len(delays_w) - 1))] if delays_w else float("nan")
+        rise_med = f"{statistics.median(from_rise):g}" if from_rise and EXPECT[change] == "drift" else "-"
+        est_med = f"{statistics.median(bound):.1f}" if bound and change in ("slowdown30", "slowdown_model") else "-"
         print(f"| {label} | {change} | {source} | {args.trials} | {len(delays_w)} | {missed} | {med:g} | {p90:g} | "
+              f"{rise_med} | {est_med} | "
               f"{right}/{args.trials} | {', '.join(f'{k} {v}' for k, v in sorted(firsts.items()))} | {sat} | "
               f"{had_early} |")
 
@@ -428,9 +475,11 @@ def main() -> None:
     print(f"{args.trials} trials each; a stretch of the stationary phase ({cfg.learn_windows} learning + "
           f"{args.pre} windows) then the change; up to {args.post} windows to find it.\n")
     print("| before the change | change | source | trials | found | missed | median delay (windows) | p90 delay | "
+          "median delay from the input's rise | ITL mean: windows its CUSUM takes to find the slowdown to find "
+          "(Siegmund, median) | "
           "classified as expected | first drift/anomaly events | with a saturation event | "
           "with a false alarm before |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|")
     for name, label in sets:
         injected(f"{label} (`{name}`)", name, phases, cuts[name], cfg, expect, args, rng)
 
