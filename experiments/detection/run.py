@@ -315,7 +315,9 @@ def injected(label: str, name: str, phases: dict[str, list[tuple[float, Window]]
         med = statistics.median(delays_w) if delays_w else float("nan")
         p90 = sorted(delays_w)[int(0.9 * (len(delays_w) - 1))] if delays_w else float("nan")
         rise_med = f"{statistics.median(from_rise):g}" if from_rise and EXPECT[change] == "drift" else "-"
-        est_med = f"{statistics.median(bound):.1f}" if bound and change in ("slowdown30", "slowdown_model") else "-"
+        never = sum(1 for b in bound if math.isinf(b))  # the shift within the allowance: expected never found
+        est_med = (f"{statistics.median(bound):.1f} ({never}/{len(bound)} never)"
+                   if bound and change in ("slowdown30", "slowdown_model") else "-")
         print(f"| {label} | {change} | {source} | {args.trials} | {len(delays_w)} | {missed} | {med:g} | {p90:g} | "
               f"{rise_med} | {est_med} | "
               f"{right}/{args.trials} | {', '.join(f'{k} {v}' for k, v in sorted(firsts.items()))} | {sat} | "
