@@ -15,8 +15,9 @@ from pathlib import Path
 
 import run
 
-import tuner.monitor.classify as C
-from tuner.monitor.classify import Monitor, MonitorConfig
+import tuner.monitor.config as C
+from tuner.monitor.classify import Monitor
+from tuner.monitor.config import MonitorConfig
 from tuner.monitor.detect import Transform
 from tuner.monitor.signals import INPUTS
 

@@ -46,7 +46,8 @@ import record  # noqa: E402
 
 from tests.support.nvml_double import ControlledNvml  # noqa: E402
 from tuner.measure.scrape import parse  # noqa: E402
-from tuner.monitor.classify import RULES, TESTS, Monitor, MonitorConfig  # noqa: E402
+from tuner.monitor.classify import Monitor  # noqa: E402
+from tuner.monitor.config import RULES, TESTS, MonitorConfig  # noqa: E402
 from tuner.monitor.contention import CpuSteal, CpuWait, proc_stat_steal, schedstat_wait_ns  # noqa: E402
 from tuner.monitor.expect import ChampionExpectation, from_simulator  # noqa: E402
 from tuner.monitor.signals import INPUTS, LATENCIES, window_signals  # noqa: E402

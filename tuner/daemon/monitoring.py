@@ -27,7 +27,8 @@ from tuner.base.redact import redact_text
 from tuner.daemon.runtime import AgentState, Runtime, job_id
 from tuner.daemon.watch import CONSUMERS
 from tuner.measure.scrape import Snapshot
-from tuner.monitor.classify import Event, Monitor, MonitorConfig
+from tuner.monitor.classify import Event, Monitor
+from tuner.monitor.config import MonitorConfig
 from tuner.monitor.contention import CpuSteal, CpuWait
 from tuner.monitor.expect import ChampionExpectation
 from tuner.monitor.records import record_event, record_response

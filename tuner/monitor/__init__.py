@@ -13,6 +13,8 @@ changed into events: workload drift, performance anomaly, saturation, recovery.
   simulator's elasticities).
 - `detect`: the CUSUM detector, its baseline (the champion's own behaviour) and its calibration (Siegmund's
   approximation of the in-control run length, inverted for the threshold; widened for autocorrelation).
+- `config`: each signal's rule (`RULES`), the tests that share the false-alarm budget (`TESTS`) and every
+  setting of the monitor (`MonitorConfig`).
 - `classify`: alarms -> events (`Monitor`, the stateful whole).
 - `records`: an event into MLflow (through tuner.tracking.tracker, with a plot of the signal around the
   change), the agent's events file (read by `tuner history` and `tuner report`).

@@ -13,7 +13,8 @@ from tests.support import agents
 from tuner.cli.main import app
 from tuner.daemon.cycle import run_agent_cycle
 from tuner.daemon.metrics import DaemonMetrics
-from tuner.monitor.classify import Event, Monitor, MonitorConfig
+from tuner.monitor.classify import Event, Monitor
+from tuner.monitor.config import MonitorConfig
 from tuner.monitor.records import read_events, record_event
 from tuner.tracking.tracker import Tracker, default_tracking_uri
 

@@ -13,7 +13,8 @@ import pytest
 from tests.support import agents
 from tuner.agent import load_agent
 from tuner.errors import ConfigError
-from tuner.monitor.classify import Event, Monitor, MonitorConfig
+from tuner.monitor.classify import Event, Monitor
+from tuner.monitor.config import MonitorConfig
 
 NORMAL = {"rate_per_s": (4.0, 0.4), "prompt_tokens_mean": (100.0, 5.0), "output_tokens_mean": (16.0, 1.0),
           "itl_ms_mean": (8.0, 0.3), "itl_ms_p90": (9.5, 0.3), "ttft_ms_p50": (50.0, 3.0), "e2el_ms_p50": (200.0, 10.0),

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tuner.monitor.classify import Monitor, MonitorConfig
+from tuner.monitor.classify import Monitor
+from tuner.monitor.config import MonitorConfig
 from tuner.monitor.contention import (
     MAX_WAIT_FRAC,
     CpuSteal,

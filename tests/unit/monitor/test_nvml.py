@@ -8,7 +8,8 @@ import random
 import pytest
 
 from tests.support.nvml_double import ControlledNvml
-from tuner.monitor.classify import Monitor, MonitorConfig
+from tuner.monitor.classify import Monitor
+from tuner.monitor.config import MonitorConfig
 from tuner.monitor.telemetry import NvmlTelemetry
 
 

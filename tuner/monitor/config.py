@@ -1,0 +1,164 @@
+"""What the monitor watches and how it is set: each signal's rule (`RULES`: the direction that matters, its
+resolution, the scale it is watched on, whether it alarms at all), the number of one-sided tests they make
+(`TESTS`, among which the false-alarm budget is shared), and `MonitorConfig`, every setting of the detector
+and of the classification (tuner.monitor.classify), with the reason for each default (experiments/detection).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuner.monitor.detect import Direction, Transform, threshold
+from tuner.monitor.signals import SIGNALS
+from tuner.spec import MonitorSpec
+
+
+@dataclass(frozen=True)
+class SignalRule:
+    direction: Direction  # which way a change matters
+    floor_abs: float  # the resolution of the signal, in its unit (the baseline's smallest scale)
+    transform: Transform = "identity"  # the scale it is watched on (tuner.monitor.detect.Transform)
+    tested: bool = True  # False: an explanatory signal (the environment), recorded but never alarming
+
+
+RULES: dict[str, SignalRule] = {
+    # a length's windows have tails heavier than a Gaussian's on its own scale (a single long prompt moves a
+    # window's mean), less so on the log one (experiments/detection's input_false_alarms.py); the rate stays on
+    # its own, where a doubling moves it furthest (its square root cut its false alarms by a sixth, and made a
+    # doubling take a window longer to find)
+    "rate_per_s": SignalRule("both", 0.01), "prompt_tokens_mean": SignalRule("both", 1.0, "log"),
+    "output_tokens_mean": SignalRule("both", 1.0, "log"),
+    "ttft_ms_p50": SignalRule("up", 0.1, "log"), "ttft_ms_p90": SignalRule("up", 0.1, "log"),
+    "itl_ms_mean": SignalRule("up", 0.05, "log"), "itl_ms_p90": SignalRule("up", 0.05, "log"),
+    "e2el_ms_p50": SignalRule("up", 0.5, "log"), "e2el_ms_p90": SignalRule("up", 0.5, "log"),
+    "error_frac": SignalRule("up", 0.01),
+    # the requests in the server and their cache follow from the load and the latencies (Little's law), and
+    # the token throughput from the rate and the output length while the server keeps up (when it does not,
+    # its queue grows: saturation): tested again they would spend the false-alarm budget on what the inputs
+    # and latencies already say, uncorrected for the environment; they feed the saturation rules
+    "token_throughput_per_s": SignalRule("both", 1.0, tested=False),
+    "running": SignalRule("both", 0.5, tested=False), "waiting": SignalRule("up", 0.5, tested=False),
+    "kv_cache_usage_frac": SignalRule("up", 0.02, tested=False), "preemptions_per_s": SignalRule("up", 0.01),
+    "gpu_util_pct": SignalRule("both", 2.0), "gpu_power_w": SignalRule("both", 5.0),
+    "gpu_sm_clock_mhz": SignalRule("down", 15.0), "gpu_dram_active_frac": SignalRule("both", 0.02),
+    "gpu_fb_used_mb": SignalRule("up", 256.0), "gpu_throttled": SignalRule("up", 0.05),
+    "cpu_wait_frac": SignalRule("up", 0.02, tested=False), "cpu_steal_frac": SignalRule("up", 0.02, tested=False),
+    "finished_per_s": SignalRule("both", 0.01, tested=False),
+}
+assert set(RULES) == set(SIGNALS)
+TESTS = sum(2 if r.direction == "both" else 1 for r in RULES.values() if r.tested)  # one-sided tests per window
+
+
+@dataclass(frozen=True)
+class MonitorConfig:
+    interval_s: float = 60.0  # the scrape interval: one window
+    false_alarms_per_day: float = 1.0  # over all signals; sets the CUSUM threshold
+    # CUSUM allowance: half the shift (in scales of one window) found fastest. The changes worth finding are
+    # 2.5 scales and more (a x2 rate at 2/s in 15-s windows ~4, a 30 % slower server 2.5-5 on its ITL); 1.0
+    # (shifts of 2) met the delay goal less often for the same false-alarm rate (experiments/detection)
+    k: float = 1.25
+    # a latency's allowance is at least half the slowdown the monitor is to find (Page's design: the
+    # reference is half the shift to detect; issue 24's +30 %), log(1 + frac) / 2 over its baseline's log
+    # scale, and its threshold h the one for that allowance and the same share of the false-alarm budget: on a
+    # quiet host, whose latency scale is small, 1.25 scales would be a shift of a few percent, and minutes of a
+    # host slower by 10-16 % (experiments/detection) would add up to an alarm. None: k alone. (Never below k:
+    # on a busy host, whose latency scale is as large as the slowdown, the exact half found hardly more and the
+    # inputs alarmed more often: experiments/detection's ninth step)
+    slowdown_to_find_frac: float | None = 0.3
+    # an input's allowance likewise at least half the drift to find (a rate or a length 1 + frac times its
+    # normal, or 1 / (1 + frac) of it) on its scale: the inputs' windows have heavy tails, and moderate
+    # residuals summed over several windows made most of their false alarms (experiments/detection). None: k
+    drift_to_find_frac: float | None = 0.5
+    # residuals clipped to +-z_clip; by default (None) to h/2 + k + 0.25 (the signal's own h and k), where one
+    # window, however far out, cannot alarm alone and two at the clip do: a burst of one window is no change
+    z_clip: float | None = None
+    rel_floor: float = 0.02  # a baseline's scale is at least this share of its centre
+    # a latency's scale (log) is at least this: the smallest change of the server's speed worth an alarm (on the
+    # streams of experiments/detection every latency's learnt scale was above it: it never bound there)
+    latency_rel_floor: float = 0.05
+    # an anomaly of latency quantiles alone (those not in `alone`) needs this many of them in alarm (a
+    # slower server slows every request: its TTFT and end-to-end times move together), or one whose own
+    # evidence goes on after its alarm (its CUSUM back at h/2 within `confirm_windows`): a quantile of a
+    # window's few requests jumps across a histogram bucket alone (TTFT p90 on a quiet host: 22 of 120
+    # windows at 1.5x its median), and two such windows in a row are no change of the server
+    corroborate: int = 2
+    confirm_windows: int = 2
+    # quantiles of the same few requests count once toward `corroborate`: a window's p90s are its ~3 slowest
+    # requests, and a request slow to its first token is slow to its end, so a few slow requests move the TTFT
+    # p90 and the end-to-end p90 together (on the busy host of experiments/detection 25 of 28 replayed false
+    # anomalies); a median moves only when half the requests do
+    same_requests: tuple[tuple[str, ...], ...] = (("ttft_ms_p90", "e2el_ms_p90"),)
+    # the latencies that alarm alone (the rest are corroborated as above): the ITL's mean, an exact sum over a
+    # count. TTFT and end-to-end quantiles are of a window's few requests (a request or two move them across a
+    # bucket at once). The ITL's p90 comes from every token but is interpolated inside a histogram bucket
+    # (vLLM's 7.5, 10, 25 ms edges around a CPU server's 8-9 ms): a stall that stretches a few percent of the
+    # steps across an edge moves it by half (+54 % in experiments/detection's quiet2 stall, the mean +16 %); a
+    # slower server moves the mean as much as the p90, so the mean finds it alone
+    alone: tuple[str, ...] = ("itl_ms_mean",)
+    learn_windows: int = 20  # windows that make a baseline (after a start or a drift)
+    # a fresh server warms up (its first minutes are slower: experiments/detection's engines 4-16 % on the ITL
+    # for 2-7 minutes): while the learning windows' latency still falls (Mann-Kendall, one-sided p < warmup_p)
+    # learning goes on by half of learn_windows, the baseline then from the latest learn_windows, at most
+    # until warmup_max_factor x learn_windows have gone to it (warmup_p None: off). A baseline learnt on the
+    # warm-up sits high and hides a slowdown of its size
+    warmup_p: float | None = 0.01
+    warmup_max_factor: int = 4
+    settle_windows: int = 1  # an output alarm waits this long for an input alarm before it is an anomaly ...
+    settle_evidence: float = 0.25  # ... while an input's CUSUM holds at least this share of h (else none)
+    # latencies divided by 1 / (1 - w) where the wait is read: a server that waited a share w of the window for
+    # a CPU (a noisy neighbour: cpu_wait_frac, and a hypervisor's other guests: cpu_steal_frac s, the two
+    # together w = 1 - (1 - wait)(1 - s)) is expected to be 1 / (1 - w) times as slow
+    contention: bool = True
+    autocorrelation: bool = True  # latency scales widened by their pooled lag-1 autocorrelation (AR(1))
+    # the CPU wait's own error (a share of the window): a latency corrected by 1 - w is uncertain by about
+    # wait_error / (1 - w) on the log scale, which widens its scale in that window (and the next: the queue
+    # a starved window built drains in the one after it)
+    wait_error: float = 0.03
+    robust: bool = False  # True: latency scales from the MAD (tuner.monitor.detect.Baseline.learn)
+    # a latency quantile in another histogram bucket than its baseline's usual one is uncertain by both
+    # buckets' interpolation (SignalTrack.bucket_error), which widens its scale in that window: vLLM's TTFT
+    # buckets jump from 100 to 250 ms, and a server 14 % slower for two minutes took a TTFT median of 91 ms
+    # across that edge to an interpolated 148 ms (+63 %, experiments/detection's quiet6)
+    bucket_error: bool = True
+    wait_law_error: float = 0.5
+    wait_memory: int = 3  # windows whose CPU wait a latency's uncertainty takes (this one and those before)
+    # a latency is not judged while the server waited more than this share of one of those windows: the
+    # neighbours, not the server, set it then (the windows are counted in `unjudged`)
+    max_wait_judged: float = 0.5
+    recovery_windows: int = 3
+    # the latencies' baselines learnt again, every learn_windows calm windows (judged, no latency alarm pending
+    # and no anomaly open), from up to this many of the latest calm windows: a host whose speed wanders over
+    # minutes is judged against its longer normal, not the first minutes' (None: the first baseline kept
+    # until a drift). The cost: a slowdown slower than the CUSUM finds is partly learnt as normal
+    history_windows: int | None = None
+    kv_full_frac: float = 0.95
+    dram_limit_frac: float = 0.85
+    sat_windows: int = 2
+    trend_windows: int = 8
+    # the queue trend's one-sided p-value; by default (None) the false-alarm budget's share of one window,
+    # false_alarms_per_day x interval_s / 86400 (a test run every window at 0.01 would alarm daily)
+    trend_p: float | None = None
+
+    @property
+    def h(self) -> float:
+        return threshold(self.false_alarms_per_day, self.interval_s, TESTS, self.k)
+
+    @property
+    def clip(self) -> float:
+        return self.clip_for(self.h, self.k)
+
+    def clip_for(self, h: float, k: float) -> float:
+        """The residuals' clip for a CUSUM of threshold h and allowance k (z_clip where set)."""
+        return self.z_clip if self.z_clip is not None else h / 2 + k + 0.25
+
+    @classmethod
+    def from_spec(cls, spec: MonitorSpec, interval_s: float) -> MonitorConfig:
+        """The agent file's `watch.monitor` at the watch's scrape interval."""
+        return cls(interval_s=interval_s, false_alarms_per_day=spec.false_alarms_per_day,
+                   learn_windows=spec.learn_windows, settle_windows=spec.settle_windows,
+                   recovery_windows=spec.recovery_windows, slowdown_to_find_frac=spec.slowdown_to_find_frac,
+                   drift_to_find_frac=spec.drift_to_find_frac,
+                   kv_full_frac=spec.kv_full_frac,
+                   dram_limit_frac=spec.dram_limit_frac)
+
+
