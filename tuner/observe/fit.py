@@ -7,7 +7,10 @@ fixed length when it is within `SIMPLER_WITHIN` of the best (a histogram cannot 
 
 Arrivals: a closed loop when the requests in the server (running + waiting) sit at a ceiling they never pass
 (at least `CLOSED_AT_MAX` of the samples at the maximum: the concurrency is that maximum, since the client's
-time between a request's end and the next one's start lowers the server's mean but not its ceiling) or stay
+time between a request's end and the next one's start lowers the server's mean but not its ceiling; and an
+open loop at that mean would hardly have shown it: its requests in the server are Poisson (M/G/inf), and the
+chance that its samples never pass the ceiling and sit at it as often as seen must be below `CEILING_P`: a
+quiet open loop with 0 or 1 requests in the server never passes 1 either) or stay
 near one level (coefficient of variation below `CLOSED_CV`: the rounded mean); else an open loop at the observed
 rate whose process follows the burstiness (`dispersion`: the squared coefficient of variation of the gaps
 between arrivals for a trace, the index of dispersion of the finished requests per scrape interval for /metrics
@@ -22,6 +25,7 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+from scipy.stats import binom, poisson
 
 from tuner.errors import ObservationError
 from tuner.measure.scrape import histogram_quantile
@@ -32,6 +36,7 @@ from tuner.spec import Arrival, LengthDist, WorkloadSpec
 SIMPLER_WITHIN = 0.02
 CLOSED_CV = 0.2
 CLOSED_AT_MAX = 0.4
+CEILING_P = 0.01
 CONSTANT_BELOW = 0.05
 POISSON_BAND = (0.5, 2.0)
 DRAWS = 8000
@@ -112,6 +117,17 @@ def dispersion(intervals: Sequence[tuple[float, float]]) -> float | None:
     return sum((c - r * d) ** 2 / (r * d) for d, c in iv) / (len(iv) - 1)
 
 
+def _open_ceiling_chance(c_max: float, mean: float, n: int, at: int) -> float:
+    """The chance that an open loop with `mean` requests in the server (Poisson, M/G/inf) shows, in `n` samples
+    taken as independent, none above `c_max` and at least `at` at it."""
+    if not mean > 0:
+        return 1.0
+    under = float(poisson.cdf(c_max, mean))  # at or under the ceiling
+    if under <= 0:
+        return 0.0
+    return under ** n * float(binom.sf(at - 1, n, float(poisson.pmf(c_max, mean)) / under))
+
+
 def fit_arrival(rate_per_s: float, disp: float | None, conc: Sequence[float], *,
                 kind: str = "auto") -> tuple[Arrival, dict[str, float], list[str]]:
     """The arrival process for the observed rate, dispersion and concurrency samples (see the module doc)."""
@@ -123,7 +139,8 @@ def fit_arrival(rate_per_s: float, disp: float | None, conc: Sequence[float], *,
     c_cv = float(np.std(conc) / c_mean) if len(conc) > 1 and c_mean > 0 else math.inf
     c_max = float(np.max(conc)) if len(conc) else 0.0
     at_max = float(np.mean(np.asarray(conc) >= c_max)) if len(conc) else 0.0
-    ceiling = len(conc) >= 5 and c_max >= 1 and at_max >= CLOSED_AT_MAX
+    ceiling = (len(conc) >= 5 and c_max >= 1 and at_max >= CLOSED_AT_MAX
+               and _open_ceiling_chance(c_max, c_mean, len(conc), round(at_max * len(conc))) < CEILING_P)
     level = len(conc) > 1 and c_mean >= 0.9 and c_cv < CLOSED_CV
     if kind == "auto":
         if ceiling or level:

@@ -8,7 +8,7 @@ import pytest
 from tuner.errors import ObservationError
 from tuner.measure.scrape import parse
 from tuner.observe import MetricsWindow
-from tuner.observe.fit import dispersion
+from tuner.observe.fit import dispersion, fit_arrival
 
 BOUNDS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
 
@@ -172,3 +172,14 @@ def test_a_scrape_from_a_clock_set_back_is_left_out() -> None:
     assert win.add(parse(exposition([10], [10], running=1)), 10.0)
     assert not win.add(parse(exposition([10] * 5, [10] * 5, running=1)), 9.0)
     assert len(win.scrapes) == 1
+
+
+def test_a_quiet_open_loop_is_not_read_as_a_closed_loop_of_one() -> None:
+    """0 or 1 requests in the server at once never pass 1 in an open loop either (the failure of a busy CI
+    host: Poisson at 6/s, 1 in the server in 7 of 16 samples); a closed loop of 1 sits at 1 nearly always."""
+    open_loop, _, _ = fit_arrival(6.0, 1.0, [1.0] * 7 + [0.0] * 9)
+    assert open_loop.kind == "poisson" and open_loop.rate_per_s == 6.0
+    one, _, notes = fit_arrival(3.0, 0.4, [1.0] * 14 + [0.0] * 2)
+    assert (one.kind, one.concurrency) == ("closed", 1), notes
+    two, _, _ = fit_arrival(3.0, 0.4, [2.0] * 8 + [1.0] * 6 + [0.0] * 2)
+    assert (two.kind, two.concurrency) == ("closed", 2)
