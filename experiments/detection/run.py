@@ -178,10 +178,10 @@ def replay(windows: list[Window], cfg: MonitorConfig, gpu: Gpu, expect: Champion
 
 
 def false_alarms(label: str, recorded: list[Window], cut: int, cfg: MonitorConfig,
-                 expect: ChampionExpectation | None, args: argparse.Namespace, rng: random.Random) -> None:
+                 expect: ChampionExpectation | None, args: argparse.Namespace) -> None:
     """The rows of one stationary stream: as recorded (from its start, as the monitor saw it), then from every
     window after its warm-up (`cut` windows) as a start, then its steady state bootstrapped window by window
-    and in blocks."""
+    and in blocks (each row's draws its own: a row is the same whatever other streams the run has)."""
     blind: list[int] = []
     ev = replay(recorded, cfg, Gpu(args.gpu_noise, args.seed), expect, unjudged=blind)
     watched = max(1, len(recorded) - cfg.learn_windows)
@@ -212,6 +212,7 @@ def false_alarms(label: str, recorded: list[Window], cut: int, cfg: MonitorConfi
               f"{sum(blind) / watched:.0%} |")
     n = int(args.stream_hours * 3600 / cfg.interval_s)
     for block in (1, args.block):
+        rng = random.Random(f"{args.seed}/{label}/{block}")
         total_h, kinds, blind = 0.0, {}, []
         for s in range(max(1, round(args.hours / args.stream_hours))):
             ev = replay(bootstrap(stat, n + cfg.learn_windows, block, rng), cfg, Gpu(args.gpu_noise, 100 + s),
@@ -257,7 +258,7 @@ def expected_delay(m: Monitor, signal: str, frac: float) -> float | None:
 
 
 def injected(label: str, name: str, phases: dict[str, list[tuple[float, Window]]], cut: int, cfg: MonitorConfig,
-             expect: ChampionExpectation | None, args: argparse.Namespace, rng: random.Random) -> None:
+             expect: ChampionExpectation | None, args: argparse.Namespace) -> None:
     """The rows of the injected changes, each trial a stretch of stationary phase `name` (its steady state:
     after a warm-up of `cut` windows) followed by a change recorded with it (its file's label: the part of
     `name` before '/')."""
@@ -274,6 +275,7 @@ def injected(label: str, name: str, phases: dict[str, list[tuple[float, Window]]
         from_rise: list[int] = []  # the delay counted from the changed input's rise (onset) instead
         bound: list[float] = []  # the ITL mean's expected delay of a slowdown_to_find_frac slowdown
         missed, right, sat, had_early = 0, 0, 0, 0
+        rng = random.Random(f"{args.seed}/{label}/{change}")  # the row's own draws
         firsts: dict[str, int] = {}
         for tr in range(args.trials):
             i = rng.randrange(0, len(stat) - lead - args.post)
@@ -426,7 +428,6 @@ def main() -> None:
                         drift_to_find_frac=args.drift_to_find or None,
                         history_windows=args.history_windows, bucket_error=not args.no_bucket_error)
     expect = expectation(args.sim_model)
-    rng = random.Random(args.seed)
     print(f"# detection experiment ({time.strftime('%Y-%m-%d %H:%M')})\n")
     print(f"windows of {cfg.interval_s:g} s; {TESTS} one-sided tests; CUSUM k = {cfg.k}, h = {cfg.h:.3f} "
           f"(for {cfg.false_alarms_per_day:g} false alarm a day); baseline from {cfg.learn_windows} windows; "
@@ -468,7 +469,7 @@ def main() -> None:
     cuts = {name: 0 if args.no_warmup_cut else warmup([w for _, w in phases[name]], cfg, expect)
             for name, _ in sets}
     for name, label in sets:
-        false_alarms(f"{label} (`{name}`)", [w for _, w in phases[name]], cuts[name], cfg, expect, args, rng)
+        false_alarms(f"{label} (`{name}`)", [w for _, w in phases[name]], cuts[name], cfg, expect, args)
     print(f"\n(events: drift, anomaly and saturation; recoveries listed, not counted. Replay: "
           f"{time.monotonic() - t0:.0f} s for all the replayed hours)")
 
@@ -484,7 +485,7 @@ def main() -> None:
           "with a false alarm before |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|")
     for name, label in sets:
-        injected(f"{label} (`{name}`)", name, phases, cuts[name], cfg, expect, args, rng)
+        injected(f"{label} (`{name}`)", name, phases, cuts[name], cfg, expect, args)
 
     print("\n## A slowdown after the engine's start\n")
     print("Each stationary stream watched from its first window (the fresh engine's warm-up among the learning "
