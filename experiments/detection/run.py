@@ -32,7 +32,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,7 @@ from tuner.measure.scrape import parse  # noqa: E402
 from tuner.monitor.classify import Monitor  # noqa: E402
 from tuner.monitor.config import RULES, TESTS, MonitorConfig  # noqa: E402
 from tuner.monitor.contention import CpuSteal, CpuWait, proc_stat_steal, schedstat_wait_ns  # noqa: E402
+from tuner.monitor.detect import arl  # noqa: E402
 from tuner.monitor.expect import ChampionExpectation, from_simulator  # noqa: E402
 from tuner.monitor.signals import INPUTS, LATENCIES, window_signals  # noqa: E402
 from tuner.monitor.telemetry import NvmlTelemetry  # noqa: E402
@@ -177,11 +178,24 @@ def replay(windows: list[Window], cfg: MonitorConfig, gpu: Gpu, expect: Champion
     return out
 
 
+def bootstrap_replays(label: str, stat: list[Window], block: int, cfg: MonitorConfig,
+                      expect: ChampionExpectation | None, args: argparse.Namespace,
+                      unjudged: list[int] | None = None) -> Iterator[list[tuple[int, str, str]]]:
+    """The events of each replayed stream of row `label`'s bootstrap (--hours in streams of --stream-hours, in
+    blocks of `block` windows of the steady state `stat`), from the row's own draws: a row is the same whatever
+    other streams the run has."""
+    rng = random.Random(f"{args.seed}/{label}/{block}")
+    n = int(args.stream_hours * 3600 / cfg.interval_s)
+    for s in range(max(1, round(args.hours / args.stream_hours))):
+        yield replay(bootstrap(stat, n + cfg.learn_windows, block, rng), cfg, Gpu(args.gpu_noise, 100 + s),
+                     expect, unjudged=unjudged)
+
+
 def false_alarms(label: str, recorded: list[Window], cut: int, cfg: MonitorConfig,
                  expect: ChampionExpectation | None, args: argparse.Namespace) -> None:
     """The rows of one stationary stream: as recorded (from its start, as the monitor saw it), then from every
     window after its warm-up (`cut` windows) as a start, then its steady state bootstrapped window by window
-    and in blocks (each row's draws its own: a row is the same whatever other streams the run has)."""
+    and in blocks (bootstrap_replays)."""
     blind: list[int] = []
     ev = replay(recorded, cfg, Gpu(args.gpu_noise, args.seed), expect, unjudged=blind)
     watched = max(1, len(recorded) - cfg.learn_windows)
@@ -212,11 +226,8 @@ def false_alarms(label: str, recorded: list[Window], cut: int, cfg: MonitorConfi
               f"{sum(blind) / watched:.0%} |")
     n = int(args.stream_hours * 3600 / cfg.interval_s)
     for block in (1, args.block):
-        rng = random.Random(f"{args.seed}/{label}/{block}")
         total_h, kinds, blind = 0.0, {}, []
-        for s in range(max(1, round(args.hours / args.stream_hours))):
-            ev = replay(bootstrap(stat, n + cfg.learn_windows, block, rng), cfg, Gpu(args.gpu_noise, 100 + s),
-                        expect, unjudged=blind)
+        for ev in bootstrap_replays(label, stat, block, cfg, expect, args, unjudged=blind):
             total_h += n * cfg.interval_s / 3600
             for _, k, c in ev:
                 kinds[f"{k}/{c}"] = kinds.get(f"{k}/{c}", 0) + 1
@@ -250,11 +261,8 @@ def expected_delay(m: Monitor, signal: str, frac: float) -> float | None:
     tr = m.tracks.get(signal)
     if tr is None or tr.baseline is None:
         return None
-    mu = tr.baseline.shift_of(frac, "up") / tr.baseline.scale - tr.cusum.k
-    if mu <= 0:
-        return math.inf
-    b = tr.cusum.h + 1.166
-    return (math.exp(-2 * mu * b) + 2 * mu * b - 1) / (2 * mu * mu)
+    drift = tr.baseline.shift_of(frac, "up") / tr.baseline.scale - tr.cusum.k
+    return arl(tr.cusum.h, drift) if drift > 0 else math.inf
 
 
 def injected(label: str, name: str, phases: dict[str, list[tuple[float, Window]]], cut: int, cfg: MonitorConfig,
@@ -276,6 +284,8 @@ def injected(label: str, name: str, phases: dict[str, list[tuple[float, Window]]
         bound: list[float] = []  # the ITL mean's expected delay of a slowdown_to_find_frac slowdown
         missed, right, sat, had_early = 0, 0, 0, 0
         rng = random.Random(f"{args.seed}/{label}/{change}")  # the row's own draws
+        src = [w for _, w in mine[change]] if change in mine else []
+        rises = onset(stat, src) if change in mine and EXPECT[change] == "drift" else 0
         firsts: dict[str, int] = {}
         for tr in range(args.trials):
             i = rng.randrange(0, len(stat) - lead - args.post)
@@ -284,10 +294,9 @@ def injected(label: str, name: str, phases: dict[str, list[tuple[float, Window]]
             hook = None
             rise = 0
             if change in mine:
-                src = [w for _, w in mine[change]]
                 j = rng.randrange(0, max(1, len(src) - args.post))
                 after = src[j:j + args.post]
-                rise = onset(stat, src) - j if EXPECT[change] == "drift" else 0
+                rise = rises - j
                 source = f"recorded phase `{group + '/' if group else ''}{change}`"
             elif change == "slowdown_model":
                 after = [{k: v * 1.3 if k in LATENCIES else v for k, v in w.items()}
@@ -351,7 +360,8 @@ def after_start(label: str, recorded: list[Window], x: float, cfg: MonitorConfig
     print(f"| {label} | x{x:g} | {' | '.join(cells)} |")
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The experiment's options (episodes.py takes the same)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--streams", nargs="+", required=True, metavar="[LABEL=]PATH",
                     help="recorded streams; a LABEL names the phases of its file LABEL/phase (another recording "
@@ -401,7 +411,16 @@ def main() -> None:
     ap.add_argument("--learn-windows", type=int, default=20)
     ap.add_argument("--z-clip", type=float, default=None)
     ap.add_argument("--settle-windows", type=int, default=1)
-    args = ap.parse_args()
+    return ap
+
+
+Sets = list[tuple[str, str]]  # (stationary phase, "tuned" or "held out")
+
+
+def setup(args: argparse.Namespace) -> tuple[dict[str, list[tuple[float, Window]]], dict[str, dict[str, float]],
+                                             Sets, MonitorConfig, ChampionExpectation | None]:
+    """The recorded phases and their settings, the stationary sets found among them, the monitor's config at
+    their scrape interval and the expectation."""
     phases: dict[str, list[tuple[float, Window]]] = {}
     info: dict[str, dict[str, float]] = {}
     for arg in args.streams:
@@ -427,7 +446,16 @@ def main() -> None:
                         alone=tuple(args.alone), slowdown_to_find_frac=args.slowdown_to_find or None,
                         drift_to_find_frac=args.drift_to_find or None,
                         history_windows=args.history_windows, bucket_error=not args.no_bucket_error)
-    expect = expectation(args.sim_model)
+    return phases, info, sets, cfg, expectation(args.sim_model)
+
+
+def row_label(name: str, label: str) -> str:
+    return f"{label} (`{name}`)"
+
+
+def main() -> None:
+    args = parser().parse_args()
+    phases, info, sets, cfg, expect = setup(args)
     print(f"# detection experiment ({time.strftime('%Y-%m-%d %H:%M')})\n")
     print(f"windows of {cfg.interval_s:g} s; {TESTS} one-sided tests; CUSUM k = {cfg.k}, h = {cfg.h:.3f} "
           f"(for {cfg.false_alarms_per_day:g} false alarm a day); baseline from {cfg.learn_windows} windows; "
@@ -469,7 +497,7 @@ def main() -> None:
     cuts = {name: 0 if args.no_warmup_cut else warmup([w for _, w in phases[name]], cfg, expect)
             for name, _ in sets}
     for name, label in sets:
-        false_alarms(f"{label} (`{name}`)", [w for _, w in phases[name]], cuts[name], cfg, expect, args)
+        false_alarms(row_label(name, label), [w for _, w in phases[name]], cuts[name], cfg, expect, args)
     print(f"\n(events: drift, anomaly and saturation; recoveries listed, not counted. Replay: "
           f"{time.monotonic() - t0:.0f} s for all the replayed hours)")
 
@@ -485,7 +513,7 @@ def main() -> None:
           "with a false alarm before |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|")
     for name, label in sets:
-        injected(f"{label} (`{name}`)", name, phases, cuts[name], cfg, expect, args)
+        injected(row_label(name, label), name, phases, cuts[name], cfg, expect, args)
 
     print("\n## A slowdown after the engine's start\n")
     print("Each stationary stream watched from its first window (the fresh engine's warm-up among the learning "

@@ -38,10 +38,16 @@ Transform = Literal["identity", "log", "sqrt"]
 SECONDS_PER_DAY = 86400.0
 
 
+def arl(h: float, drift: float) -> float:
+    """Average run length (windows) of a one-sided CUSUM of threshold h on unit-variance residuals whose mean
+    increment (their mean minus the allowance k) is `drift`, nonzero (Siegmund's approximation)."""
+    b = h + 1.166
+    return (math.exp(-2 * drift * b) + 2 * drift * b - 1) / (2 * drift * drift)
+
+
 def arl0(h: float, k: float) -> float:
     """In-control average run length (windows) of a one-sided CUSUM on N(0, 1) residuals (Siegmund)."""
-    b = h + 1.166
-    return (math.exp(2 * k * b) - 2 * k * b - 1) / (2 * k * k)
+    return arl(h, -k)
 
 
 def threshold(false_alarms_per_day: float, interval_s: float, tests: int, k: float) -> float:

@@ -138,9 +138,10 @@ def fit_arrival(rate_per_s: float, disp: float | None, conc: Sequence[float], *,
     c_mean = float(np.mean(conc)) if len(conc) else math.nan
     c_cv = float(np.std(conc) / c_mean) if len(conc) > 1 and c_mean > 0 else math.inf
     c_max = float(np.max(conc)) if len(conc) else 0.0
-    at_max = float(np.mean(np.asarray(conc) >= c_max)) if len(conc) else 0.0
+    n_at_max = int(np.sum(np.asarray(conc) >= c_max)) if len(conc) else 0
+    at_max = n_at_max / len(conc) if len(conc) else 0.0
     ceiling = (len(conc) >= 5 and c_max >= 1 and at_max >= CLOSED_AT_MAX
-               and _open_ceiling_chance(c_max, c_mean, len(conc), round(at_max * len(conc))) < CEILING_P)
+               and _open_ceiling_chance(c_max, c_mean, len(conc), n_at_max) < CEILING_P)
     level = len(conc) > 1 and c_mean >= 0.9 and c_cv < CLOSED_CV
     if kind == "auto":
         if ceiling or level:
