@@ -411,6 +411,10 @@ class MonitorSpec(_Strict):
                                 description="an output alarm waits this long for an input "
                                 "alarm before it is an anomaly")
     recovery_windows: int = Field(default=3, ge=1, le=MAX_WINDOWS)
+    reopen_gap_s: float | None = Field(default=900.0, ge=0, le=7 * 86400, description="an anomaly or saturation "
+                                       "that opens again on the same cause within this many seconds of its "
+                                       "recovery is the same episode, reopened: recorded, not answered again "
+                                       "(no second re-verification); null: every opening a new episode")
     slowdown_to_find_frac: float | None = Field(default=0.3, gt=0, le=10, description="the latency slowdown the "
                                                 "monitor is to find fastest (0.3: 30 % slower); its latency CUSUMs "
                                                 "take half of it as their allowance, so a host a few percent "

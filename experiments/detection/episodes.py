@@ -7,7 +7,9 @@ run.py's options and its rows' own draws (run.bootstrap_replays): each stationar
 --block windows, as `table-1200h.md` has it, with its drift, anomaly and saturation events counted, then its
 episodes: an event is a new episode unless a recovery of the same kind ended within GAP windows before it (GAP 20,
 60, 240: 5, 15 and 60 minutes at 15-s windows). What it measures is the flapping of an anomaly against one wrong
-baseline (README, ninth step); the monitor itself counts events.
+baseline (README, ninth step). It was measured before the monitor marked reopenings itself
+(MonitorConfig.reopen_gap_s: a reopening of the same cause within 15 minutes, the tenth step); run.py's tables now
+count the monitor's own episodes.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def main() -> None:
             ends = [e for e in ev if e[1] == "recovery"]
             events += len(alarms)
             for gap in GAPS:
-                episodes[gap] += sum(1 for i, kind, _ in alarms
+                episodes[gap] += sum(1 for i, kind, _, _ in alarms
                                      if not any(r[2] == kind and 0 < i - r[0] <= gap for r in ends))
         per_day = 24 / args.hours
         print(f"{row}, blocks of {args.block}, {args.hours:g} h: {events} events ({events * per_day:.2f} / 24 h); "

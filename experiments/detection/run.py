@@ -57,6 +57,8 @@ from tuner.sim.refcost import StepModel  # noqa: E402
 from tuner.spec import WorkloadSpec  # noqa: E402
 
 Window = dict[str, float]
+SPACE_REOPENED = " reopened"
+Ev = tuple[int, str, str, bool]  # an event: window index, kind, cause, reopened (the same episode as before)
 EXPECT = {"rate_x2": "drift", "prompt_x2": "drift", "output_x4": "drift", "slowdown30": "anomaly",
           "slowdown_model": "anomaly", "gpu_throttle": "anomaly"}
 
@@ -161,18 +163,18 @@ def bootstrap(windows: list[Window], n: int, block: int, rng: random.Random) -> 
 
 def replay(windows: list[Window], cfg: MonitorConfig, gpu: Gpu, expect: ChampionExpectation | None,
            at: int | None = None, on_change: Callable[[], None] | None = None,
-           unjudged: list[int] | None = None, monitor: list[Monitor] | None = None) -> list[tuple[int, str, str]]:
-    """(window index, kind, cause) of every event; `on_change` runs before window `at`; `unjudged` gets the
+           unjudged: list[int] | None = None, monitor: list[Monitor] | None = None) -> list[Ev]:
+    """(window index, kind, cause, reopened) of every event; `on_change` runs before window `at`; `unjudged` gets the
     count of windows whose latencies were not judged, `monitor` the Monitor itself."""
     m = Monitor(cfg, expect)
     if monitor is not None:
         monitor.append(m)
-    out: list[tuple[int, str, str]] = []
+    out: list[Ev] = []
     for i, w in enumerate(windows):
         if at is not None and i == at and on_change is not None:
             on_change()
         for e in m.observe(cfg.interval_s * i, {**w, **gpu.read()}):
-            out.append((i, e.kind, e.cause))
+            out.append((i, e.kind, e.cause, e.reopened))
     if unjudged is not None:
         unjudged.append(m.unjudged)
     return out
@@ -180,7 +182,7 @@ def replay(windows: list[Window], cfg: MonitorConfig, gpu: Gpu, expect: Champion
 
 def bootstrap_replays(label: str, stat: list[Window], block: int, cfg: MonitorConfig,
                       expect: ChampionExpectation | None, args: argparse.Namespace,
-                      unjudged: list[int] | None = None) -> Iterator[list[tuple[int, str, str]]]:
+                      unjudged: list[int] | None = None) -> Iterator[list[Ev]]:
     """The events of each replayed stream of row `label`'s bootstrap (--hours in streams of --stream-hours, in
     blocks of `block` windows of the steady state `stat`), from the row's own draws: a row is the same whatever
     other streams the run has."""
@@ -191,50 +193,70 @@ def bootstrap_replays(label: str, stat: list[Window], block: int, cfg: MonitorCo
                      expect, unjudged=unjudged)
 
 
+def tally(ev: list[Ev], kinds: dict[str, int]) -> tuple[int, int]:
+    """Add a replay's events to `kinds` (kind/cause, a reopening marked so); its (events, episodes): drifts,
+    anomalies and saturations, and those of them that opened a new episode (MonitorConfig.reopen_gap_s)."""
+    events = episodes = 0
+    for _, k, c, again in ev:
+        key = f"{k}/{c}{' reopened' if again else ''}"
+        kinds[key] = kinds.get(key, 0) + 1
+        if k != "recovery":
+            events += 1
+            episodes += not again
+    return events, episodes
+
+
+def rate_cells(events: int, episodes: int, hours: float) -> str:
+    """The table's events, per 24 h, episodes, per 24 h."""
+    return f"{events} | {events / hours * 24:.2f} | {episodes} | {episodes / hours * 24:.2f}"
+
+
+def kinds_cell(kinds: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) or "-"
+
+
 def false_alarms(label: str, recorded: list[Window], cut: int, cfg: MonitorConfig,
                  expect: ChampionExpectation | None, args: argparse.Namespace) -> None:
     """The rows of one stationary stream: as recorded (from its start, as the monitor saw it), then from every
     window after its warm-up (`cut` windows) as a start, then its steady state bootstrapped window by window
-    and in blocks (bootstrap_replays)."""
+    and in blocks (bootstrap_replays). Each row counts events and episodes (a reopening is not a new one)."""
     blind: list[int] = []
     ev = replay(recorded, cfg, Gpu(args.gpu_noise, args.seed), expect, unjudged=blind)
     watched = max(1, len(recorded) - cfg.learn_windows)
     hours = watched * cfg.interval_s / 3600
-    real = [e for e in ev if e[1] != "recovery"]
-    print(f"| {label} | as recorded | {hours:.2f} | {len(real)} | {len(real) / hours * 24:.1f} | "
-          f"{', '.join(f'{k}/{c}@{i}' for i, k, c in ev) or '-'} | {blind[0] / watched:.0%} |")
+    events, episodes = tally(ev, {})
+    print(f"| {label} | as recorded | {hours:.2f} | {rate_cells(events, episodes, hours)} | "
+          f"{', '.join(f'{k}/{c}{SPACE_REOPENED * again}@{i}' for i, k, c, again in ev) or '-'} | "
+          f"{blind[0] / watched:.0%} |")
     stat = recorded[cut:]
     # a baseline learnt at every window of the steady state in turn, the stream then replayed in its own order
     # to its end: no seams (a block bootstrap's seams put two distant levels of a wandering stream side by
     # side), every alarm counted once per start that saw it
     starts, watched, at, blind = 0, 0, set(), []
     kinds: dict[str, int] = {}
+    events = episodes = 0
     for s in range(0, len(stat) - cfg.learn_windows - args.min_watch + 1):
         ev = replay(stat[s:], cfg, Gpu(args.gpu_noise, 200 + s), expect, unjudged=blind)
         starts += 1
         watched += len(stat) - s - cfg.learn_windows
-        for i, k, c in ev:
-            kinds[f"{k}/{c}"] = kinds.get(f"{k}/{c}", 0) + 1
-            if k != "recovery":
-                at.add(cut + s + i)
+        e, p = tally(ev, kinds)
+        events, episodes = events + e, episodes + p
+        at.update(cut + s + i for i, k, _, _ in ev if k != "recovery")
     if starts:
-        alarms = sum(v for k, v in kinds.items() if not k.startswith("recovery"))
         hours = watched * cfg.interval_s / 3600
         print(f"| {label} | as recorded, from each of {starts} starts after a warm-up of {cut} windows "
-              f"(alarms at windows {', '.join(map(str, sorted(at))) or 'none'}) | {hours:.1f} | {alarms} | "
-              f"{alarms / hours * 24:.2f} | {', '.join(f'{k} {v}' for k, v in sorted(kinds.items())) or '-'} | "
-              f"{sum(blind) / watched:.0%} |")
+              f"(alarms at windows {', '.join(map(str, sorted(at))) or 'none'}) | {hours:.1f} | "
+              f"{rate_cells(events, episodes, hours)} | {kinds_cell(kinds)} | {sum(blind) / watched:.0%} |")
     n = int(args.stream_hours * 3600 / cfg.interval_s)
     for block in (1, args.block):
         total_h, kinds, blind = 0.0, {}, []
+        events = episodes = 0
         for ev in bootstrap_replays(label, stat, block, cfg, expect, args, unjudged=blind):
             total_h += n * cfg.interval_s / 3600
-            for _, k, c in ev:
-                kinds[f"{k}/{c}"] = kinds.get(f"{k}/{c}", 0) + 1
-        alarms = sum(v for k, v in kinds.items() if not k.startswith("recovery"))
+            e, p = tally(ev, kinds)
+            events, episodes = events + e, episodes + p
         how = "bootstrap, window by window" if block == 1 else f"bootstrap, blocks of {block} windows"
-        print(f"| {label} | {how} | {total_h:.0f} | {alarms} | {alarms / total_h * 24:.2f} | "
-              f"{', '.join(f'{k} {v}' for k, v in sorted(kinds.items())) or '-'} | "
+        print(f"| {label} | {how} | {total_h:.0f} | {rate_cells(events, episodes, total_h)} | {kinds_cell(kinds)} | "
               f"{sum(blind) / (len(blind) * n):.0%} |")
 
 
@@ -351,8 +373,8 @@ def after_start(label: str, recorded: list[Window], x: float, cfg: MonitorConfig
                      for w in recorded[at:at + args.post]]
             ev = replay(recorded[:at] + after, warm, Gpu(args.gpu_noise, 300 + at), expect)
             trials += 1
-            found = [i for i, k, _ in ev if i >= at and k == "anomaly"]
-            early = [i for i, k, _ in ev if i < at and k != "recovery"]
+            found = [i for i, k, _, _ in ev if i >= at and k == "anomaly"]
+            early = [i for i, k, _, _ in ev if i < at and k != "recovery"]
             if found and not early:
                 delays.append(found[0] - at + 1)
         med = statistics.median(delays) if delays else float("nan")
@@ -491,14 +513,17 @@ def main() -> None:
               f"{med('ttft_ms_p50'):.0f} |")
 
     print("\n## False alarms on stationary traffic\n")
-    print("| set | stream | hours watched | events | per 24 h | kinds | windows whose latencies were not judged |")
-    print("|---|---|---:|---:|---:|---|---:|")
+    print("| set | stream | hours watched | events | per 24 h | episodes | per 24 h | kinds | "
+          "windows whose latencies were not judged |")
+    print("|---|---|---:|---:|---:|---:|---:|---|---:|")
     t0 = time.monotonic()
     cuts = {name: 0 if args.no_warmup_cut else warmup([w for _, w in phases[name]], cfg, expect)
             for name, _ in sets}
     for name, label in sets:
         false_alarms(row_label(name, label), [w for _, w in phases[name]], cuts[name], cfg, expect, args)
-    print(f"\n(events: drift, anomaly and saturation; recoveries listed, not counted. Replay: "
+    print(f"\n(events: drift, anomaly and saturation; recoveries listed, not counted; episodes: the events less "
+          f"those that reopened an anomaly or saturation of the same cause within {cfg.reopen_gap_s or 0:g} s of "
+          f"its recovery, marked `reopened` (MonitorConfig.reopen_gap_s). Replay: "
           f"{time.monotonic() - t0:.0f} s for all the replayed hours)")
 
     if args.only_false_alarms:

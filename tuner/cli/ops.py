@@ -254,7 +254,8 @@ def history(agent: Path | None = typer.Argument(None, help=AGENT_HELP, show_defa
     typer.echo("monitor events:")
     for e in h["events"]:
         answer = (e.get("response") or {}).get("action")
-        typer.echo(f"  {_fmt_time(e.get('time'))}  {e.get('kind')} ({e.get('cause')}): {e.get('detail')}"
+        typer.echo(f"  {_fmt_time(e.get('time'))}  {e.get('kind')}{' (reopened)' if e.get('reopened') else ''}"
+                   f" ({e.get('cause')}): {e.get('detail')}"
                    + (f"  -> {answer}" if answer else ""))
     if h["switches"]:
         typer.echo("scenario switches and requests:")

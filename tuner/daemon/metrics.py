@@ -71,6 +71,10 @@ class DaemonMetrics:
         self.monitor_events = Counter("tuner_monitor_events", "Events of the production monitor (tuner.monitor) "
                                       "by kind (drift, anomaly, saturation, recovery) and cause",
                                       ["agent", "kind", "cause"], registry=self.registry)
+        self.monitor_episodes = Counter("tuner_monitor_episodes", "Episodes of the production monitor: its "
+                                        "drifts, anomalies and saturations less those that reopened one "
+                                        "recovered shortly before (tuner.monitor.config.reopen_gap_s)",
+                                        ["agent", "kind", "cause"], registry=self.registry)
         self.monitor_open = Gauge("tuner_monitor_open", "1 while the monitor sees an anomaly or a saturation of "
                                   "this cause that has not recovered", ["agent", "kind", "cause"],
                                   registry=self.registry)
@@ -93,9 +97,13 @@ class DaemonMetrics:
             if cause:
                 self.failures.labels(agent, cause).inc()
 
-    def monitor_event(self, agent: str, kind: str, cause: str, opened: Iterable[tuple[str, str]]) -> None:
-        """Count one monitor event; `opened`: the (kind, cause) pairs still open after it (the gauge)."""
+    def monitor_event(self, agent: str, kind: str, cause: str, opened: Iterable[tuple[str, str]], *,
+                      reopened: bool = False) -> None:
+        """Count one monitor event, and the episode it opens (not a recovery nor a reopening); `opened`: the
+        (kind, cause) pairs still open after it (the gauge)."""
         self.monitor_events.labels(agent, kind, cause).inc()
+        if kind != "recovery" and not reopened:
+            self.monitor_episodes.labels(agent, kind, cause).inc()
         now = set(opened)
         for k in ("anomaly", "saturation"):
             for c in OPEN_CAUSES[k]:

@@ -98,11 +98,15 @@ class MonitorFeed:
 
     def handle(self, ev: Event) -> None:
         name = self.st.name
-        self.rt.metrics.monitor_event(name, ev.kind, ev.cause, self.monitor.opened)
+        self.rt.metrics.monitor_event(name, ev.kind, ev.cause, self.monitor.opened, reopened=ev.reopened)
         log.warning("monitor %s: %s", name, ev.detail)
         entry = record_event(ev, agent=name, state_dir=Path(self.rt.state_dir), tracker=self.tracker)
         if ev.kind == "drift":
             self.trigger_cycle()
+        elif ev.kind == "anomaly" and ev.reopened:  # its episode was answered when it first opened
+            record_response(entry, {"action": "alert", "reason": f"the anomaly of window {ev.episode} reopened "
+                                    "soon after it recovered: one episode, answered once"},
+                            state_dir=Path(self.rt.state_dir))
         elif ev.kind == "anomaly" and self.ms.on_anomaly == "reverify":
             if self.responding is not None and self.responding.is_alive():
                 return

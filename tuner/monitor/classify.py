@@ -13,6 +13,10 @@ CUSUMs and says what kind of change it saw:
   one-sided p < `trend_p`, with at least one request waiting).
 - **recovery**: after an anomaly, every signal that alarmed stayed within 2 standard deviations of its
   baseline for `recovery_windows` windows; after a saturation, its condition was false that long.
+
+Episodes: an anomaly or a saturation that opens again on the same cause within `reopen_gap_s` of its recovery
+is the same episode reopened (`Event.reopened`, `Event.episode`: the window of the episode's first event), as an
+alert that flaps is one incident; the daemon answers an episode once.
 """
 
 from __future__ import annotations
@@ -62,11 +66,16 @@ class Event:
     signals: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> direction, baseline, value, onset
     observed: dict[str, float] = field(default_factory=dict)  # a drift's new inputs (since its onset)
     series: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)  # for the plot
+    # the window of the first event of its episode (an anomaly or saturation and its recoveries and reopenings;
+    # a drift is its own); reopened: an anomaly or saturation that opened again soon after it recovered
+    episode: int = -1
+    reopened: bool = False
 
     def summary(self) -> dict[str, Any]:
         """JSON-ready, without the series."""
         return {"kind": self.kind, "time": self.time, "window": self.window, "cause": self.cause,
-                "detail": self.detail, "signals": self.signals, "observed": self.observed}
+                "detail": self.detail, "signals": self.signals, "observed": self.observed,
+                "episode": self.episode, "reopened": self.reopened}
 
 
 @dataclass
@@ -76,7 +85,18 @@ class _Open:
     kind: EventKind
     cause: str
     signals: dict[str, Direction]
+    episode: int  # the window of the episode's first event
     calm: int = 0
+
+
+@dataclass(frozen=True)
+class _Closed:
+    """An episode whose anomaly or saturation recovered: it reopens if the same cause comes back soon."""
+
+    kind: EventKind
+    cause: str
+    episode: int
+    time: float  # when it recovered
 
 
 class Monitor:
@@ -97,6 +117,7 @@ class Monitor:
         self._spent = 0  # windows spent on it, with those of a warm-up (MonitorConfig.warmup_p)
         self._pending: dict[str, tuple[int, Literal["up", "down"]]] = {}  # output alarms awaiting inputs
         self._open: list[_Open] = []
+        self._closed: list[_Closed] = []  # recovered episodes within reopen_gap_s (MonitorConfig)
         self._sat_run: dict[str, int] = {}
         self._last: tuple[float, Snapshot] | None = None
         self.last_signals: dict[str, float] = {}
@@ -343,6 +364,7 @@ class Monitor:
         self._calm, self._calm_new = [], 0
         self._pending.clear()
         self._open = [o for o in self._open if o.kind == "saturation"]
+        self._closed = [c for c in self._closed if c.kind == "saturation"]  # an anomaly is judged anew
         for tr in self.tracks.values():
             tr.baseline = None
             tr.cusum.k, tr.cusum.h = self.config.k, self.h
@@ -390,6 +412,7 @@ class Monitor:
         sides: dict[str, str] = dict(inputs)
         sides.update({n: s for n, (_, s) in self._pending.items()})
         ev = self._event("drift", t, "inputs", sides, "workload drift: " + self._describe(sides))
+        ev.episode = self.windows
         for name in INPUTS:
             tr = self.tracks[name]
             onset = ev.signals.get(name, {}).get("onset_time")
@@ -401,9 +424,30 @@ class Monitor:
 
     def _anomaly(self, t: float, sides: Mapping[str, Literal["up", "down"]]) -> Event:
         cause = _cause(sides)
-        ev = self._event("anomaly", t, cause, sides, f"performance anomaly ({cause}) at unchanged load: "
-                         + self._describe(sides))
-        self._open.append(_Open("anomaly", cause, dict(sides)))
+        return self._opening("anomaly", t, cause, dict(sides), f"performance anomaly ({cause}) at unchanged "
+                             "load: " + self._describe(sides))
+
+    def _opening(self, kind: EventKind, t: float, cause: str, sides: dict[str, Direction], detail: str) -> Event:
+        """The event of an anomaly or a saturation that opens: a new episode, or the same one reopened where
+        it recovered within reopen_gap_s on the same cause."""
+        gap = self.config.reopen_gap_s
+        self._closed = [c for c in self._closed if gap is not None and t - c.time <= gap]
+        prior = next((c for c in reversed(self._closed) if c.kind == kind and c.cause == cause), None)
+        if prior is not None:
+            self._closed.remove(prior)
+            detail += f" (reopened {t - prior.time:.0f} s after it recovered: the episode of window {prior.episode})"
+        ev = self._event(kind, t, cause, sides, detail)
+        ev.episode = prior.episode if prior is not None else self.windows
+        ev.reopened = prior is not None
+        self._open.append(_Open(kind, cause, sides, ev.episode))
+        return ev
+
+    def _recovered(self, o: _Open, t: float, detail: str) -> Event:
+        """The recovery event of an open anomaly or saturation, which leaves it open to reopening."""
+        self._open.remove(o)
+        self._closed.append(_Closed(o.kind, o.cause, o.episode, t))
+        ev = self._event("recovery", t, o.kind, o.signals, detail)
+        ev.episode = o.episode
         return ev
 
     def _recoveries(self, t: float) -> list[Event]:
@@ -421,11 +465,10 @@ class Monitor:
                     calm = False
             o.calm = o.calm + 1 if calm else 0
             if o.calm >= self.config.recovery_windows:
-                self._open.remove(o)
                 for name in o.signals:
                     self.tracks[name].cusum.reset()
-                out.append(self._event("recovery", t, "anomaly", o.signals,
-                                       f"back to normal after the {o.cause} anomaly: " + ", ".join(o.signals)))
+                out.append(self._recovered(o, t, f"back to normal after the {o.cause} anomaly: "
+                                           + ", ".join(o.signals)))
         return out
 
     def _saturation(self, t: float) -> list[Event]:
@@ -444,18 +487,15 @@ class Monitor:
             opened = next((o for o in self._open if o.kind == "saturation" and o.cause == cause), None)
             need = 1 if cause == "queue_growing" else c.sat_windows
             if opened is None and self._sat_run[cause] >= need:
-                self._open.append(_Open("saturation", cause, {signal_of[cause]: "up"}))
                 limit = {"kv_full": f">= {c.kv_full_frac}", "bandwidth": f">= {c.dram_limit_frac}",
                          "queue_growing": "growing (Mann-Kendall)"}[cause]
                 val = s.get(signal_of[cause], math.nan)
-                out.append(self._event("saturation", t, cause, {signal_of[cause]: "up"},
-                                       f"saturation ({cause}): {signal_of[cause]} {val:.4g} {limit}"))
+                out.append(self._opening("saturation", t, cause, {signal_of[cause]: "up"},
+                                         f"saturation ({cause}): {signal_of[cause]} {val:.4g} {limit}"))
             elif opened is not None:
                 opened.calm = opened.calm + 1 if not on else 0
                 if opened.calm >= c.recovery_windows:
-                    self._open.remove(opened)
-                    out.append(self._event("recovery", t, "saturation", opened.signals,
-                                           f"back to normal after the {cause} saturation"))
+                    out.append(self._recovered(opened, t, f"back to normal after the {cause} saturation"))
         return out
 
     def _queue_growing(self) -> bool:

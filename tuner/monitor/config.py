@@ -126,6 +126,12 @@ class MonitorConfig:
     # neighbours, not the server, set it then (the windows are counted in `unjudged`)
     max_wait_judged: float = 0.5
     recovery_windows: int = 3
+    # an anomaly or a saturation that opens again, on the same cause, within this many seconds of its recovery
+    # is the same episode reopened (Prometheus alerting rules' keep_firing_for, Alertmanager's grouping): its
+    # event says so (Event.reopened, Event.episode) and the daemon does not answer it again. One baseline a few
+    # percent off its stream's normal lets an anomaly recover and reopen for hours (experiments/detection's
+    # quiet stream in blocks of 8: 79 events, 14 episodes at 15 minutes). None: every opening a new episode
+    reopen_gap_s: float | None = 900.0
     # the latencies' baselines learnt again, every learn_windows calm windows (judged, no latency alarm pending
     # and no anomaly open), from up to this many of the latest calm windows: a host whose speed wanders over
     # minutes is judged against its longer normal, not the first minutes' (None: the first baseline kept
@@ -156,7 +162,8 @@ class MonitorConfig:
         """The agent file's `watch.monitor` at the watch's scrape interval."""
         return cls(interval_s=interval_s, false_alarms_per_day=spec.false_alarms_per_day,
                    learn_windows=spec.learn_windows, settle_windows=spec.settle_windows,
-                   recovery_windows=spec.recovery_windows, slowdown_to_find_frac=spec.slowdown_to_find_frac,
+                   recovery_windows=spec.recovery_windows, reopen_gap_s=spec.reopen_gap_s,
+                   slowdown_to_find_frac=spec.slowdown_to_find_frac,
                    drift_to_find_frac=spec.drift_to_find_frac,
                    kv_full_frac=spec.kv_full_frac,
                    dram_limit_frac=spec.dram_limit_frac)

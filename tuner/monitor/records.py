@@ -66,7 +66,7 @@ def _to_mlflow(ev: Event, agent: str, tracker: Tracker) -> str | None:
 
     run_id = tracker.start_run(f"{ev.kind}-{ev.cause}", tags={
         "kind": RUN_KIND, "agent": agent, "event": ev.kind, "cause": ev.cause, "detail": ev.detail[:4000],
-        "signals": ",".join(ev.signals)})
+        "signals": ",".join(ev.signals), "episode": str(ev.episode), "reopened": str(ev.reopened).lower()})
     if run_id is None:
         return None
     metrics: dict[str, float] = {"window": float(ev.window), "event_time": ev.time}

@@ -139,7 +139,9 @@ def markdown(d: ReportData) -> str:
                          f"{gain_text(r['gain_vs_baseline'])} |")
     if d.events:
         kinds = Counter(str(e.get("kind")) for e in d.events)
+        reopened = sum(1 for e in d.events if e.get("reopened"))
         e = d.events[-1]
         lines += ["", "Production monitor: " + ", ".join(f"{n} {k}" for k, n in kinds.items())
+                  + (f" ({reopened} of them reopened an episode that had just recovered)" if reopened else "")
                   + f"; last ({when(e.get('time'))}): {e.get('detail')}."]
     return "\n".join(lines) + "\n"

@@ -84,3 +84,33 @@ def test_the_watch_hands_its_scrapes_to_the_monitor(tmp_path: Path) -> None:
     assert any(isinstance(c, MonitorFeed) for c in feeds)
     assert not any(isinstance(c, MonitorFeed)
                    for c in consumers_for(rt, AgentState(name="off", path=off), load_agent(off).spec))
+
+
+def test_an_anomaly_that_reopens_is_recorded_and_not_answered_again(tmp_path: Path) -> None:
+    path = agents.write_agent(tmp_path / "mon.yaml", name="mon", tracking={"enabled": False},
+                              watch={"url": "http://127.0.0.1:9/metrics", "interval_s": 15,
+                                     "monitor": {"learn_windows": 10, "reopen_gap_s": 600}})
+    spec = load_agent(path).spec
+    sd = tmp_path / "state"
+    st = AgentState(name="mon", path=path)
+    rt = Runtime(state_dir=sd, stop=threading.Event(), agents={"mon": st}, locks={"mon": threading.Lock()},
+                 metrics=DaemonMetrics(), grace_s=1.0, scheduler=Scheduler())  # type: ignore[arg-type]
+    feed = MonitorFeed(rt, st, spec)
+    server = VllmSeries()
+    rng = random.Random(7)
+    kinds: list[str] = []
+    for i in range(70):
+        itl = 0.008 * (1.4 if 25 <= i < 35 or 45 <= i < 55 else 1.0)  # slower, back for 2.5 minutes, slower
+        server.finish(rng.randint(55, 65), 100, 16, itl_s=itl * rng.uniform(0.97, 1.03))
+        kinds += [e.kind for e in feed.consume(1000.0 + 15 * i, parse(server.text()))]
+        if feed.responding is not None:
+            feed.responding.join(60)
+    assert kinds == ["anomaly", "recovery", "anomaly", "recovery"]
+    stored = read_events(sd, "mon")
+    first, _, again, _ = stored
+    assert not first["reopened"] and again["reopened"] and again["episode"] == first["episode"]
+    assert "no champion" in first["response"]["reason"]  # the episode's answer, once
+    assert again["response"]["action"] == "alert" and "answered once" in again["response"]["reason"]
+    text = rt.metrics.render().decode()
+    assert 'tuner_monitor_events_total{agent="mon",cause="latency",kind="anomaly"} 2.0' in text
+    assert 'tuner_monitor_episodes_total{agent="mon",cause="latency",kind="anomaly"} 1.0' in text

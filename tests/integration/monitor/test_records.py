@@ -48,6 +48,7 @@ def test_events_reach_mlflow_the_file_metrics_history_and_report(tmp_path: Path)
     assert sorted(r.data.tags["event"] for r in runs) == ["anomaly", "recovery"]
     anomaly = next(r for r in runs if r.data.tags["event"] == "anomaly")
     assert anomaly.data.tags["cause"] == "latency" and "itl_ms_mean" in anomaly.data.tags["signals"]
+    assert anomaly.data.tags["reopened"] == "false" and anomaly.data.tags["episode"] == str(events[0].window)
     assert anomaly.data.metrics["itl_ms_mean_value"] > anomaly.data.metrics["itl_ms_mean_baseline"]
     arts = {a.path for a in tracker.client.list_artifacts(anomaly.info.run_id, "plots")}
     assert arts == {"plots/signals.png"}
@@ -60,6 +61,7 @@ def test_events_reach_mlflow_the_file_metrics_history_and_report(tmp_path: Path)
 
     text = metrics.render().decode()
     assert 'tuner_monitor_events_total{agent="mon",cause="latency",kind="anomaly"} 1.0' in text
+    assert 'tuner_monitor_episodes_total{agent="mon",cause="latency",kind="anomaly"} 1.0' in text
     assert 'tuner_monitor_open{agent="mon",cause="latency",kind="anomaly"} 0.0' in text  # recovered
 
     r = CliRunner().invoke(app, ["history", str(agent), "--state-dir", str(sd), "--json"])

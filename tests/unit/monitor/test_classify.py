@@ -349,3 +349,66 @@ def test_a_quantile_across_a_wide_bucket_edge_is_judged_with_both_buckets_uncert
         assert kinds(off)[:1] == ["anomaly"]
         slow = run(across(3.0, 2.0, 1.0), seed=seed)
         assert kinds(slow)[:1] == ["anomaly"] and "ttft_ms_p50" in slow[0][1].signals and slow[0][0] - 40 <= 3
+
+
+def _bursts(*spans: tuple[int, int]) -> Change:
+    """The server 30 % slower in each [start, end) span of windows (ITL mean and end-to-end median)."""
+    def slow(w: dict[str, float], i: int) -> None:
+        if any(a <= i < b for a, b in spans):
+            w["itl_ms_mean"] *= 1.3
+            w["e2el_ms_p50"] *= 1.3
+    return slow
+
+
+def test_an_anomaly_that_reopens_soon_after_it_recovered_is_the_same_episode() -> None:
+    # 15-s windows: slower 40-50, back 50-60, slower again 60-70 (reopens ~2 min after the recovery)
+    _, ev = stream(_bursts((40, 50), (60, 70), (100, 110)), n=140)
+    assert kinds(ev) == ["anomaly", "recovery", "anomaly", "recovery", "anomaly", "recovery"]
+    first, rec, again, rec2, late, _ = (e for _, e in ev)
+    assert not first.reopened and first.episode == first.window
+    assert rec.episode == first.episode
+    assert again.reopened and again.episode == first.episode and "reopened" in again.detail
+    assert again.summary()["reopened"] is True and again.summary()["episode"] == first.episode
+    assert rec2.episode == first.episode
+    # about 27 windows (7 minutes) after the second recovery: within the default 15 minutes, the same episode
+    assert late.reopened and late.episode == first.episode
+    # a gap of 5 minutes: the third burst, 7 minutes after, is a new episode; the second still a reopening
+    _, ev = stream(_bursts((40, 50), (60, 70), (100, 110)), n=140,
+                   config=MonitorConfig(interval_s=15.0, reopen_gap_s=300.0))
+    opened = [e for _, e in ev if e.kind == "anomaly"]
+    assert [e.reopened for e in opened] == [False, True, False] and opened[2].episode == opened[2].window
+    # without episodes every opening is new
+    _, ev = stream(_bursts((40, 50), (60, 70)), n=100, config=MonitorConfig(interval_s=15.0, reopen_gap_s=None))
+    assert [e.reopened for _, e in ev if e.kind == "anomaly"] == [False, False]
+
+
+def test_a_reopening_needs_the_same_cause_and_a_drift_ends_the_episode() -> None:
+    # a latency anomaly recovers; a GPU throttle soon after is another cause: a new episode
+    def slow_then_throttle(w: dict[str, float], i: int) -> None:
+        _bursts((40, 50))(w, i)
+        if 60 <= i < 70:
+            w["gpu_throttled"], w["gpu_sm_clock_mhz"] = 1.0, 0.7 * w["gpu_sm_clock_mhz"]
+
+    _, ev = stream(slow_then_throttle, n=100)
+    opened = [e for _, e in ev if e.kind == "anomaly"]
+    assert [(e.cause, e.reopened) for e in opened] == [("latency", False), ("gpu_throttle", False)]
+
+    # a drift between the two slowdowns: a new baseline, so the second is judged anew (a new episode)
+    def slow_drift_slow(w: dict[str, float], i: int) -> None:
+        _bursts((40, 50), (110, 120))(w, i)
+        if i >= 60:
+            w["rate_per_s"] *= 2
+
+    _, ev = stream(slow_drift_slow, n=150)
+    assert [k for k in kinds(ev) if k != "recovery"] == ["anomaly", "drift", "anomaly"]
+    assert not any(e.reopened for _, e in ev)
+
+
+def test_a_saturation_that_comes_back_soon_is_reopened() -> None:
+    def kv(w: dict[str, float], i: int) -> None:
+        w["kv_cache_usage_frac"] = 0.99 if 40 <= i < 50 or 60 <= i < 70 else 0.05
+
+    _, ev = stream(kv, n=100)
+    sat = [e for _, e in ev if e.kind == "saturation"]
+    assert [(e.cause, e.reopened) for e in sat] == [("kv_full", False), ("kv_full", True)]
+    assert sat[1].episode == sat[0].episode
