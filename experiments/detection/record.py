@@ -96,10 +96,14 @@ def main() -> None:
     ap.add_argument("--interval-s", type=float, default=15.0)
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every phase's duration (a smoke run)")
     ap.add_argument("--only", default="", help="comma-separated phases to run (default: all)")
+    ap.add_argument("--seed", type=int, default=None,
+                    help="the load's seed: phase i of the plan runs `tuner bench --seed SEED + i` (default: bench's "
+                         "own, the same arrivals and lengths in every recording made without it, quiet to quiet8)")
     args = ap.parse_args()
     only = {p for p in args.only.split(",") if p}
     py = sys.executable
     phase = {"name": ""}
+    order = [name for _, group in PLAN for name, _, _ in group]
     out = gzip.open(args.out, "at", encoding="utf-8")
     lock = threading.Lock()
     for slowdown, phases in PLAN:
@@ -127,7 +131,8 @@ def main() -> None:
                     except OSError:
                         text = ""
                     row = {"t": time.time(), "phase": phase["name"], "step_delay_ms": BASE_STEP_DELAY_MS,
-                           "step_slowdown_frac": slowdown, "text": text, "cpu": cpu_readings(pid)}
+                           "step_slowdown_frac": slowdown, "load_seed": phase.get("seed", ""), "text": text,
+                           "cpu": cpu_readings(pid)}
                     with lock:
                         out.write(json.dumps(row) + "\n")
                         out.flush()
@@ -136,13 +141,15 @@ def main() -> None:
             th = threading.Thread(target=scrape_loop, daemon=True)
             th.start()
             for name, seconds, wl in phases:
+                seed = [] if args.seed is None else ["--seed", str(args.seed + order.index(name))]
+                phase["seed"] = seed[-1] if seed else ""
                 with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
                     f.write(wl)
                 phase["name"] = name
                 print(f"{time.strftime('%H:%M:%S')} phase {name} ({seconds * args.scale:.0f} s, "
                       f"step slowdown {slowdown:g})", flush=True)
                 subprocess.run([py, "-m", "tuner.cli", "bench", "--url", url, "--workload", f.name,
-                                "--duration-s", str(seconds * args.scale), "--tokenizer", "byte"],
+                                "--duration-s", str(seconds * args.scale), "--tokenizer", "byte", *seed],
                                stdout=subprocess.DEVNULL, check=False)
                 Path(f.name).unlink()
             phase["name"] = ""
