@@ -103,11 +103,12 @@ class MonitorFeed:
         entry = record_event(ev, agent=name, state_dir=Path(self.rt.state_dir), tracker=self.tracker)
         if ev.kind == "drift":
             self.trigger_cycle()
-        elif ev.kind == "anomaly" and ev.reopened:  # its episode was answered when it first opened
-            record_response(entry, {"action": "alert", "reason": f"the anomaly of window {ev.episode} reopened "
-                                    "soon after it recovered: one episode, answered once"},
-                            state_dir=Path(self.rt.state_dir))
         elif ev.kind == "anomaly" and self.ms.on_anomaly == "reverify":
+            if ev.reopened:  # its episode was answered when it first opened
+                record_response(entry, {"action": "alert", "reason": f"the anomaly of window {ev.episode} "
+                                        "reopened soon after it recovered: one episode, answered once"},
+                                state_dir=Path(self.rt.state_dir))
+                return
             if self.responding is not None and self.responding.is_alive():
                 return
             self.responding = threading.Thread(target=self.reverify, args=(entry,), daemon=True,
