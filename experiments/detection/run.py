@@ -57,7 +57,6 @@ from tuner.sim.refcost import StepModel  # noqa: E402
 from tuner.spec import WorkloadSpec  # noqa: E402
 
 Window = dict[str, float]
-SPACE_REOPENED = " reopened"
 Ev = tuple[int, str, str, bool]  # an event: window index, kind, cause, reopened (the same episode as before)
 EXPECT = {"rate_x2": "drift", "prompt_x2": "drift", "output_x4": "drift", "slowdown30": "anomaly",
           "slowdown_model": "anomaly", "gpu_throttle": "anomaly"}
@@ -193,12 +192,17 @@ def bootstrap_replays(label: str, stat: list[Window], block: int, cfg: MonitorCo
                      expect, unjudged=unjudged)
 
 
+def event_key(kind: str, cause: str, reopened: bool) -> str:
+    """An event's name in the table: kind/cause, a reopening marked so."""
+    return f"{kind}/{cause}{' reopened' if reopened else ''}"
+
+
 def tally(ev: list[Ev], kinds: dict[str, int]) -> tuple[int, int]:
     """Add a replay's events to `kinds` (kind/cause, a reopening marked so); its (events, episodes): drifts,
     anomalies and saturations, and those of them that opened a new episode (MonitorConfig.reopen_gap_s)."""
     events = episodes = 0
     for _, k, c, again in ev:
-        key = f"{k}/{c}{' reopened' if again else ''}"
+        key = event_key(k, c, again)
         kinds[key] = kinds.get(key, 0) + 1
         if k != "recovery":
             events += 1
@@ -226,7 +230,7 @@ def false_alarms(label: str, recorded: list[Window], cut: int, cfg: MonitorConfi
     hours = watched * cfg.interval_s / 3600
     events, episodes = tally(ev, {})
     print(f"| {label} | as recorded | {hours:.2f} | {rate_cells(events, episodes, hours)} | "
-          f"{', '.join(f'{k}/{c}{SPACE_REOPENED * again}@{i}' for i, k, c, again in ev) or '-'} | "
+          f"{', '.join(f'{event_key(k, c, again)}@{i}' for i, k, c, again in ev) or '-'} | "
           f"{blind[0] / watched:.0%} |")
     stat = recorded[cut:]
     # a baseline learnt at every window of the steady state in turn, the stream then replayed in its own order

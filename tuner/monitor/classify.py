@@ -68,7 +68,7 @@ class Event:
     series: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)  # for the plot
     # the window of the first event of its episode (an anomaly or saturation and its recoveries and reopenings;
     # a drift is its own); reopened: an anomaly or saturation that opened again soon after it recovered
-    episode: int = -1
+    episode: int = 0
     reopened: bool = False
 
     def summary(self) -> dict[str, Any]:
@@ -381,8 +381,11 @@ class Monitor:
                 "value": tr.values[-1] if tr.values else None,
                 "onset_time": tr.times[-start + onset] if onset is not None else None}
 
-    def _event(self, kind: EventKind, t: float, cause: str, sides: Mapping[str, str], detail: str) -> Event:
-        ev = Event(kind=kind, time=t, window=self.windows, cause=cause, detail=detail)
+    def _event(self, kind: EventKind, t: float, cause: str, sides: Mapping[str, str], detail: str, *,
+               episode: int | None = None, reopened: bool = False) -> Event:
+        """An event of this window with its signals' entries and series; its episode this window's unless given."""
+        ev = Event(kind=kind, time=t, window=self.windows, cause=cause, detail=detail,
+                   episode=self.windows if episode is None else episode, reopened=reopened)
         for name, side in sides.items():
             ev.signals[name] = self._signal_entry(name, side)
             tr = self.tracks[name]
@@ -412,7 +415,6 @@ class Monitor:
         sides: dict[str, str] = dict(inputs)
         sides.update({n: s for n, (_, s) in self._pending.items()})
         ev = self._event("drift", t, "inputs", sides, "workload drift: " + self._describe(sides))
-        ev.episode = self.windows
         for name in INPUTS:
             tr = self.tracks[name]
             onset = ev.signals.get(name, {}).get("onset_time")
@@ -436,9 +438,8 @@ class Monitor:
         if prior is not None:
             self._closed.remove(prior)
             detail += f" (reopened {t - prior.time:.0f} s after it recovered: the episode of window {prior.episode})"
-        ev = self._event(kind, t, cause, sides, detail)
-        ev.episode = prior.episode if prior is not None else self.windows
-        ev.reopened = prior is not None
+        ev = self._event(kind, t, cause, sides, detail, episode=prior.episode if prior is not None else None,
+                         reopened=prior is not None)
         self._open.append(_Open(kind, cause, sides, ev.episode))
         return ev
 
@@ -446,9 +447,7 @@ class Monitor:
         """The recovery event of an open anomaly or saturation, which leaves it open to reopening."""
         self._open.remove(o)
         self._closed.append(_Closed(o.kind, o.cause, o.episode, t))
-        ev = self._event("recovery", t, o.kind, o.signals, detail)
-        ev.episode = o.episode
-        return ev
+        return self._event("recovery", t, o.kind, o.signals, detail, episode=o.episode)
 
     def _recoveries(self, t: float) -> list[Event]:
         out: list[Event] = []
