@@ -1,5 +1,9 @@
 """vLLM's production series (names as vLLM 0.32 exports them) on a private prometheus_client registry, moved by
-the test: requests finished with their lengths and latencies, the queue gauges. For the monitor's tests."""
+the test: requests finished with their lengths and latencies, the queue gauges. For the monitor's tests.
+
+As vLLM does, the token counters count a prompt when it is prefilled and an output token when it is made
+(`start()`: a request prefilled and partly generated, not finished), the per-request length histograms and
+request_success when it finishes."""
 
 from __future__ import annotations
 
@@ -19,8 +23,12 @@ class VllmSeries:
         self.gen = Counter("vllm:generation_tokens", "", lab, registry=r).labels("m")
         self.ok = Counter("vllm:request_success", "", ["model_name", "finished_reason"], registry=r)
         self.pre = Counter("vllm:num_preemptions", "", lab, registry=r).labels("m")
-        self.ttft = self.itl = None
+        self.ttft = self.itl = self.prompt_h = self.gen_h = None
         if histograms:
+            self.prompt_h = Histogram("vllm:request_prompt_tokens", "", lab, registry=r,
+                                      buckets=(1, 10, 100, 1000, 10000)).labels("m")
+            self.gen_h = Histogram("vllm:request_generation_tokens", "", lab, registry=r,
+                                   buckets=(1, 10, 100, 1000, 10000)).labels("m")
             self.ttft = Histogram("vllm:time_to_first_token_seconds", "", lab, registry=r,
                                   buckets=(0.01, 0.05, 0.1, 0.5, 1.0)).labels("m")
             self.itl = Histogram("vllm:inter_token_latency_seconds", "", lab, registry=r,
@@ -32,10 +40,19 @@ class VllmSeries:
             self.prompt.inc(prompt)
             self.gen.inc(out)
             self.ok.labels("m", reason).inc()
+            if self.prompt_h is not None and self.gen_h is not None:
+                self.prompt_h.observe(prompt)
+                self.gen_h.observe(out)
             if self.ttft is not None and self.itl is not None:
                 self.ttft.observe(ttft_s)
                 for _ in range(out - 1):
                     self.itl.observe(itl_s)
+
+    def start(self, n: int, prompt: int, out_so_far: int) -> None:
+        """`n` requests prefilled and `out_so_far` tokens into their outputs, none finished: vLLM's token counters
+        move, its request counters and length histograms do not."""
+        self.prompt.inc(n * prompt)
+        self.gen.inc(n * out_so_far)
 
     def text(self) -> str:
         return generate_latest(self.registry).decode()

@@ -37,6 +37,28 @@ def test_window_signals_from_two_scrapes() -> None:
     assert sig["preemptions_per_s"] == 0
 
 
+def test_the_lengths_are_of_the_requests_finished_in_the_window() -> None:
+    # vLLM counts a prompt's tokens at its prefill: 10 long prompts started in the window and not finished move its
+    # counter, not the mean of the 20 requests that finished (their per-request histogram)
+    for histograms, prompt_mean, output_mean in ((True, 100, 20), (False, (20 * 100 + 10 * 1000) / 20, 24)):
+        s = Server(histograms=histograms)
+        s.finish(5, 100, 20)
+        a = parse(s.text())
+        s.finish(20, 100, 20)
+        s.start(10, 1000, 8)
+        sig = window_signals(a, parse(s.text()), 10.0)
+        assert sig is not None
+        # without the histograms (a server that has none) the counters are all there is: the mixed mean
+        assert sig["prompt_tokens_mean"] == pytest.approx(prompt_mean), histograms
+        assert sig["output_tokens_mean"] == pytest.approx(output_mean), histograms
+        assert sig["token_throughput_per_s"] == pytest.approx((20 * 20 + 10 * 8) / 10)  # every token made
+    s = Server()
+    a = parse(s.text())
+    s.start(3, 100, 2)  # nothing finished: no length is known
+    sig = window_signals(a, parse(s.text()), 10.0)
+    assert sig is not None and "prompt_tokens_mean" not in sig and "output_tokens_mean" not in sig
+
+
 def test_a_counter_reset_skips_the_window() -> None:
     s = Server()
     s.finish(10, 100, 20)
