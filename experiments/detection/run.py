@@ -411,6 +411,8 @@ def parser() -> argparse.ArgumentParser:
                     help="an input's CUSUM allowance at least half this drift (a fraction; 0: k alone)")
     ap.add_argument("--history-windows", type=int, default=MonitorConfig.history_windows,
                     help="latency baselines learnt again from up to this many calm windows (default: never)")
+    ap.add_argument("--input-history-windows", type=int, default=MonitorConfig.input_history_windows,
+                    help="input scales learnt again from up to this many windows since their baseline (0: never)")
     ap.add_argument("--corroborate", type=int, default=MonitorConfig.corroborate)
     ap.add_argument("--confirm-windows", type=int, default=MonitorConfig.confirm_windows)
     ap.add_argument("--alone", nargs="*", default=list(MonitorConfig.alone), metavar="LATENCY",
@@ -471,7 +473,8 @@ def setup(args: argparse.Namespace) -> tuple[dict[str, list[tuple[float, Window]
                         corroborate=args.corroborate, confirm_windows=args.confirm_windows,
                         alone=tuple(args.alone), slowdown_to_find_frac=args.slowdown_to_find or None,
                         drift_to_find_frac=args.drift_to_find or None,
-                        history_windows=args.history_windows, bucket_error=not args.no_bucket_error)
+                        history_windows=args.history_windows, bucket_error=not args.no_bucket_error,
+                        input_history_windows=args.input_history_windows or None)
     return phases, info, sets, cfg, expectation(args.sim_model)
 
 
@@ -493,6 +496,7 @@ def main() -> None:
           f"an input's at least half of a drift of {cfg.drift_to_find_frac or 0:g} "
           f"({', '.join(f'{k}: {RULES[k].transform}' for k in INPUTS)}); "
           f"quantiles widened in another bucket than their baseline's: {cfg.bucket_error}; "
+          f"input scales learnt again from up to {cfg.input_history_windows or 0} windows; "
           f"a latency anomaly needs {cfg.corroborate} latency signals or one confirmed within "
           f"{cfg.confirm_windows} windows, except {', '.join(cfg.alone) or 'none'} (alone)\n")
     if expect is not None:

@@ -128,6 +128,7 @@ class Monitor:
         self._blind_times: set[float] = set()  # ends of the windows not judged (nor learnt from)
         self._calm: list[float] = []  # ends of the calm windows since the baseline (MonitorConfig.history_windows)
         self._calm_new = 0
+        self._since = 0  # windows judged since the baseline was learnt (MonitorConfig.input_history_windows)
         self._rho = 0.0
 
     # ---------------------------------------------------------------- feeding
@@ -274,6 +275,7 @@ class Monitor:
             events.append(self._anomaly(t, due))
         events.extend(self._recoveries(t))
         self._learn_history(t, blind)
+        self._learn_inputs()
         return events
 
     # ---------------------------------------------------------------- baselines
@@ -281,7 +283,7 @@ class Monitor:
         n = self.config.learn_windows
         self._rho = self._latency_rho() if self.config.autocorrelation else 0.0
         self._calm = [t for t in self.tracks["itl_ms_mean"].times[-n:] if t not in self._blind_times]
-        self._calm_new = 0
+        self._calm_new = self._since = 0
         for tr in self.tracks.values():
             vals = tr.residuals[-n:]
             if tr.name in LATENCIES:  # learnt from the windows it would be judged in, where there are enough
@@ -313,6 +315,25 @@ class Monitor:
             if tr.baseline is None or len(vals) < c.learn_windows:
                 continue
             self._baseline(tr, vals)
+
+    def _learn_inputs(self) -> None:
+        """Every learn_windows windows after the baseline, the inputs' scales learnt again from their windows since
+        its learning began (up to input_history_windows), their centres kept (MonitorConfig.input_history_windows);
+        their CUSUMs go on, redesigned for the new scale."""
+        c = self.config
+        self._since += 1
+        if c.input_history_windows is None or self._since % c.learn_windows:
+            return
+        n = min(c.learn_windows + self._since, c.input_history_windows, self.tracks["rate_per_s"].keep)
+        for name in INPUTS:
+            tr = self.tracks[name]
+            if tr.baseline is None or len(tr.residuals) < n:
+                continue
+            rule = RULES[name]
+            tr.baseline = Baseline.learn(tr.residuals[-n:], rule.floor_abs, transform=rule.transform,
+                                         rel_floor=self.config.rel_floor,
+                                         centre=(tr.baseline.centre, c.learn_windows))
+            tr.cusum.k, tr.cusum.h = self._design(name, tr.baseline)
 
     def _baseline(self, tr: SignalTrack, vals: list[float]) -> None:
         """A track's baseline learnt from `vals` (a latency's widened by the learnt autocorrelation), and its
@@ -361,7 +382,7 @@ class Monitor:
         """Start a new baseline from the next window on (after a drift, or a new champion)."""
         self._learned = self._spent = 0
         self._blind_times.clear()
-        self._calm, self._calm_new = [], 0
+        self._calm, self._calm_new, self._since = [], 0, 0
         self._pending.clear()
         self._open = [o for o in self._open if o.kind == "saturation"]
         self._closed = [c for c in self._closed if c.kind == "saturation"]  # an anomaly is judged anew

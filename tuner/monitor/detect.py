@@ -111,7 +111,8 @@ class Baseline:
 
     @classmethod
     def learn(cls, values: Sequence[float], floor: float, confidence: float = 0.9, *, transform: Transform = "identity",
-              rel_floor: float = 0.0, rho: float = 0.0, robust: bool = False) -> Baseline:
+              rel_floor: float = 0.0, rho: float = 0.0, robust: bool = False,
+              centre: tuple[float, int] | None = None) -> Baseline:
         """The median, and as scale the larger of the MAD's normal-consistent scale and the upper `confidence`
         bound of the standard deviation (chi-square), times sqrt(1 + 1/n) for the centre's own error: a
         baseline learnt from n windows misjudges both, and a CUSUM fed a scale too small alarms far more often
@@ -123,7 +124,9 @@ class Baseline:
         ones would. `robust`: the scale from the MAD alone, at its upper `confidence` bound (its standard
         error is 1.166 sigma / sqrt(n)), for a signal whose noise is a calm body with rare far episodes (a
         latency on a shared host, whose episodes the expectation's own uncertainty covers): a standard
-        deviation would make the scale of the episodes the scale of every window."""
+        deviation would make the scale of the episodes the scale of every window. `centre`: (the centre on the
+        watched scale, the number of windows it was learnt from) kept as it is, the scale alone learnt from
+        `values` (an input's longer history: a tighter bound on its spread, its normal where it was put)."""
         vals = [v for v in values if math.isfinite(v)]
         if not vals:
             raise ValueError("no values to learn a baseline from")
@@ -137,15 +140,16 @@ class Baseline:
             floor = max(floor, rel_floor * abs(med))
         vals = [forward(v, transform) for v in vals]
         n = len(vals)
-        centre = statistics.median(vals)
-        mad = statistics.median(abs(v - centre) for v in vals) * 1.4826
+        mid = statistics.median(vals)
+        mad = statistics.median(abs(v - mid) for v in vals) * 1.4826
         if robust:
             sd = mad * (1 + norm.ppf(confidence) * MAD_SE / math.sqrt(n))
             mad = 0.0
         else:
             sd = statistics.stdev(vals) * math.sqrt((n - 1) / chi2.ppf(1 - confidence, n - 1)) if n > 1 else 0.0
         rho = min(max(rho, 0.0), MAX_RHO)
-        return cls(centre=centre, scale=max(sd, mad, floor) * math.sqrt(1 + 1 / n) * math.sqrt((1 + rho) / (1 - rho)),
+        at, n_at = centre if centre is not None else (mid, n)
+        return cls(centre=at, scale=max(sd, mad, floor) * math.sqrt(1 + 1 / n_at) * math.sqrt((1 + rho) / (1 - rho)),
                    transform=transform)
 
     def z(self, x: float) -> float:

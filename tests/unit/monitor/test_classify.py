@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from scipy.stats import chi2
 
 from tests.support import agents
 from tuner.agent import load_agent
@@ -412,3 +413,60 @@ def test_a_saturation_that_comes_back_soon_is_reopened() -> None:
     sat = [e for _, e in ev if e.kind == "saturation"]
     assert [(e.cause, e.reopened) for e in sat] == [("kv_full", False), ("kv_full", True)]
     assert sat[1].episode == sat[0].episode
+
+
+def _poisson_rate(w: dict[str, float], rng: random.Random) -> None:
+    """The window's arrival rate as a Poisson count of 2 requests a second over 15 s (30 a window)."""
+    w["rate_per_s"] = sum(1 for _ in range(600) if rng.random() < 0.05) / 15.0
+
+
+def test_an_inputs_scale_is_learnt_again_from_its_history_and_its_centre_kept() -> None:
+    rng = random.Random(7)
+    with_history, without = Monitor(MonitorConfig(interval_s=15.0, input_history_windows=160)), \
+        Monitor(MonitorConfig(interval_s=15.0))
+    first: dict[str, tuple[float, float]] = {}
+    seen: list[float] = []
+    for i in range(60):
+        w = {k: rng.gauss(mu, sd) for k, (mu, sd) in NORMAL.items()}
+        _poisson_rate(w, rng)
+        seen.append(w["rate_per_s"])
+        assert with_history.observe(15.0 * i, w) == [] and without.observe(15.0 * i, w) == []
+        if i == 19:
+            first = {n: (with_history.tracks[n].baseline.centre, with_history.tracks[n].baseline.scale)
+                     for n in ("rate_per_s", "prompt_tokens_mean", "output_tokens_mean")}
+    for name, (centre, scale) in first.items():
+        assert with_history.tracks[name].baseline.centre == centre  # its normal where it was put
+        assert without.tracks[name].baseline.scale == scale  # off: the first baseline's kept
+    # after 40 windows more: its scale from all 60 windows (the sd's chi-square bound on 59 degrees of freedom),
+    # the centre's error still that of its 20 windows
+    rate = with_history.tracks["rate_per_s"].baseline
+    stats_sd = math.sqrt(sum((x - sum(seen) / 60) ** 2 for x in seen) / 59)
+    assert rate.scale == pytest.approx(stats_sd * math.sqrt(59 / chi2.ppf(0.1, 59)) * math.sqrt(1 + 1 / 20))
+    assert with_history.tracks["rate_per_s"].cusum.k * rate.scale >= rate.shift_of(0.5, "both") / 2 - 1e-9
+
+
+def test_a_longer_history_finds_a_doubled_rate_sooner_and_a_slow_drift_still_alarms() -> None:
+    # at 30 requests a window a doubling is ~5.5 Poisson sd: near the 2-window edge of a 20-window baseline's
+    # bound; with 60 windows of history it is found within 2 windows more often
+    def run(seed: int, config: MonitorConfig, change: Callable[[int], float]) -> int | None:
+        rng = random.Random(seed)
+        m = Monitor(config)
+        for i in range(110):
+            w = {k: rng.gauss(mu, sd) for k, (mu, sd) in NORMAL.items()}
+            _poisson_rate(w, rng)
+            w["rate_per_s"] *= change(i)
+            if any(e.kind == "drift" for e in m.observe(15.0 * i, w)):
+                return i
+        return None
+
+    def doubled(i: int) -> float:
+        return 2.0 if i >= 80 else 1.0
+
+    fast = {name: sum(1 for seed in range(40) if (run(seed, cfg, doubled) or 999) - 80 <= 1)
+            for name, cfg in (("history", MonitorConfig(interval_s=15.0, input_history_windows=160)),
+                              ("first", MonitorConfig(interval_s=15.0)))}
+    assert fast["history"] > fast["first"], fast
+    # the rate 1 % higher every window from window 40: the centre is kept, so it adds up to a drift
+    for seed in range(5):
+        at = run(seed, MonitorConfig(interval_s=15.0, input_history_windows=160), lambda i: 1.0 + 0.01 * max(0, i - 40))
+        assert at is not None and at < 110, (seed, at)
