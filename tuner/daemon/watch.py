@@ -16,7 +16,7 @@ from tuner.base.redact import redact_text, redact_url
 from tuner.champions.store import append_jsonl
 from tuner.daemon.runtime import AgentState, Runtime
 from tuner.measure.datasets import plans_for
-from tuner.measure.scrape import Snapshot, scrape, telemetry
+from tuner.measure.scrape import Snapshot, finished_mean_length, scrape, telemetry
 from tuner.measure.tokenize import load_tokenizer
 from tuner.spec import AgentSpec, WorkloadSpec
 from tuner.tracking.tracker import Tracker
@@ -123,9 +123,8 @@ def detect_anomalies(spec: AgentSpec, before: Snapshot, after: Snapshot,
         key = catalog.server_key(slo.metric)  # the server's own histogram of the same latency
         if slo.max is not None and key is not None and key in tel and tel[key] > slo.max:
             out.append(("slo", f"{slo.metric} {tel[key]:.1f} > {slo.max}"))
-    n = tel.get("server_request_success", 0.0)
-    if drift and n > 0 and "server_prompt_tokens" in tel and spec.watch is not None:
-        mean_now = tel["server_prompt_tokens"] / n
+    mean_now = finished_mean_length(before, after, "prompt_tokens")
+    if drift and mean_now is not None and spec.watch is not None:
         tuned = tuned_prompt_mean(spec.workload, base_dir)
         if tuned and abs(mean_now - tuned) / tuned > spec.watch.drift_threshold:
             out.append(("drift", f"mean prompt {mean_now:.0f} tokens vs {tuned:.0f} tuned for"))

@@ -150,6 +150,26 @@ def _quantile_bucket(q: float, buckets: dict[float, float]) -> tuple[float, floa
     return prev_le, bs[-1][0], prev_c, bs[-1][1], rank  # q > 1: the last bucket
 
 
+# a finished request's length: vLLM's per-request histogram of it; its token counter counts a prompt at its
+# prefill and an output token as it is made, so between two scrapes it also holds requests finished later
+LENGTH_HISTS = {"prompt_tokens": "request_prompt_tokens", "generation_tokens": "request_generation_tokens"}
+
+
+def finished_mean_length(before: Snapshot, after: Snapshot, key: str) -> float | None:
+    """The mean `key` ("prompt_tokens" or "generation_tokens") of the requests finished between two scrapes: from
+    the per-request histogram where the server exports it, else its token counter over the requests finished
+    (request_success); None when none finished or neither series is there."""
+    hist = LENGTH_HISTS[key]
+    if hist in after.hists:
+        h, b = after.hists[hist], before.hists.get(hist, Hist())
+        n = h.count - b.count
+        return (h.sum - b.sum) / n if n > 0 else None
+    done = after.counters.get("request_success", 0.0) - before.counters.get("request_success", 0.0)
+    if key in after.counters and done > 0:
+        return (after.counters[key] - before.counters.get(key, 0.0)) / done
+    return None
+
+
 def telemetry(before: Snapshot | None, after: Snapshot | None,
               during: Sequence[Snapshot] = ()) -> dict[str, float]:
     """server_* keys from the scrapes around (and during) one run."""

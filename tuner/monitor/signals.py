@@ -23,7 +23,14 @@ import logging
 import math
 from dataclasses import dataclass, field
 
-from tuner.measure.scrape import Hist, Snapshot, histogram_bucket, histogram_quantile
+from tuner.measure.scrape import (
+    LENGTH_HISTS,
+    Hist,
+    Snapshot,
+    finished_mean_length,
+    histogram_bucket,
+    histogram_quantile,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +74,9 @@ class MissingSeries:
             log.warning("monitor: the %s exports no %s: that signal is left out", self.source, what)
 
 
-# a finished request's length: its histogram (the requests finished in the window), else the token counter
-_LENGTH_HISTS = {"prompt_tokens": "request_prompt_tokens", "generation_tokens": "request_generation_tokens"}
-
-
 def _has(snap: Snapshot, kind: str, key: str) -> bool:
     if kind == "length":
-        return _LENGTH_HISTS[key] in snap.hists or key in snap.counters
+        return LENGTH_HISTS[key] in snap.hists or key in snap.counters
     if kind == "counter":
         return key in snap.counters
     if kind == "hist":
@@ -91,19 +94,6 @@ def _quantile_ms(q: float, before: Hist, after: Hist) -> tuple[float, tuple[floa
     delta = {le: c - before.buckets.get(le, 0.0) for le, c in after.buckets.items()}
     bucket = histogram_bucket(q, delta)
     return histogram_quantile(q, delta) * 1000.0, None if bucket is None else (bucket[0] * 1000.0, bucket[1] * 1000.0)
-
-
-def _length_mean(before: Snapshot, after: Snapshot, key: str, done: float | None) -> float | None:
-    """The mean length (tokens) of the requests finished in the window: from the per-request histogram where the
-    server exports it, else the token counter over the finished requests `done`; None without a finished one."""
-    hist = _LENGTH_HISTS[key]
-    if hist in after.hists:
-        h, b = after.hists[hist], before.hists.get(hist, Hist())
-        n = h.count - b.count
-        return (h.sum - b.sum) / n if n > 0 else None
-    if key in after.counters and done:
-        return (after.counters[key] - before.counters.get(key, 0.0)) / done
-    return None
 
 
 def window_signals(before: Snapshot, after: Snapshot, seconds: float,
@@ -128,7 +118,7 @@ def window_signals(before: Snapshot, after: Snapshot, seconds: float,
             if not _has(after, kind, key):
                 lost.setdefault((kind, key), []).append(sig)
         for (kind, key), sigs in lost.items():
-            what = f"histogram {_LENGTH_HISTS[key]} or counter {key}" if kind == "length" else f"{kind} {key}"
+            what = f"histogram {LENGTH_HISTS[key]} or counter {key}" if kind == "length" else f"{kind} {key}"
             missing.note(f"{what} (signals {', '.join(sigs)})")
 
     def d(key: str) -> float | None:
@@ -153,7 +143,7 @@ def window_signals(before: Snapshot, after: Snapshot, seconds: float,
     if gen is not None:
         out["token_throughput_per_s"] = gen / seconds
     for key, name in (("prompt_tokens", "prompt_tokens_mean"), ("generation_tokens", "output_tokens_mean")):
-        mean = _length_mean(before, after, key, done)
+        mean = finished_mean_length(before, after, key)
         if mean is not None:
             out[name] = mean
     pre = d("preemptions")

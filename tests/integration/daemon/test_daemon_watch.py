@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tests.support.agents import write_agent
 from tests.support.logged_proc import finish, output, start_logged
+from tests.support.vllm_series import VllmSeries
 from tuner.daemon.watch import detect_anomalies
 from tuner.measure.scrape import parse
 from tuner.spec import AgentSpec
@@ -51,6 +52,21 @@ def test_detect_slo_breach_and_prompt_drift() -> None:
     assert [k for k, _ in slow] == ["slo"]
     drift = detect_anomalies(spec, parse(metrics_text(10, 0.2, 256)), _mixed(10, 0.2, 20, 0.2, 256, 600))
     assert [k for k, _ in drift] == ["drift"]
+
+
+def test_prompt_drift_is_of_the_requests_finished_not_the_prompts_prefilled() -> None:
+    # vLLM counts a prompt's tokens at its prefill: long prompts started in the window and not finished are no
+    # drift of the requests served (its per-request histogram); once they finish, they are
+    spec = AgentSpec.model_validate(SPEC)
+    s = VllmSeries()
+    s.finish(10, 256, 16)
+    before = parse(s.text())
+    s.finish(10, 256, 16)
+    s.start(10, 1000, 4)
+    assert detect_anomalies(spec, before, parse(s.text())) == []
+    before = parse(s.text())
+    s.finish(10, 1000, 16)
+    assert [k for k, _ in detect_anomalies(spec, before, parse(s.text()))] == ["drift"]
 
 
 def _mixed(n1: int, t1: float, n2: int, t2: float, p1: int, p2: int | None = None):
