@@ -56,6 +56,9 @@ class MonitorFeed:
         self._expecting = ms.expect_from_champion  # build the expectation at the next scrape
         self.tracker = Tracker.for_agent(spec, Path(rt.state_dir))
         self.responding: threading.Thread | None = None
+        # set by the re-verification's thread after a rollback, applied by the watch's thread at its next scrape:
+        # the Monitor is only ever touched from the thread that feeds it
+        self._rolled_back = threading.Event()
 
     def gpu(self) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -83,6 +86,10 @@ class MonitorFeed:
 
     def consume(self, t: float, snap: Snapshot) -> list[Event]:
         """One scrape in; the events it raised (each answered)."""
+        if self._rolled_back.is_set():
+            self._rolled_back.clear()
+            self.monitor.relearn()  # a new champion serves: a new normal
+            self._expecting = self.ms.expect_from_champion
         if self._expecting:
             self._expecting = False
             self.monitor.expectation = self.expectation()
@@ -146,8 +153,12 @@ class MonitorFeed:
         out["seconds"] = time.time() - began
         record_response(entry, out, state_dir=Path(rt.state_dir))
         if out.get("action") == "rolled_back":
-            self.monitor.relearn()  # a new champion serves: a new normal
-            self._expecting = self.ms.expect_from_champion
+            self.rolled_back()
+
+    def rolled_back(self) -> None:
+        """Another champion serves now (a rollback, from any thread): the next scrape starts a new baseline and
+        a new expectation."""
+        self._rolled_back.set()
 
 
 def monitor_consumer(rt: Runtime, st: AgentState, spec: AgentSpec) -> Callable[[float, Snapshot], None]:

@@ -114,3 +114,26 @@ def test_an_anomaly_that_reopens_is_recorded_and_not_answered_again(tmp_path: Pa
     text = rt.metrics.render().decode()
     assert 'tuner_monitor_events_total{agent="mon",cause="latency",kind="anomaly"} 2.0' in text
     assert 'tuner_monitor_episodes_total{agent="mon",cause="latency",kind="anomaly"} 1.0' in text
+
+
+def test_after_a_rollback_the_next_scrape_starts_a_new_baseline(tmp_path: Path) -> None:
+    path = agents.write_agent(tmp_path / "mon.yaml", name="mon", tracking={"enabled": False},
+                              watch={"url": "http://127.0.0.1:9/metrics", "interval_s": 15,
+                                     "monitor": {"learn_windows": 10}})
+    st = AgentState(name="mon", path=path)
+    rt = Runtime(state_dir=tmp_path / "state", stop=threading.Event(), agents={"mon": st}, locks={},
+                 metrics=DaemonMetrics(), grace_s=1.0, scheduler=Scheduler())  # type: ignore[arg-type]
+    feed = MonitorFeed(rt, st, load_agent(path).spec)
+    server = VllmSeries()
+    for i in range(15):
+        server.finish(60, 100, 16)
+        feed.consume(1000.0 + 15 * i, parse(server.text()))
+    assert not feed.monitor.learning and feed.monitor.tracks["itl_ms_mean"].baseline is not None
+    # the re-verification's thread rolled the champion back: the Monitor is left to the thread that feeds it
+    done = threading.Thread(target=feed.rolled_back)
+    done.start()
+    done.join()
+    assert not feed.monitor.learning
+    server.finish(60, 100, 16)
+    feed.consume(1000.0 + 15 * 15, parse(server.text()))
+    assert feed.monitor.learning and feed.monitor.tracks["itl_ms_mean"].baseline is None
