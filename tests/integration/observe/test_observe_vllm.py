@@ -164,7 +164,9 @@ def test_the_monitor_reads_vllms_own_series_and_a_change_of_prompts_is_a_drift(
     assert statistics.median(w["rate_per_s"] for w in before) == pytest.approx(4.0, rel=0.5)
     # a window in which nothing finished (a busy host) has no error share, lengths or latencies: no evidence
     assert all(0 <= w["kv_cache_usage_frac"] <= 1 and w.get("error_frac", 0.0) == 0 for w in before)
-    assert all(w["e2el_ms_p50"] >= w["ttft_ms_p50"] > 0 and w["itl_ms_mean"] > 0 for w in before if "e2el_ms_p50" in w)
+    # each latency is of the requests its histogram saw in the window (a TTFT at the first token, an end-to-end
+    # time at the end: not the same requests, so neither bounds the other within a window)
+    assert all(w[n] > 0 for w in before for n in LATENCIES if n in w)
     # the longer prompts: a drift of the prompts after the change, none before it, with the new inputs observed
     assert changed_at is not None
     drifts = [(i, e) for i, e in events if e.kind == "drift"]
