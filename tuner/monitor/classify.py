@@ -329,19 +329,16 @@ class Monitor:
             tr = self.tracks[name]
             if tr.baseline is None or len(tr.residuals) < n:
                 continue
-            rule = RULES[name]
-            tr.baseline = Baseline.learn(tr.residuals[-n:], rule.floor_abs, transform=rule.transform,
-                                         rel_floor=self.config.rel_floor,
-                                         centre=(tr.baseline.centre, c.learn_windows))
-            tr.cusum.k, tr.cusum.h = self._design(name, tr.baseline)
+            self._baseline(tr, tr.residuals[-n:], centre=(tr.baseline.centre, c.learn_windows))
 
-    def _baseline(self, tr: SignalTrack, vals: list[float]) -> None:
-        """A track's baseline learnt from `vals` (a latency's widened by the learnt autocorrelation), and its
-        CUSUM designed for it (its reset is the caller's)."""
+    def _baseline(self, tr: SignalTrack, vals: list[float], centre: tuple[float, int] | None = None) -> None:
+        """A track's baseline learnt from `vals` (a latency's widened by the learnt autocorrelation; `centre`
+        kept where given: Baseline.learn), and its CUSUM designed for it (its reset is the caller's)."""
         rule, latency = RULES[tr.name], tr.name in LATENCIES
         floor = self.config.latency_rel_floor if latency else self.config.rel_floor
         tr.baseline = Baseline.learn(vals, rule.floor_abs, transform=rule.transform, rel_floor=floor,
-                                     rho=self._rho if latency else 0.0, robust=latency and self.config.robust)
+                                     rho=self._rho if latency else 0.0, robust=latency and self.config.robust,
+                                     centre=centre)
         tr.learn_bucket(self.config.learn_windows)
         tr.cusum.k, tr.cusum.h = self._design(tr.name, tr.baseline)
 
@@ -382,7 +379,7 @@ class Monitor:
         """Start a new baseline from the next window on (after a drift, or a new champion)."""
         self._learned = self._spent = 0
         self._blind_times.clear()
-        self._calm, self._calm_new, self._since = [], 0, 0
+        self._calm, self._calm_new = [], 0
         self._pending.clear()
         self._open = [o for o in self._open if o.kind == "saturation"]
         self._closed = [c for c in self._closed if c.kind == "saturation"]  # an anomaly is judged anew
