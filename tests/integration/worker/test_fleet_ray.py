@@ -35,6 +35,9 @@ workload:
   output_tokens: {{dist: fixed, value: 64}}
   num_requests: 400
 objectives: [{{metric: output_throughput, direction: maximize}}]
+candidates:  # every size a node can hold is tried, whatever the sampler draws in which thread
+  - {{name: tp2, params: {{tensor_parallel_size: 2}}}}
+  - {{name: tp4, params: {{tensor_parallel_size: 4}}}}
 sampler: {{name: random, seed: 1}}
 budget: {{trials: 14}}
 tracking: {{enabled: false}}
@@ -85,7 +88,7 @@ def test_ray_places_tp_trials_on_two_nodes_without_sharing_a_gpu(cluster: Any, t
         tps.add(tp)
         for g in gpus:
             held[(t.user_attrs["node"], g)].append((start, end, t.number))
-    assert tps == {1, 2, 4}
+    assert tps == {1, 2, 4}  # the baseline (1) and the two candidates at least
     assert len(nodes) == 2  # both nodes served trials
     for (node, gpu), spans in held.items():  # no GPU of a node ever held by two trials at once
         spans.sort()
