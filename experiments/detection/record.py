@@ -40,18 +40,20 @@ def workload(rate: float = BASE_RATE, prompt_mean: float = 100, prompt_max: int 
 
 
 # (engine step slowdown fraction, [(phase, seconds, workload YAML)]); every engine runs --step-delay-ms 5.
-# The held-out stationary run (stationary_b) comes last and is never used to tune the detector.
-PLAN: list[tuple[float, list[tuple[str, float, str]]]] = [
-    (0.0, [
-        ("base", 240, workload()),
-        ("rate_x2", 240, workload(rate=2 * BASE_RATE)),
-        ("prompt_x2", 240, workload(prompt_mean=200, prompt_max=440)),
-        ("output_x4", 240, workload(output_mean=64, output_max=240)),
-    ]),
-    (SLOWDOWN_FRAC, [("slowdown30", 300, workload())]),
-    (0.0, [("stationary_a", 1500, workload())]),
-    (0.0, [("stationary_b", 1800, workload())]),
-]
+# The held-out stationary run (stationary_b) comes last and is never used to tune the detector. `rate`: every
+# phase's base arrival rate (rate_x2 twice it); the streams up to quiet9 were all recorded at BASE_RATE.
+def plan(rate: float = BASE_RATE) -> list[tuple[float, list[tuple[str, float, str]]]]:
+    return [
+        (0.0, [
+            ("base", 240, workload(rate)),
+            ("rate_x2", 240, workload(rate=2 * rate)),
+            ("prompt_x2", 240, workload(rate, prompt_mean=200, prompt_max=440)),
+            ("output_x4", 240, workload(rate, output_mean=64, output_max=240)),
+        ]),
+        (SLOWDOWN_FRAC, [("slowdown30", 300, workload(rate))]),
+        (0.0, [("stationary_a", 1500, workload(rate))]),
+        (0.0, [("stationary_b", 1800, workload(rate))]),
+    ]
 
 
 def cpu_readings(pid: int) -> dict[str, object]:
@@ -99,14 +101,19 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=None,
                     help="the load's seed: phase i of the plan runs `tuner bench --seed SEED + i` (default: bench's "
                          "own, the same arrivals and lengths in every recording made without it, quiet to quiet8)")
+    ap.add_argument("--base-rate", type=float, default=BASE_RATE,
+                    help=f"every phase's base arrival rate, requests/s (default {BASE_RATE}; rate_x2 twice it)")
     args = ap.parse_args()
+    if not args.base_rate > 0:
+        ap.error(f"--base-rate must be > 0 requests/s, got {args.base_rate}")
     only = {p for p in args.only.split(",") if p}
     py = sys.executable
     phase = {"name": ""}
-    order = [name for _, group in PLAN for name, _, _ in group]
+    phases_plan = plan(args.base_rate)
+    order = [name for _, group in phases_plan for name, _, _ in group]
     out = gzip.open(args.out, "at", encoding="utf-8")
     lock = threading.Lock()
-    for slowdown, phases in PLAN:
+    for slowdown, phases in phases_plan:
         phases = [p for p in phases if not only or p[0] in only]
         if not phases:
             continue
@@ -131,7 +138,8 @@ def main() -> None:
                     except OSError:
                         text = ""
                     row = {"t": time.time(), "phase": phase["name"], "step_delay_ms": BASE_STEP_DELAY_MS,
-                           "step_slowdown_frac": slowdown, "load_seed": phase.get("seed", ""), "text": text,
+                           "step_slowdown_frac": slowdown, "base_rate": args.base_rate,
+                           "load_seed": phase.get("seed", ""), "text": text,
                            "cpu": cpu_readings(pid)}
                     with lock:
                         out.write(json.dumps(row) + "\n")
