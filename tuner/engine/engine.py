@@ -89,6 +89,8 @@ class EngineStats:
 
     def itl(self, seconds: float) -> None: ...
 
+    def generated(self, tokens: int) -> None: ...
+
     def finished(self, req: Request, reason: str, e2e_s: float) -> None: ...
 
     def aborted(self, req: Request) -> None: ...
@@ -456,11 +458,13 @@ class Engine:
         tokens = host.tolist()
         now = time.monotonic()
         outputs: list[Output] = []
+        made = 0
         eos = self.mc.eos_token_id
         for (req, first), tok in zip(emits, tokens, strict=True):
             if req.finished:
                 continue
             req.emitted += 1
+            made += 1
             if first:
                 req.first_token_s = now
                 self.stats.ttft(now - req.arrival_s)
@@ -478,6 +482,8 @@ class Engine:
                     self._release(req)
                 self.stats.finished(req, reason, now - req.arrival_s)
             outputs.append((req, [tok], reason))
+        if made:
+            self.stats.generated(made)
         if outputs:
             self.emit(outputs)
 

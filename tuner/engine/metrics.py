@@ -80,6 +80,7 @@ class PromStats(EngineStats):
     def admitted(self, req: Any, queue_s: float) -> None:
         self.queue_h.labels(self.model_name).observe(max(0.0, queue_s))
         self.prefix_queries.labels(self.model_name).inc(len(req.prompt))
+        self.prompt_tokens.labels(self.model_name).inc(len(req.prompt))  # at its prefill, as vLLM counts them
 
     def ttft(self, seconds: float) -> None:
         self.ttft_h.labels(self.model_name).observe(seconds)
@@ -87,10 +88,12 @@ class PromStats(EngineStats):
     def itl(self, seconds: float) -> None:
         self.itl_h.labels(self.model_name).observe(seconds)
 
+    def generated(self, tokens: int) -> None:
+        """Tokens made by one step, counted as they are made (vLLM's generation_tokens), not at the end."""
+        self.gen_tokens.labels(self.model_name).inc(tokens)
+
     def finished(self, req: Any, reason: str, e2e_s: float) -> None:
         self.e2e_h.labels(self.model_name).observe(e2e_s)
-        self.prompt_tokens.labels(self.model_name).inc(len(req.prompt))
-        self.gen_tokens.labels(self.model_name).inc(req.emitted)
         self.prompt_len_h.labels(self.model_name).observe(len(req.prompt))
         self.gen_len_h.labels(self.model_name).observe(req.emitted)
         self.success.labels(self.model_name, reason).inc()

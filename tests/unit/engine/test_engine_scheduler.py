@@ -291,3 +291,33 @@ def test_abort_frees_the_slot() -> None:
         h.engine.abort(a)
         (out,) = h.wait([h.submit(PROMPTS[1], 4)])
         assert len(out) == 4 and a.aborted and h.engine.pool.used == 0
+
+
+class TokenLog(EngineStats):
+    """The order in which the engine reports a request's tokens."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int]] = []
+
+    def admitted(self, req: Request, queue_s: float) -> None:
+        self.events.append(("admitted", len(req.prompt)))
+
+    def generated(self, tokens: int) -> None:
+        self.events.append(("generated", tokens))
+
+    def finished(self, req: Request, reason: str, e2e_s: float) -> None:
+        self.events.append(("finished", req.emitted))
+
+
+def test_tokens_are_reported_as_made_and_the_prompt_at_its_admission() -> None:
+    """As vLLM counts them (prompt tokens at the prefill, generation tokens per step), so a scrape between two
+    steps of a long request already counts what it has made: the monitor's token throughput per window."""
+    log = TokenLog()
+    with Harness(stats=log, batching="continuous", max_batch_size=4) as h:
+        h.wait([h.submit(PROMPTS[3], 20)])
+    kinds = [k for k, _ in log.events]
+    assert kinds[0] == "admitted" and log.events[0][1] == len(PROMPTS[3])
+    done = kinds.index("finished")
+    assert log.events[done][1] == 20
+    assert sum(n for k, n in log.events[:done] if k == "generated") >= 19  # all but the last step's before its end
+    assert sum(n for k, n in log.events if k == "generated") == 20
