@@ -2,7 +2,8 @@
 
 Series that mean what vLLM's mean carry vLLM's names (the tuner's scraper reads them the same way from either
 server): the queue, KV usage, TTFT/ITL/end-to-end and queue-time histograms, the prompt and generation
-length histograms per finished request (vLLM's 1-2-5 buckets up to the context length), token counters, preemptions and
+length histograms per finished request (vLLM's 1-2-5 buckets up to the context length), token counters (as
+vLLM counts them: a prompt's tokens at its admission, its prefill; generated tokens per step), preemptions and
 prefix-cache queries/hits. The engine pre-allocates one KV slot per running sequence and has no prefix cache, so
 it never preempts and never hits: those counters stay at 0 and say so. The engine's own series are prefixed
 `tuner_engine_`. No `_created` series.
