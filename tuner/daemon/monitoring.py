@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -95,6 +96,8 @@ class MonitorFeed:
             self.monitor.expectation = self.expectation()
         events = self.monitor.scrape(t, snap, self.gpu())
         self.rt.metrics.monitor_unjudged.labels(self.st.name).set(self.monitor.unjudged)
+        found_in = self.monitor.slowdown_windows()
+        self.rt.metrics.monitor_slowdown_windows.labels(self.st.name).set(math.nan if found_in is None else found_in)
         for ev in events:
             try:
                 self.handle(ev)

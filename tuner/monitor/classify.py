@@ -42,6 +42,7 @@ from tuner.monitor.detect import (
     change_index,
     lag1,
     threshold,
+    windows_to_find,
 )
 from tuner.monitor.expect import Expectation
 from tuner.monitor.signals import GPU, INPUTS, LATENCIES, SIGNALS, MissingSeries, bucket_keys, window_signals
@@ -52,6 +53,10 @@ EventKind = Literal["drift", "anomaly", "saturation", "recovery"]
 KINDS: tuple[EventKind, ...] = ("drift", "anomaly", "saturation", "recovery")
 GPU_THROTTLE = ("gpu_throttled", "gpu_sm_clock_mhz")
 LENGTHS = ("prompt_tokens_mean", "output_tokens_mean")  # means over the window's finished requests
+# a baseline on which the ITL mean's test would take more windows than this to find the slowdown to find
+# (MonitorConfig.slowdown_to_find_frac) is named in a warning: 3 minutes at 15-s scrapes, the horizon of
+# experiments/detection's trials (its busy host's baselines: 12-21 windows, or never)
+MAX_SLOWDOWN_WINDOWS = 12.0
 OPEN_CAUSES = {"anomaly": ("latency", "gpu", "gpu_throttle"),  # the causes an open anomaly or saturation has
                "saturation": ("kv_full", "bandwidth", "queue_growing")}
 
@@ -295,6 +300,14 @@ class Monitor:
             self._baseline(tr, vals)
             tr.cusum.reset()
         self._blind_times.clear()
+        found_in = self.slowdown_windows()
+        if found_in is not None and found_in > MAX_SLOWDOWN_WINDOWS:
+            tr = self.tracks["itl_ms_mean"]
+            assert tr.baseline is not None
+            log.warning("the ITL mean's baseline varies by %.0f %% a window: a %+.0f %% slowdown would take %s "
+                        "windows to find (tuner_monitor_slowdown_windows); a noisy host or a turbulent learning "
+                        "stretch", 100 * math.expm1(tr.baseline.scale), 100 * (self.config.slowdown_to_find_frac or 0),
+                        "forever" if math.isinf(found_in) else f"{found_in:.0f}")
 
     def _learn_history(self, t: float, blind: bool) -> None:
         """A calm window joins the latencies' history; every learn_windows of them the latencies' baselines are
@@ -341,6 +354,15 @@ class Monitor:
                                      centre=centre)
         tr.learn_bucket(self.config.learn_windows)
         tr.cusum.k, tr.cusum.h = self._design(tr.name, tr.baseline)
+
+    def slowdown_windows(self) -> float | None:
+        """The mean windows the ITL mean's test is expected to take to find a slowdown of
+        MonitorConfig.slowdown_to_find_frac at its current baseline (detect.windows_to_find): inf where the
+        latency noise hides a slowdown of that size, None before a baseline (or with no slowdown to find)."""
+        tr, frac = self.tracks["itl_ms_mean"], self.config.slowdown_to_find_frac
+        if tr.baseline is None or frac is None:
+            return None
+        return windows_to_find(tr.baseline, tr.cusum, frac)
 
     def _design(self, name: str, baseline: Baseline) -> tuple[float, float]:
         """A signal's CUSUM allowance k and threshold h on this baseline: MonitorConfig.k, and for a latency at

@@ -45,6 +45,16 @@ def arl(h: float, drift: float) -> float:
     return (math.exp(-2 * drift * b) + 2 * drift * b - 1) / (2 * drift * drift)
 
 
+def windows_to_find(baseline: Baseline, cusum: Cusum, frac: float) -> float:
+    """The mean windows (Siegmund) a signal's one-sided upward CUSUM takes to find its level x(1 + frac) at
+    this baseline (its scale) and that CUSUM's k and h: inf where the shift is within the allowance (its mean
+    increment <= 0: found only by chance), what the signal's noise allows at the false-alarm budget."""
+    if baseline.scale <= 0:
+        return 1.0
+    drift = baseline.shift_of(frac, "up") / baseline.scale - cusum.k
+    return arl(cusum.h, drift) if drift > 0 else math.inf
+
+
 def arl0(h: float, k: float) -> float:
     """In-control average run length (windows) of a one-sided CUSUM on N(0, 1) residuals (Siegmund)."""
     return arl(h, -k)

@@ -9,6 +9,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.support import agents
 from tests.support.nvml_double import ControlledNvml
 from tests.support.vllm_series import VllmSeries
@@ -70,6 +72,10 @@ def test_the_feed_records_events_triggers_a_cycle_on_drift_and_answers_an_anomal
     text = rt.metrics.render().decode()
     assert 'tuner_monitor_events_total{agent="mon",cause="inputs",kind="drift"} 1.0' in text
     assert 'tuner_monitor_unjudged_windows{agent="mon"} 0.0' in text  # no neighbour: every window judged
+    # how soon the ITL mean's baseline lets the monitor find a slowdown of watch.monitor.slowdown_to_find_frac
+    found_in = next(float(line.split()[-1]) for line in text.splitlines()
+                    if line.startswith('tuner_monitor_slowdown_windows{agent="mon"}'))
+    assert found_in == pytest.approx(feed.monitor.slowdown_windows()) and 0 < found_in < 12
 
 
 def test_the_watch_hands_its_scrapes_to_the_monitor(tmp_path: Path) -> None:

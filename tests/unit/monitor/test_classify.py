@@ -470,3 +470,22 @@ def test_a_longer_history_finds_a_doubled_rate_sooner_and_a_slow_drift_still_ala
     for seed in range(5):
         at = run(seed, MonitorConfig(interval_s=15.0, input_history_windows=160), lambda i: 1.0 + 0.01 * max(0, i - 40))
         assert at is not None and at < 110, (seed, at)
+
+
+def test_the_monitor_says_how_soon_its_latency_noise_lets_it_find_a_slowdown(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("WARNING", logger="tuner.monitor.classify")
+    m = Monitor(MonitorConfig(interval_s=15.0))
+    assert m.slowdown_windows() is None  # no baseline yet
+    quiet, _ = stream(n=25)
+    assert not [r for r in caplog.records if "slowdown would take" in r.getMessage()]
+    found_in = quiet.slowdown_windows()
+    assert found_in is not None and found_in < 3  # ITL 8 ms +- 4 %: +30 % is many of its scales
+    _, ev = stream(lambda w, i: w.update(itl_ms_mean=w["itl_ms_mean"] * 1.3), at=40, n=52)
+    assert ev and ev[0][1].kind == "anomaly" and ev[0][0] - 40 + 1 <= 3  # and found that soon
+
+    def noisy(w: dict[str, float], i: int, rng: random.Random = random.Random(7)) -> None:
+        w["itl_ms_mean"] *= math.exp(rng.gauss(0.0, 0.5))  # a host whose speed swings by half every window
+
+    loud, _ = stream(noisy, at=0, n=25)
+    assert loud.slowdown_windows() == math.inf
+    assert any("slowdown would take forever" in r.getMessage() for r in caplog.records)

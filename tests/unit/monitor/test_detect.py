@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 
 import pytest
 
-from tuner.monitor.detect import Baseline, Cusum, Transform, arl0, change_index, lag1, threshold
+from tuner.monitor.detect import Baseline, Cusum, Transform, arl0, change_index, lag1, threshold, windows_to_find
 
 
 def run_length(h: float, k: float, rng: random.Random, cap: int = 100_000) -> int:
@@ -114,3 +115,23 @@ def test_autocorrelated_windows_widen_the_scale() -> None:
     wide = Baseline.learn(ar, floor=0.01, rho=rho)
     assert wide.scale == pytest.approx(iid.scale * ((1 + rho) / (1 - rho)) ** 0.5)
     assert Baseline.learn(ar, floor=0.01, rho=-0.5).scale == iid.scale  # never narrower
+
+
+def test_windows_to_find_a_slowdown_grow_with_the_noise_and_end_at_the_allowance() -> None:
+    cusum = Cusum(h=4.0, k=1.25, direction="up")
+    found_in = [windows_to_find(Baseline(centre=math.log(8.0), scale=s, transform="log"), cusum, 0.3)
+                for s in (0.04, 0.08, 0.15, 0.25)]
+    assert found_in[0] < found_in[1] < found_in[2] < 40 and found_in[0] < 2
+    assert math.isinf(found_in[3])  # log 1.3 = 0.26 is 1.05 scales: within k = 1.25, found only by chance
+    # the ARL the function gives is the one simulated CUSUMs take (Siegmund's approximation, within 15 %)
+    rng = random.Random(3)
+    shift = math.log(1.3) / 0.08
+    runs = []
+    for _ in range(2000):
+        c, n = Cusum(h=4.0, k=1.25, direction="up"), 0
+        while True:
+            n += 1
+            if c.update(rng.gauss(shift, 1.0)) == "up":
+                break
+        runs.append(n)
+    assert statistics.fmean(runs) == pytest.approx(found_in[1], rel=0.15)
