@@ -249,6 +249,12 @@ class Monitor:
                     self._learned -= max(1, self.config.learn_windows // 2)
                 else:
                     self._learn()
+                    c = self.config
+                    if (c.learn_until_sensitive and self._spent < c.warmup_max_factor * c.learn_windows
+                            and (self.slowdown_windows() or 0.0) > MAX_SLOWDOWN_WINDOWS):
+                        self._learned -= max(1, c.learn_windows // 2)  # learning goes on (learn_until_sensitive)
+                    else:
+                        self._learnt()
             return events
         alarms: dict[str, Literal["up", "down"]] = {}
         blind = self._blind
@@ -299,6 +305,10 @@ class Monitor:
                 continue
             self._baseline(tr, vals)
             tr.cusum.reset()
+
+    def _learnt(self) -> None:
+        """The baselines _learn made are kept: the learning windows' marks dropped, and a warning where the ITL
+        mean's would find the slowdown to find late or never."""
         self._blind_times.clear()
         found_in = self.slowdown_windows()
         if found_in is not None and found_in > MAX_SLOWDOWN_WINDOWS:

@@ -145,6 +145,12 @@ class MonitorConfig:
     # held the busy host's rate, whose windows have a heavier tail than the CUSUM's design, to its budget
     # (stationary_a over 1200 h: 0.78 -> 1.16 false alarms a day; experiments/detection, eleventh step)
     input_history_windows: int | None = None
+    # a baseline on which the ITL mean's test would take more than 12 windows to find the slowdown to find
+    # (Monitor.slowdown_windows: a turbulent learning stretch) is not kept while learning may go on (up to
+    # warmup_max_factor x learn_windows): learning goes on by half of learn_windows, the baseline then from the
+    # latest learn_windows. Off: the cost is a choice of the calmer stretch, whose spread understates the
+    # host's (experiments/detection, twelfth step)
+    learn_until_sensitive: bool = False
     kv_full_frac: float = 0.95
     dram_limit_frac: float = 0.85
     sat_windows: int = 2

@@ -489,3 +489,25 @@ def test_the_monitor_says_how_soon_its_latency_noise_lets_it_find_a_slowdown(cap
     loud, _ = stream(noisy, at=0, n=25)
     assert loud.slowdown_windows() == math.inf
     assert any("slowdown would take forever" in r.getMessage() for r in caplog.records)
+
+
+def test_learning_goes_on_past_a_turbulent_stretch_when_asked() -> None:
+    """A first stretch whose ITL swings by half every window, then the host calms down, then the server is 30 %
+    slower: the first baseline would never find it; with learn_until_sensitive learning goes on until a baseline
+    would (at most warmup_max_factor x learn_windows windows), and the slowdown is an anomaly."""
+    rng = random.Random(11)
+
+    def turbulent_then_slower(w: dict[str, float], i: int) -> None:
+        if i < 20:
+            w["itl_ms_mean"] *= math.exp(rng.gauss(0.0, 0.5))
+        elif i >= 70:
+            w["itl_ms_mean"] *= 1.3
+
+    plain, ev_plain = stream(turbulent_then_slower, at=0, n=82, seed=3)
+    assert plain.slowdown_windows() == math.inf and "anomaly" not in kinds(ev_plain)
+    cfg = MonitorConfig(interval_s=15.0, learn_until_sensitive=True)
+    rng = random.Random(11)
+    told, ev = stream(turbulent_then_slower, at=0, n=82, seed=3, config=cfg)
+    found_in = told.slowdown_windows()
+    assert found_in is not None and found_in < 3
+    assert kinds(ev)[:1] == ["anomaly"] and 70 <= ev[0][0] <= 72
