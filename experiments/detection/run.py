@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import logging
 import math
 import random
 import statistics
@@ -506,6 +507,7 @@ def false_alarm_rows(args: argparse.Namespace, phases: dict[str, list[tuple[floa
 
 def main() -> None:
     args = parser().parse_args()
+    logging.getLogger("tuner.monitor").setLevel(logging.ERROR)  # a warning per replayed baseline says nothing here
     phases, info, sets, cfg, expect = setup(args)
     print(f"# detection experiment ({time.strftime('%Y-%m-%d %H:%M')})\n")
     print(f"windows of {cfg.interval_s:g} s; {TESTS} one-sided tests; CUSUM k = {cfg.k}, h = {cfg.h:.3f} "

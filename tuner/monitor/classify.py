@@ -314,10 +314,11 @@ class Monitor:
         if found_in is not None and found_in > MAX_SLOWDOWN_WINDOWS:
             tr = self.tracks["itl_ms_mean"]
             assert tr.baseline is not None
-            log.warning("the ITL mean's baseline varies by %.0f %% a window: a %+.0f %% slowdown would take %s "
-                        "windows to find (tuner_monitor_slowdown_windows); a noisy host or a turbulent learning "
-                        "stretch", 100 * math.expm1(tr.baseline.scale), 100 * (self.config.slowdown_to_find_frac or 0),
-                        "forever" if math.isinf(found_in) else f"{found_in:.0f}")
+            log.warning("the ITL mean's baseline varies by %.0f %% a window: a %+.0f %% slowdown %s "
+                        "(tuner_monitor_slowdown_windows); a noisy host or a turbulent learning stretch",
+                        100 * math.expm1(tr.baseline.scale), 100 * (self.config.slowdown_to_find_frac or 0),
+                        "would never be found" if math.isinf(found_in)
+                        else f"would take {found_in:.0f} windows to find")
 
     def _learn_history(self, t: float, blind: bool) -> None:
         """A calm window joins the latencies' history; every learn_windows of them the latencies' baselines are

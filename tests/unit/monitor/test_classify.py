@@ -477,7 +477,7 @@ def test_the_monitor_says_how_soon_its_latency_noise_lets_it_find_a_slowdown(cap
     m = Monitor(MonitorConfig(interval_s=15.0))
     assert m.slowdown_windows() is None  # no baseline yet
     quiet, _ = stream(n=25)
-    assert not [r for r in caplog.records if "slowdown would take" in r.getMessage()]
+    assert not [r for r in caplog.records if "slowdown would" in r.getMessage()]
     found_in = quiet.slowdown_windows()
     assert found_in is not None and found_in < 3  # ITL 8 ms +- 4 %: +30 % is many of its scales
     _, ev = stream(lambda w, i: w.update(itl_ms_mean=w["itl_ms_mean"] * 1.3), at=40, n=52)
@@ -488,7 +488,7 @@ def test_the_monitor_says_how_soon_its_latency_noise_lets_it_find_a_slowdown(cap
 
     loud, _ = stream(noisy, at=0, n=25)
     assert loud.slowdown_windows() == math.inf
-    assert any("slowdown would take forever" in r.getMessage() for r in caplog.records)
+    assert any("slowdown would never be found" in r.getMessage() for r in caplog.records)
 
 
 def test_learning_goes_on_past_a_turbulent_stretch_when_asked() -> None:
