@@ -415,6 +415,8 @@ def parser() -> argparse.ArgumentParser:
                     help="input scales learnt again from up to this many windows since their baseline (0: never)")
     ap.add_argument("--learn-until-sensitive", action="store_true",
                     help="learning goes on while the ITL mean's baseline would find the slowdown to find late")
+    ap.add_argument("--relearn-insensitive", action="store_true",
+                    help="the latencies' baselines learnt again while the ITL mean's finds the slowdown late")
     ap.add_argument("--corroborate", type=int, default=MonitorConfig.corroborate)
     ap.add_argument("--confirm-windows", type=int, default=MonitorConfig.confirm_windows)
     ap.add_argument("--alone", nargs="*", default=list(MonitorConfig.alone), metavar="LATENCY",
@@ -481,7 +483,8 @@ def setup(args: argparse.Namespace) -> tuple[dict[str, list[tuple[float, Window]
                         drift_to_find_frac=args.drift_to_find or None,
                         history_windows=args.history_windows, bucket_error=not args.no_bucket_error,
                         input_history_windows=args.input_history_windows or None,
-                        learn_until_sensitive=args.learn_until_sensitive)
+                        learn_until_sensitive=args.learn_until_sensitive,
+                        relearn_insensitive=args.relearn_insensitive)
     return phases, info, sets, cfg, expectation(args.sim_model)
 
 
@@ -522,6 +525,7 @@ def main() -> None:
           f"quantiles widened in another bucket than their baseline's: {cfg.bucket_error}; "
           f"input scales learnt again from up to {cfg.input_history_windows or 0} windows; "
           f"learning goes on while the ITL mean's baseline is too noisy for the slowdown: {cfg.learn_until_sensitive}; "
+          f"the latencies' baselines learnt again while too noisy: {cfg.relearn_insensitive}; "
           f"a latency anomaly needs {cfg.corroborate} latency signals or one confirmed within "
           f"{cfg.confirm_windows} windows, except {', '.join(cfg.alone) or 'none'} (alone)\n")
     if expect is not None:

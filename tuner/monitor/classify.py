@@ -134,6 +134,9 @@ class Monitor:
         self._calm: list[float] = []  # ends of the calm windows since the baseline (MonitorConfig.history_windows)
         self._calm_new = 0
         self._since = 0  # windows judged since the baseline was learnt (MonitorConfig.input_history_windows)
+        self._judged: list[float] = []  # ends of the latest calm judged windows (MonitorConfig.relearn_insensitive)
+        self._insensitive_tries = 0
+        self._last_relearn = -math.inf
         self._rho = 0.0
 
     # ---------------------------------------------------------------- feeding
@@ -286,6 +289,7 @@ class Monitor:
             events.append(self._anomaly(t, due))
         events.extend(self._recoveries(t))
         self._learn_history(t, blind)
+        self._relearn_insensitive(t, blind)
         self._learn_inputs()
         return events
 
@@ -294,7 +298,8 @@ class Monitor:
         n = self.config.learn_windows
         self._rho = self._latency_rho() if self.config.autocorrelation else 0.0
         self._calm = [t for t in self.tracks["itl_ms_mean"].times[-n:] if t not in self._blind_times]
-        self._calm_new = self._since = 0
+        self._calm_new = self._since = self._insensitive_tries = 0
+        self._judged, self._last_relearn = [], -math.inf
         for tr in self.tracks.values():
             vals = tr.residuals[-n:]
             if tr.name in LATENCIES:  # learnt from the windows it would be judged in, where there are enough
@@ -339,6 +344,32 @@ class Monitor:
             if tr.baseline is None or len(vals) < c.learn_windows:
                 continue
             self._baseline(tr, vals)
+
+    def _relearn_insensitive(self, t: float, blind: bool) -> None:
+        """While the ITL mean's baseline would find the slowdown to find late (more than MAX_SLOWDOWN_WINDOWS),
+        the latencies' baselines are learnt again from the latest learn_windows calm judged windows, every half
+        of learn_windows of them, at most warmup_max_factor times (MonitorConfig.relearn_insensitive); the
+        inputs and the GPU are judged all along."""
+        c = self.config
+        if not c.relearn_insensitive or blind or any(n in LATENCIES for n in self._pending) \
+                or any(o.kind == "anomaly" for o in self._open):
+            return
+        n = c.learn_windows
+        self._judged = [*self._judged[-(n - 1):], t]
+        found_in = self.slowdown_windows()
+        if found_in is None or found_in <= MAX_SLOWDOWN_WINDOWS or self._insensitive_tries >= c.warmup_max_factor:
+            return
+        if len(self._judged) < n or self._judged[-n // 2] <= self._last_relearn:
+            return
+        calm = set(self._judged)
+        self._insensitive_tries += 1
+        self._last_relearn = t
+        for name in LATENCIES:
+            tr = self.tracks[name]
+            vals = [r for u, r in zip(tr.times, tr.residuals, strict=True) if u in calm]
+            if tr.baseline is not None and len(vals) >= n // 2:
+                self._baseline(tr, vals)
+                tr.cusum.reset()
 
     def _learn_inputs(self) -> None:
         """Every learn_windows windows after the baseline, the inputs' scales learnt again from their windows since

@@ -151,6 +151,11 @@ class MonitorConfig:
     # latest learn_windows. Off: the cost is a choice of the calmer stretch, whose spread understates the
     # host's (experiments/detection, twelfth step)
     learn_until_sensitive: bool = False
+    # the same case met without stopping to judge: while the ITL mean's baseline would find the slowdown to
+    # find late, the latencies' baselines are learnt again from the latest learn_windows calm judged windows,
+    # every half of learn_windows of them, at most warmup_max_factor times; the inputs and the GPU are judged
+    # all along (Monitor._relearn_insensitive). Off: a slowdown that comes while it relearns is partly learnt
+    relearn_insensitive: bool = False
     kv_full_frac: float = 0.95
     dram_limit_frac: float = 0.85
     sat_windows: int = 2

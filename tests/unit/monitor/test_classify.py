@@ -511,3 +511,25 @@ def test_learning_goes_on_past_a_turbulent_stretch_when_asked() -> None:
     found_in = told.slowdown_windows()
     assert found_in is not None and found_in < 3
     assert kinds(ev)[:1] == ["anomaly"] and 70 <= ev[0][0] <= 72
+
+
+def test_latency_baselines_are_learnt_again_while_too_noisy_and_the_inputs_judged_all_along() -> None:
+    """relearn_insensitive: the turbulent first stretch's baseline is replaced once calm windows come, the
+    slowdown later is an anomaly; the prompts doubling meanwhile (window 25) is a drift at once."""
+    def turbulent(rng: random.Random, prompts_at: int | None) -> Change:
+        def change(w: dict[str, float], i: int) -> None:
+            if i < 20:
+                w["itl_ms_mean"] *= math.exp(rng.gauss(0.0, 0.5))
+            elif i >= 80:
+                w["itl_ms_mean"] *= 1.3
+            if prompts_at is not None and i >= prompts_at:
+                w["prompt_tokens_mean"] *= 2
+        return change
+
+    cfg = MonitorConfig(interval_s=15.0, relearn_insensitive=True)
+    told, ev = stream(turbulent(random.Random(11), None), at=0, n=92, seed=3, config=cfg)
+    found_in = told.slowdown_windows()
+    assert found_in is not None and found_in < 3
+    assert kinds(ev)[:1] == ["anomaly"] and 80 <= ev[0][0] <= 82
+    _, ev = stream(turbulent(random.Random(11), 25), at=0, n=40, seed=3, config=cfg)
+    assert kinds(ev)[:1] == ["drift"] and 25 <= ev[0][0] <= 27
