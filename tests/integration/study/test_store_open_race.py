@@ -29,7 +29,9 @@ def _open_tracking(url: str, barrier: Any) -> None:
 
 @pytest.mark.parametrize(("opener", "rounds"), [(_open_study, 6), (_open_tracking, 3)], ids=["optuna", "mlflow"])
 def test_processes_opening_a_new_store_at_once_all_succeed(tmp_path: Path, opener: Any, rounds: int) -> None:
-    ctx = multiprocessing.get_context("fork")
+    # forkserver: each opener is forked from a fresh server process, not from this pytest worker, whose other
+    # tests' threads (a lease heartbeat, a logging lock) a fork would copy mid-hold (a CI run hung so)
+    ctx = multiprocessing.get_context("forkserver")
     for r in range(rounds):
         url = f"sqlite:///{tmp_path / f'round-{r}.db'}"
         barrier = ctx.Barrier(PROCESSES)
@@ -37,7 +39,11 @@ def test_processes_opening_a_new_store_at_once_all_succeed(tmp_path: Path, opene
         for p in procs:
             p.start()
         for p in procs:
-            p.join(120)
+            p.join(60)
+        hung = [p for p in procs if p.is_alive()]
+        for p in hung:
+            p.kill()
+        assert not hung, f"round {r}: {len(hung)} of {PROCESSES} openers still at it after 60 s"
         assert [p.exitcode for p in procs] == [0] * PROCESSES, f"round {r}"
 
 
