@@ -458,13 +458,11 @@ class Engine:
         tokens = host.tolist()
         now = time.monotonic()
         outputs: list[Output] = []
-        made = 0
         eos = self.mc.eos_token_id
         for (req, first), tok in zip(emits, tokens, strict=True):
             if req.finished:
                 continue
             req.emitted += 1
-            made += 1
             if first:
                 req.first_token_s = now
                 self.stats.ttft(now - req.arrival_s)
@@ -482,9 +480,8 @@ class Engine:
                     self._release(req)
                 self.stats.finished(req, reason, now - req.arrival_s)
             outputs.append((req, [tok], reason))
-        if made:
-            self.stats.generated(made)
-        if outputs:
+        if outputs:  # one token each
+            self.stats.generated(len(outputs))
             self.emit(outputs)
 
     def _fail_all(self, message: str) -> None:

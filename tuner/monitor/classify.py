@@ -329,21 +329,30 @@ class Monitor:
         """A calm window joins the latencies' history; every learn_windows of them the latencies' baselines are
         learnt again from it (MonitorConfig.history_windows), their CUSUMs going on."""
         c = self.config
-        if c.history_windows is None or blind or any(n in LATENCIES for n in self._pending) \
-                or any(o.kind == "anomaly" for o in self._open):
+        if c.history_windows is None or not self._calm_window(blind):
             return
         self._calm = [*self._calm[-(c.history_windows - 1):], t]
         self._calm_new += 1
         if self._calm_new < c.learn_windows:
             return
         self._calm_new = 0
-        calm = set(self._calm)
+        self._relearn_latencies(set(self._calm), c.learn_windows, reset=False)
+
+    def _calm_window(self, blind: bool) -> bool:
+        """Whether this window's latencies may join a baseline: judged, no latency alarm pending, no anomaly open."""
+        return not blind and not any(n in LATENCIES for n in self._pending) \
+            and not any(o.kind == "anomaly" for o in self._open)
+
+    def _relearn_latencies(self, calm: set[float], at_least: int, *, reset: bool) -> None:
+        """The latencies' baselines (those that have one) learnt again from their windows ending at `calm`, where
+        at least `at_least` of them are kept; their CUSUMs restarted where `reset`, else going on."""
         for name in LATENCIES:
             tr = self.tracks[name]
             vals = [r for u, r in zip(tr.times, tr.residuals, strict=True) if u in calm]
-            if tr.baseline is None or len(vals) < c.learn_windows:
-                continue
-            self._baseline(tr, vals)
+            if tr.baseline is not None and len(vals) >= at_least:
+                self._baseline(tr, vals)
+                if reset:
+                    tr.cusum.reset()
 
     def _relearn_insensitive(self, t: float, blind: bool) -> None:
         """While the ITL mean's baseline would find the slowdown to find late (more than MAX_SLOWDOWN_WINDOWS),
@@ -351,8 +360,7 @@ class Monitor:
         of learn_windows of them, at most warmup_max_factor times (MonitorConfig.relearn_insensitive); the
         inputs and the GPU are judged all along."""
         c = self.config
-        if not c.relearn_insensitive or blind or any(n in LATENCIES for n in self._pending) \
-                or any(o.kind == "anomaly" for o in self._open):
+        if not c.relearn_insensitive or not self._calm_window(blind):
             return
         n = c.learn_windows
         self._judged = [*self._judged[-(n - 1):], t]
@@ -361,15 +369,9 @@ class Monitor:
             return
         if len(self._judged) < n or self._judged[-n // 2] <= self._last_relearn:
             return
-        calm = set(self._judged)
         self._insensitive_tries += 1
         self._last_relearn = t
-        for name in LATENCIES:
-            tr = self.tracks[name]
-            vals = [r for u, r in zip(tr.times, tr.residuals, strict=True) if u in calm]
-            if tr.baseline is not None and len(vals) >= n // 2:
-                self._baseline(tr, vals)
-                tr.cusum.reset()
+        self._relearn_latencies(set(self._judged), n // 2, reset=True)
 
     def _learn_inputs(self) -> None:
         """Every learn_windows windows after the baseline, the inputs' scales learnt again from their windows since
