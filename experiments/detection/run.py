@@ -50,7 +50,7 @@ from tests.support.nvml_double import ControlledNvml  # noqa: E402
 from tuner.measure.scrape import parse  # noqa: E402
 from tuner.monitor.classify import Monitor  # noqa: E402
 from tuner.monitor.config import RULES, TESTS, MonitorConfig  # noqa: E402
-from tuner.monitor.contention import CpuSteal, CpuWait, proc_stat_steal, schedstat_wait_ns  # noqa: E402
+from tuner.monitor.contention import CpuSteal, CpuWait, proc_stat_steal, schedstat_ns  # noqa: E402
 from tuner.monitor.detect import windows_to_find  # noqa: E402
 from tuner.monitor.expect import ChampionExpectation, from_simulator  # noqa: E402
 from tuner.monitor.signals import INPUTS, LATENCIES, window_signals  # noqa: E402
@@ -100,8 +100,8 @@ def load(path: Path) -> tuple[dict[str, list[tuple[float, Window]]], dict[str, d
             continue
         if "cpu" in a and "cpu" in b:
             wait = CpuWait("pid:0")
-            wait.update(a["t"], schedstat_wait_ns(a["cpu"]["schedstat"]))
-            sig.update(wait.update(b["t"], schedstat_wait_ns(b["cpu"]["schedstat"])))
+            wait.update(a["t"], schedstat_ns(a["cpu"]["schedstat"]))
+            sig.update(wait.update(b["t"], schedstat_ns(b["cpu"]["schedstat"])))
             if "stat" in a["cpu"] and "stat" in b["cpu"]:  # the host's steal (recordings from 2026-12-02 on)
                 steal = CpuSteal()
                 steal.update(proc_stat_steal(a["cpu"]["stat"]))
@@ -404,6 +404,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--wait-memory", type=int, default=MonitorConfig.wait_memory)
     ap.add_argument("--wait-law-error", type=float, default=MonitorConfig.wait_law_error)
     ap.add_argument("--max-wait-judged", type=float, default=MonitorConfig.max_wait_judged)
+    ap.add_argument("--wait-law", choices=("window", "ready"), default=MonitorConfig.wait_law,
+                    help="the share of the wait that stretches the latencies (MonitorConfig.wait_law)")
+    ap.add_argument("--wait-law-relative", action=argparse.BooleanOptionalAction,
+                    default=MonitorConfig.wait_law_relative,
+                    help="the law's error on the stretch's departure from the baseline's (MonitorConfig)")
     ap.add_argument("--latency-rel-floor", type=float, default=MonitorConfig.latency_rel_floor)
     ap.add_argument("--slowdown-to-find", type=float, default=MonitorConfig.slowdown_to_find_frac,
                     help="a latency's CUSUM allowance at least half this slowdown (a fraction; 0: k alone)")
@@ -477,7 +482,8 @@ def setup(args: argparse.Namespace) -> tuple[dict[str, list[tuple[float, Window]
                         settle_windows=args.settle_windows, contention=not args.no_contention,
                         autocorrelation=not args.no_autocorrelation, wait_error=args.wait_error,
                         wait_memory=args.wait_memory, robust=args.robust, max_wait_judged=args.max_wait_judged,
-                        wait_law_error=args.wait_law_error, latency_rel_floor=args.latency_rel_floor,
+                        wait_law_error=args.wait_law_error, wait_law=args.wait_law,
+                        wait_law_relative=args.wait_law_relative, latency_rel_floor=args.latency_rel_floor,
                         corroborate=args.corroborate, confirm_windows=args.confirm_windows,
                         alone=tuple(args.alone), slowdown_to_find_frac=args.slowdown_to_find or None,
                         drift_to_find_frac=args.drift_to_find or None,
@@ -517,7 +523,11 @@ def main() -> None:
           f"(for {cfg.false_alarms_per_day:g} false alarm a day); baseline from {cfg.learn_windows} windows; "
           f"z clipped at {cfg.clip:.2f}; settle {cfg.settle_windows} window(s) while an input's CUSUM is at "
           f">= {cfg.settle_evidence:g} h; latencies corrected for the CPU wait: {cfg.contention} (its error "
-          f"{cfg.wait_error:g}); latency scales widened for autocorrelation: {cfg.autocorrelation}; expectation "
+          f"{cfg.wait_error:g}, the share of {'the time ready to run' if cfg.wait_law == 'ready' else 'the window'}, "
+          f"the law's error {cfg.wait_law_error:g} on "
+          f"{'the stretch away from the baseline' if cfg.wait_law_relative else 'the stretch'}, judged up to a "
+          f"wait of {cfg.max_wait_judged:g} of the window); latency scales widened for autocorrelation: "
+          f"{cfg.autocorrelation}; expectation "
           f"from the simulator: {args.sim_model is not None}; latency scales at least {cfg.latency_rel_floor:g} (log); "
           f"a latency's allowance at least half of a slowdown of {cfg.slowdown_to_find_frac or 0:g} (log); "
           f"an input's at least half of a drift of {cfg.drift_to_find_frac or 0:g} "

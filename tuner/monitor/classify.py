@@ -126,7 +126,10 @@ class Monitor:
         self._sat_run: dict[str, int] = {}
         self._last: tuple[float, Snapshot] | None = None
         self.last_signals: dict[str, float] = {}
-        self._waits: list[float] = []
+        self._waits: list[float] = []  # the shares of the latest wait_memory windows (_wait)
+        self._window_waits: list[float] = []  # the same, of the window (the limit max_wait_judged)
+        self._stretch: dict[float, float] = {}  # window end -> log 1 / (1 - its share) (wait_law_relative)
+        self._stretch_ref = 0.0  # the baseline's windows' median of it
         self._wait_now: float | None = None  # the last window's share lost to neighbours (_wait), once a window
         self.unjudged = 0  # windows whose latencies were not judged (tuner.monitor.config.MonitorConfig)
         self._blind = False
@@ -171,11 +174,15 @@ class Monitor:
             x *= 1.0 - self._wait_now
         return x
 
-    def _wait(self) -> float | None:
-        """The share of the last window the server could not run (MonitorConfig.contention): its own wait for a
-        CPU and the steal of its host's CPUs, 1 - (1 - wait)(1 - steal); None where neither is read (or the
-        correction is off)."""
-        shares = [self.last_signals[n] for n in ("cpu_wait_frac", "cpu_steal_frac") if n in self.last_signals]
+    def _wait(self, law: str | None = None) -> float | None:
+        """The share of the last window's work the server could not run (MonitorConfig.contention): its own wait
+        for a CPU (the share MonitorConfig.wait_law, or `law`, names: of the window, or of the time it was ready
+        to run, where read) and the steal of its host's CPUs, 1 - (1 - wait)(1 - steal); None where neither is
+        read (or the correction is off)."""
+        wait = "cpu_ready_wait_frac" if (law or self.config.wait_law) == "ready" else "cpu_wait_frac"
+        if wait not in self.last_signals:
+            wait = "cpu_wait_frac"
+        shares = [self.last_signals[n] for n in (wait, "cpu_steal_frac") if n in self.last_signals]
         if not self.config.contention or not shares:
             return None
         return min(MAX_WAIT_FRAC, 1.0 - math.prod(1.0 - min(v, MAX_WAIT_FRAC) for v in shares))
@@ -192,7 +199,10 @@ class Monitor:
         if name in LATENCIES and self.config.contention and self._waits:
             w = min(max(self._waits), MAX_WAIT_FRAC)
             # the measured share's error, and the 1 / (1 - w) law's own (its exponent known to +- wait_law_error)
-            extra = math.hypot(self.config.wait_error / (1.0 - w), self.config.wait_law_error * -math.log1p(-w))
+            # on the stretch, or on its departure from the baseline's usual one (wait_law_relative)
+            ref = self._stretch_ref if self.config.wait_law_relative else 0.0
+            away = max(abs(-math.log1p(-min(v, MAX_WAIT_FRAC)) - ref) for v in self._waits)
+            extra = math.hypot(self.config.wait_error / (1.0 - w), self.config.wait_law_error * away)
         if name in LATENCIES and self.config.bucket_error:
             extra = math.hypot(extra, tr.bucket_error())
         if extra > 0:
@@ -236,7 +246,14 @@ class Monitor:
         w = self._wait_now = self._wait()
         keep = self.config.wait_memory - 1
         self._waits = [*(self._waits[-keep:] if keep else []), w] if w is not None else []
-        self._blind = bool(self._waits) and max(self._waits) > self.config.max_wait_judged
+        # not judged: the server waited more than max_wait_judged of one of those windows (the window's share)
+        ww = self._wait("window")
+        self._window_waits = [*(self._window_waits[-keep:] if keep else []), ww] if ww is not None else []
+        self._blind = bool(self._window_waits) and max(self._window_waits) > self.config.max_wait_judged
+        if w is not None:
+            self._stretch[t] = -math.log1p(-w)
+            if len(self._stretch) > self.tracks["itl_ms_mean"].keep:
+                del self._stretch[next(iter(self._stretch))]
         if self._blind and self.learning:
             self._blind_times.add(t)
         for name, x in self.last_signals.items():
@@ -298,6 +315,7 @@ class Monitor:
         n = self.config.learn_windows
         self._rho = self._latency_rho() if self.config.autocorrelation else 0.0
         self._calm = [t for t in self.tracks["itl_ms_mean"].times[-n:] if t not in self._blind_times]
+        self._set_stretch_ref(set(self._calm) or set(self.tracks["itl_ms_mean"].times[-n:]))
         self._calm_new = self._since = self._insensitive_tries = 0
         self._judged, self._last_relearn = [], -math.inf
         for tr in self.tracks.values():
@@ -343,9 +361,17 @@ class Monitor:
         return not blind and not any(n in LATENCIES for n in self._pending) \
             and not any(o.kind == "anomaly" for o in self._open)
 
+    def _set_stretch_ref(self, times: set[float]) -> None:
+        """The usual stretch of the latencies' baseline: the median log 1 / (1 - w) of its windows ending at `times`
+        (0 where none was read)."""
+        got = [v for u, v in self._stretch.items() if u in times]
+        self._stretch_ref = statistics.median(got) if got else 0.0
+
     def _relearn_latencies(self, calm: set[float], at_least: int, *, reset: bool) -> None:
         """The latencies' baselines (those that have one) learnt again from their windows ending at `calm`, where
         at least `at_least` of them are kept; their CUSUMs restarted where `reset`, else going on."""
+        if sum(u in calm for u in self.tracks["itl_ms_mean"].times) >= at_least:
+            self._set_stretch_ref(calm)
         for name in LATENCIES:
             tr = self.tracks[name]
             vals = [r for u, r in zip(tr.times, tr.residuals, strict=True) if u in calm]

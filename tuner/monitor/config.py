@@ -7,6 +7,7 @@ and of the classification (tuner.monitor.classify), with the reason for each def
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from tuner.monitor.detect import Direction, Transform, threshold
 from tuner.monitor.signals import SIGNALS
@@ -43,6 +44,7 @@ RULES: dict[str, SignalRule] = {
     "gpu_sm_clock_mhz": SignalRule("down", 15.0), "gpu_dram_active_frac": SignalRule("both", 0.02),
     "gpu_fb_used_mb": SignalRule("up", 256.0), "gpu_throttled": SignalRule("up", 0.05),
     "cpu_wait_frac": SignalRule("up", 0.02, tested=False), "cpu_steal_frac": SignalRule("up", 0.02, tested=False),
+    "cpu_ready_wait_frac": SignalRule("up", 0.02, tested=False),
     "finished_per_s": SignalRule("both", 0.01, tested=False),
 }
 assert set(RULES) == set(SIGNALS)
@@ -121,6 +123,14 @@ class MonitorConfig:
     # across that edge to an interpolated 148 ms (+63 %, experiments/detection's quiet6)
     bucket_error: bool = True
     wait_law_error: float = 0.5
+    # which share of the wait stretches the latencies (w in 1 / (1 - w)): "window", the share of the window the
+    # server waited (cpu_wait_frac: right for a thread never idle); "ready", the share of the time it was ready
+    # to run that it waited (cpu_ready_wait_frac, read from a process's schedstat: its CPU work took
+    # 1 / (1 - w) as long whatever the share of the window it slept; the window's share where it is not read)
+    wait_law: Literal["window", "ready"] = "window"
+    # the law's error (wait_law_error) counted on the window's stretch 1 / (1 - w) away from the one usual in
+    # the baseline's windows (their median), which the baseline already holds (True), or on all of it (False)
+    wait_law_relative: bool = False
     wait_memory: int = 3  # windows whose CPU wait a latency's uncertainty takes (this one and those before)
     # a latency is not judged while the server waited more than this share of one of those windows: the
     # neighbours, not the server, set it then (the windows are counted in `unjudged`)

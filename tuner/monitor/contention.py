@@ -18,7 +18,11 @@ Two sources of the wait, both cumulative counters of Linux, differenced between 
   microseconds during which at least one task of the group waited for a CPU;
 - a process (`pid`): /proc/<pid>/task/<tid>/schedstat of each of its threads (nanoseconds on a CPU,
   nanoseconds waiting on a run queue, timeslices); the share of the thread that waited most (a server's
-  latency follows its busiest thread, the engine loop: the others' waits overlap it).
+  latency follows its busiest thread, the engine loop: the others' waits overlap it). For that thread also
+  `cpu_ready_wait_frac`: the share of the time it was ready to run (on a CPU or waiting for one) that it
+  waited, wait / (run + wait). A thread that needed c seconds of CPU took c / (1 - that share) to get them,
+  whatever the share of the window it slept (a sleep, a GPU's work, no request): its work was that many times
+  as slow (MonitorConfig.wait_law "ready"); the share of the window says so only for a thread never idle.
 
 The first read gives nothing (no window yet); a thread that ended, a counter that went down (a new process)
 or an unreadable file gives nothing for that window (named once in the log), never an error. The same for
@@ -56,14 +60,15 @@ def psi_some_total_us(text: str) -> float | None:
     return None
 
 
-def schedstat_wait_ns(threads: dict[str, str]) -> dict[str, float]:
-    """Thread id -> its run-queue wait (ns) from each thread's schedstat line ('<cpu ns> <wait ns> <slices>')."""
-    out: dict[str, float] = {}
+def schedstat_ns(threads: dict[str, str]) -> dict[str, tuple[float, float]]:
+    """Thread id -> (its time on a CPU, its run-queue wait), ns, from each thread's schedstat line
+    ('<cpu ns> <wait ns> <slices>')."""
+    out: dict[str, tuple[float, float]] = {}
     for tid, line in threads.items():
         parts = line.split()
         if len(parts) >= 2:
             try:
-                out[tid] = float(parts[1])
+                out[tid] = (float(parts[0]), float(parts[1]))
             except ValueError:
                 continue
     return out
@@ -94,7 +99,7 @@ class CpuWait:
         self.proc_root = proc_root
         self.clock = clock
         self.missing = MissingSeries("CPU wait source")
-        self._last: tuple[float, float | dict[str, float]] | None = None
+        self._last: tuple[float, float | dict[str, tuple[float, float]]] | None = None
         if source.startswith("pid:"):
             try:
                 self.pid: int | None = int(source[4:])
@@ -104,19 +109,21 @@ class CpuWait:
             self.pid = None
 
     def read(self) -> dict[str, float]:
-        """{'cpu_wait_frac': share of the time since the previous read}, or {} (first read, nothing readable)."""
+        """{'cpu_wait_frac': share of the time since the previous read, and from a process 'cpu_ready_wait_frac'},
+        or {} (first read, nothing readable)."""
         t = self.clock()
         if self.pid is not None:
             threads = read_schedstat(self.pid, self.proc_root)
-            return self.update(t, schedstat_wait_ns(threads) if threads else None)
+            return self.update(t, schedstat_ns(threads) if threads else None)
         try:
             text = Path(self.source).read_text()
         except OSError:
             text = ""
         return self.update(t, psi_some_total_us(text))
 
-    def update(self, t: float, reading: float | dict[str, float] | None) -> dict[str, float]:
-        """One cumulative reading at time `t` (seconds): a PSI total in microseconds, or thread id -> wait ns."""
+    def update(self, t: float, reading: float | dict[str, tuple[float, float]] | None) -> dict[str, float]:
+        """One cumulative reading at time `t` (seconds): a PSI total in microseconds, or thread id -> (on-CPU ns,
+        wait ns)."""
         if reading is None or (isinstance(reading, dict) and not reading):
             self.missing.note(f"wait counter at {self.source}")
             self._last = None
@@ -127,10 +134,15 @@ class CpuWait:
         dt, before = t - last[0], last[1]
         if isinstance(reading, dict) and isinstance(before, dict):
             common = [k for k in reading if k in before]
-            if not common or any(reading[k] < before[k] for k in common):
+            if not common or any(reading[k][i] < before[k][i] for k in common for i in (0, 1)):
                 return {}
-            waited = max(reading[k] - before[k] for k in common) / 1e9  # the thread that waited most
-        elif isinstance(reading, float) and isinstance(before, float):
+            # the thread that waited most: (seconds on a CPU, seconds waiting) in the window
+            ran, waited = max((((reading[k][0] - before[k][0]) / 1e9, (reading[k][1] - before[k][1]) / 1e9)
+                               for k in common), key=lambda d: d[1])
+            ready = ran + waited
+            return {"cpu_wait_frac": min(MAX_WAIT_FRAC, max(0.0, waited / dt)),
+                    "cpu_ready_wait_frac": min(MAX_WAIT_FRAC, waited / ready) if ready > 0 else 0.0}
+        if isinstance(reading, float) and isinstance(before, float):
             waited = (reading - before) / 1e6
             if waited < 0:
                 return {}

@@ -10,7 +10,8 @@ answers): ttft_ms_p50/p90, itl_ms_mean/p90, e2el_ms_p50/p90 (quantiles from the 
 the window, each with its bucket's bounds: bucket_keys), token_throughput_per_s, error_frac (aborted or failed
 share of the finished requests). State: running, waiting (gauges at the window's end), kv_cache_usage_frac,
 preemptions_per_s, finished_per_s. GPU signals come from tuner.monitor.telemetry, the environment's
-(cpu_wait_frac: the share of the window the server waited for a CPU; cpu_steal_frac: the share of its host's CPU
+(cpu_wait_frac: the share of the window the server waited for a CPU; cpu_ready_wait_frac: the share of the time
+it was ready to run that it waited; cpu_steal_frac: the share of its host's CPU
 time the hypervisor gave other guests) from tuner.monitor.contention; the caller merges them in.
 
 A counter that went down (the server restarted) makes the window unusable: None. A signal whose series the
@@ -41,7 +42,7 @@ OUTPUTS = (*LATENCIES, "token_throughput_per_s", "error_frac")
 GPU = ("gpu_util_pct", "gpu_power_w", "gpu_sm_clock_mhz", "gpu_dram_active_frac", "gpu_fb_used_mb",
        "gpu_throttled")
 # the environment: explains the outputs, never alarms on its own (tuner.monitor.contention)
-ENVIRONMENT = ("cpu_wait_frac", "cpu_steal_frac")
+ENVIRONMENT = ("cpu_wait_frac", "cpu_ready_wait_frac", "cpu_steal_frac")
 SIGNALS = (*INPUTS, *OUTPUTS, *STATE, *GPU, *ENVIRONMENT)
 
 # which series each server signal needs (the names the scraper maps vLLM's series to)
