@@ -122,15 +122,17 @@ class MonitorConfig:
     # buckets jump from 100 to 250 ms, and a server 14 % slower for two minutes took a TTFT median of 91 ms
     # across that edge to an interpolated 148 ms (+63 %, experiments/detection's quiet6)
     bucket_error: bool = True
-    wait_law_error: float = 0.5
+    # the 1 / (1 - w) law's own error: its exponent known to +- this (the busy streams' fitted exponents of the
+    # ready share, 0.89 and 1.03: experiments/detection, thirteenth step)
+    wait_law_error: float = 0.2
     # which share of the wait stretches the latencies (w in 1 / (1 - w)): "window", the share of the window the
     # server waited (cpu_wait_frac: right for a thread never idle); "ready", the share of the time it was ready
     # to run that it waited (cpu_ready_wait_frac, read from a process's schedstat: its CPU work took
     # 1 / (1 - w) as long whatever the share of the window it slept; the window's share where it is not read)
-    wait_law: Literal["window", "ready"] = "window"
+    wait_law: Literal["window", "ready"] = "ready"
     # the law's error (wait_law_error) counted on the window's stretch 1 / (1 - w) away from the one usual in
     # the baseline's windows (their median), which the baseline already holds (True), or on all of it (False)
-    wait_law_relative: bool = False
+    wait_law_relative: bool = True
     wait_memory: int = 3  # windows whose CPU wait a latency's uncertainty takes (this one and those before)
     # a latency is not judged while the server waited more than this share of one of those windows: the
     # neighbours, not the server, set it then (the windows are counted in `unjudged`)
