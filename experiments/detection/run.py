@@ -443,6 +443,9 @@ def parser() -> argparse.ArgumentParser:
                     help="the fewest windows watched after the baseline, for a start of the real-order replay")
     ap.add_argument("--no-warmup-cut", action="store_true",
                     help="bootstrap and inject from a stationary stream's first window (no MSER-5 cut)")
+    ap.add_argument("--cut", nargs="+", default=[], metavar="STREAM=WINDOWS",
+                    help="a stationary stream's warm-up cut, in windows, instead of its MSER-5 cut (to compare two "
+                         "settings on the same windows)")
     ap.add_argument("--trials", type=int, default=100)
     ap.add_argument("--pre", type=int, default=20)
     ap.add_argument("--post", type=int, default=12)
@@ -559,8 +562,15 @@ def main() -> None:
               f"{med('cpu_wait_frac'):.2f} | {steal} | {med('itl_ms_mean'):.1f} | {own:.1f} | "
               f"{med('ttft_ms_p50'):.0f} |")
 
-    cuts = {name: 0 if args.no_warmup_cut else warmup([w for _, w in phases[name]], cfg, expect)
-            for name, _ in sets}
+    given = {}
+    for item in args.cut:
+        name, _, n = item.partition("=")
+        if name not in phases or not n.isdigit() or int(n) >= len(phases[name]):
+            raise SystemExit(f"--cut {item}: STREAM=WINDOWS, a recorded stationary stream "
+                             f"({', '.join(n for n, _ in sets)}) and fewer windows than it has")
+        given[name] = int(n)
+    cuts = {name: given[name] if name in given else 0 if args.no_warmup_cut
+            else warmup([w for _, w in phases[name]], cfg, expect) for name, _ in sets}
     if not args.only_injected:
         false_alarm_rows(args, phases, sets, cuts, cfg, expect)
     if args.only_false_alarms:

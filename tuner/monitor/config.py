@@ -134,9 +134,11 @@ class MonitorConfig:
     # the baseline's windows (their median), which the baseline already holds (True), or on all of it (False)
     wait_law_relative: bool = True
     wait_memory: int = 3  # windows whose CPU wait a latency's uncertainty takes (this one and those before)
-    # a latency is not judged while the server waited more than this share of one of those windows: the
-    # neighbours, not the server, set it then (the windows are counted in `unjudged`)
-    max_wait_judged: float = 0.5
+    # a latency is not judged while the server waited more than this share of one of those windows (the
+    # window's share; the windows are counted in `unjudged`). 1.0: every window judged, a starved one with the
+    # wide scale its wait's error gives it (wait_error / (1 - w)); the ready law explains the busy host's
+    # windows, and the limit 0.5 hid a server twice as slow there (experiments/detection, thirteenth step)
+    max_wait_judged: float = 1.0
     recovery_windows: int = 3
     # an anomaly or a saturation that opens again, on the same cause, within this many seconds of its recovery
     # is the same episode reopened (Prometheus alerting rules' keep_firing_for, Alertmanager's grouping): its

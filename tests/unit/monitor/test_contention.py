@@ -126,13 +126,15 @@ def test_steal_is_the_stolen_share_of_the_hosts_runnable_cpu_time(tmp_path: Path
 
 
 def _stream(latency_x: float, wait: float, *, seed: int, n: int = 80, at: int = 40, contention: bool = True,
-            starve: tuple[int, ...] = (), signal: str = "cpu_wait_frac") -> tuple[Monitor, list[tuple[int, str, str]]]:
+            starve: tuple[int, ...] = (), signal: str = "cpu_wait_frac",
+            limit: float = MonitorConfig.max_wait_judged) -> tuple[Monitor, list[tuple[int, str, str]]]:
     """Windows whose latencies the server's own work sets (x `latency_x` from `at` on), stretched by a
     neighbour who makes it wait a share of each window that wanders between 0.05 and 0.45 (from `at` on:
     `wait`; in the windows `starve`, 0.97 and latencies far off), read as `signal` (cpu_steal_frac: a
-    hypervisor's other guests; "both": half of the share each way, 1 - (1 - w)(1 - s) = the share)."""
+    hypervisor's other guests; "both": half of the share each way, 1 - (1 - w)(1 - s) = the share); `limit`:
+    MonitorConfig.max_wait_judged."""
     rng = random.Random(seed)
-    m = Monitor(MonitorConfig(interval_s=15.0, contention=contention))
+    m = Monitor(MonitorConfig(interval_s=15.0, contention=contention, max_wait_judged=limit))
     out = []
     for i in range(n):
         w = rng.uniform(0.05, 0.45) if i < at else wait
@@ -154,8 +156,10 @@ def _stream(latency_x: float, wait: float, *, seed: int, n: int = 80, at: int = 
 def test_a_noisy_neighbour_is_no_anomaly_and_a_slower_server_at_the_same_wait_is() -> None:
     for seed in range(3):
         assert _stream(1.0, 0.45, seed=seed)[1] == []  # the neighbour's share moving: explained
-        m, ev = _stream(1.0, 0.2, seed=seed, starve=(50, 51, 60, 61))  # starved twice: not judged
+        m, ev = _stream(1.0, 0.2, seed=seed, starve=(50, 51, 60, 61), limit=0.5)  # starved twice: not judged
         assert ev == [] and m.unjudged >= 4
+        m, ev = _stream(1.0, 0.2, seed=seed, starve=(50, 51, 60, 61))  # judged, within their wait's error
+        assert ev == [] and m.unjudged == 0
         _, ev = _stream(2.0, 0.2, seed=seed)  # twice as slow at a wait it has seen
         assert ev and ev[0][1:] == ("anomaly", "latency") and ev[0][0] - 40 <= 4  # within five windows
     # without the wait the neighbour's variation alone is taken for the server's
@@ -166,8 +170,10 @@ def test_a_noisy_neighbour_is_no_anomaly_and_a_slower_server_at_the_same_wait_is
 def test_a_hypervisors_steal_is_a_wait_too(signal: str) -> None:
     for seed in range(3):
         assert _stream(1.0, 0.45, seed=seed, signal=signal)[1] == []
-        m, ev = _stream(1.0, 0.2, seed=seed, starve=(50, 51), signal=signal)
+        m, ev = _stream(1.0, 0.2, seed=seed, starve=(50, 51), signal=signal, limit=0.5)
         assert ev == [] and m.unjudged >= 2
+        m, ev = _stream(1.0, 0.2, seed=seed, starve=(50, 51), signal=signal)
+        assert ev == [] and m.unjudged == 0
         _, ev = _stream(2.0, 0.2, seed=seed, signal=signal)
         assert ev and ev[0][1:] == ("anomaly", "latency") and ev[0][0] - 40 <= 4
 
