@@ -239,7 +239,9 @@ def false_alarms(label: str, recorded: list[Window], cut: int, cfg: MonitorConfi
     # a baseline learnt at every window of the steady state in turn, the stream then replayed in its own order
     # to its end: no seams (a block bootstrap's seams put two distant levels of a wandering stream side by
     # side), every alarm counted once per start that saw it
-    starts, watched, at, blind = 0, 0, set(), []
+    starts, watched = 0, 0
+    at: set[int] = set()
+    blind: list[int] = []
     kinds: dict[str, int] = {}
     events = episodes = 0
     for s in range(0, len(stat) - cfg.learn_windows - args.min_watch + 1):
@@ -562,7 +564,7 @@ def main() -> None:
               f"{med('cpu_wait_frac'):.2f} | {steal} | {med('itl_ms_mean'):.1f} | {own:.1f} | "
               f"{med('ttft_ms_p50'):.0f} |")
 
-    given = {}
+    given: dict[str, int] = {}
     for item in args.cut:
         name, _, n = item.partition("=")
         if name not in phases or not n.isdigit() or int(n) >= len(phases[name]):
