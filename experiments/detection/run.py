@@ -241,7 +241,7 @@ def false_alarms(label: str, recorded: list[Window], cut: int, cfg: MonitorConfi
     # side), every alarm counted once per start that saw it
     starts, watched = 0, 0
     at: set[int] = set()
-    blind: list[int] = []
+    blind = []
     kinds: dict[str, int] = {}
     events = episodes = 0
     for s in range(0, len(stat) - cfg.learn_windows - args.min_watch + 1):
