@@ -65,6 +65,10 @@ EXPECT = {"rate_x2": "drift", "prompt_x2": "drift", "output_x4": "drift", "slowd
 MODELS = {"slowdown_model": 1.3, "slowdown_x2": 2.0}  # a modelled slowdown: the stationary windows' latencies x it
 
 
+LAWS = {"window": "the window", "ready": "the time ready to run",
+        "auto": "the time ready to run where the window's is above its error, else the window"}
+
+
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """The rows of a recorded stream (one cut off while it was written ends at its last whole line)."""
     rows = []
@@ -406,7 +410,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--wait-memory", type=int, default=MonitorConfig.wait_memory)
     ap.add_argument("--wait-law-error", type=float, default=MonitorConfig.wait_law_error)
     ap.add_argument("--max-wait-judged", type=float, default=MonitorConfig.max_wait_judged)
-    ap.add_argument("--wait-law", choices=("window", "ready"), default=MonitorConfig.wait_law,
+    ap.add_argument("--wait-law", choices=("window", "ready", "auto"), default=MonitorConfig.wait_law,
                     help="the share of the wait that stretches the latencies (MonitorConfig.wait_law)")
     ap.add_argument("--wait-law-relative", action=argparse.BooleanOptionalAction,
                     default=MonitorConfig.wait_law_relative,
@@ -528,7 +532,7 @@ def main() -> None:
           f"(for {cfg.false_alarms_per_day:g} false alarm a day); baseline from {cfg.learn_windows} windows; "
           f"z clipped at {cfg.clip:.2f}; settle {cfg.settle_windows} window(s) while an input's CUSUM is at "
           f">= {cfg.settle_evidence:g} h; latencies corrected for the CPU wait: {cfg.contention} (its error "
-          f"{cfg.wait_error:g}, the share of {'the time ready to run' if cfg.wait_law == 'ready' else 'the window'}, "
+          f"{cfg.wait_error:g}, the share of {LAWS[cfg.wait_law]}, "
           f"the law's error {cfg.wait_law_error:g} on "
           f"{'the stretch away from the baseline' if cfg.wait_law_relative else 'the stretch'}, judged up to a "
           f"wait of {cfg.max_wait_judged:g} of the window); latency scales widened for autocorrelation: "

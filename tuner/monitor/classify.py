@@ -177,9 +177,12 @@ class Monitor:
     def _wait(self, law: str | None = None) -> float | None:
         """The share of the last window's work the server could not run (MonitorConfig.contention): its own wait
         for a CPU (the share MonitorConfig.wait_law, or `law`, names: of the window, or of the time it was ready
-        to run, where read) and the steal of its host's CPUs, 1 - (1 - wait)(1 - steal); None where neither is
-        read (or the correction is off)."""
-        wait = "cpu_ready_wait_frac" if (law or self.config.wait_law) == "ready" else "cpu_wait_frac"
+        to run, where read; "auto": the latter only where the window's share is above its error) and the steal
+        of its host's CPUs, 1 - (1 - wait)(1 - steal); None where neither is read (or the correction is off)."""
+        law = law or self.config.wait_law
+        if law == "auto":  # the ready share where the server measurably waited (its window's share above its error)
+            law = "ready" if self.last_signals.get("cpu_wait_frac", 0.0) >= self.config.wait_error else "window"
+        wait = "cpu_ready_wait_frac" if law == "ready" else "cpu_wait_frac"
         if wait not in self.last_signals:
             wait = "cpu_wait_frac"
         shares = [self.last_signals[n] for n in (wait, "cpu_steal_frac") if n in self.last_signals]

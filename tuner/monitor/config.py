@@ -123,22 +123,27 @@ class MonitorConfig:
     # across that edge to an interpolated 148 ms (+63 %, experiments/detection's quiet6)
     bucket_error: bool = True
     # the 1 / (1 - w) law's own error: its exponent known to +- this (the busy streams' fitted exponents of the
-    # ready share, 0.89 and 1.03: experiments/detection, thirteenth step)
+    # ready share, 0.89 and 1.03: experiments/detection, thirteenth step; 0.5 was the window share's)
     wait_law_error: float = 0.2
     # which share of the wait stretches the latencies (w in 1 / (1 - w)): "window", the share of the window the
     # server waited (cpu_wait_frac: right for a thread never idle); "ready", the share of the time it was ready
     # to run that it waited (cpu_ready_wait_frac, read from a process's schedstat: its CPU work took
-    # 1 / (1 - w) as long whatever the share of the window it slept; the window's share where it is not read)
-    wait_law: Literal["window", "ready"] = "ready"
+    # 1 / (1 - w) as long whatever the share of the window it slept; the window's share where it is not read);
+    # "auto", the ready share where the server measurably waited (the window's share at least wait_error), the
+    # window's elsewhere: on a quiet host the ready share is the wake-up wait (about 0.07 of the time ready,
+    # against 0.01 of the window) and its noise, not contention, and "ready" raised quiet hosts' false alarms
+    # (experiments/detection, thirteenth step)
+    wait_law: Literal["window", "ready", "auto"] = "auto"
     # the law's error (wait_law_error) counted on the window's stretch 1 / (1 - w) away from the one usual in
     # the baseline's windows (their median), which the baseline already holds (True), or on all of it (False)
     wait_law_relative: bool = True
     wait_memory: int = 3  # windows whose CPU wait a latency's uncertainty takes (this one and those before)
     # a latency is not judged while the server waited more than this share of one of those windows (the
-    # window's share; the windows are counted in `unjudged`). 1.0: every window judged, a starved one with the
-    # wide scale its wait's error gives it (wait_error / (1 - w)); the ready law explains the busy host's
-    # windows, and the limit 0.5 hid a server twice as slow there (experiments/detection, thirteenth step)
-    max_wait_judged: float = 1.0
+    # window's share): the neighbours, not the server, set it then (the windows are counted in `unjudged`).
+    # 1.0 judges every window, a starved one with the wide scale its wait's error gives it: with the ready law
+    # it found a server twice as slow on the busy host far more often, but a baseline learnt in a calm stretch
+    # then took the starved windows for anomalies (3.1 a day; experiments/detection, thirteenth step)
+    max_wait_judged: float = 0.5
     recovery_windows: int = 3
     # an anomaly or a saturation that opens again, on the same cause, within this many seconds of its recovery
     # is the same episode reopened (Prometheus alerting rules' keep_firing_for, Alertmanager's grouping): its
