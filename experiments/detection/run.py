@@ -65,6 +65,7 @@ EXPECT = {"rate_x2": "drift", "prompt_x2": "drift", "output_x4": "drift", "slowd
 MODELS = {"slowdown_model": 1.3, "slowdown_x2": 2.0}  # a modelled slowdown: the stationary windows' latencies x it
 
 
+# MonitorConfig.wait_law's choices, as the table's header names them
 LAWS = {"window": "the window", "ready": "the time ready to run",
         "auto": "the time ready to run where the window's is above its error, else the window"}
 
@@ -410,7 +411,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--wait-memory", type=int, default=MonitorConfig.wait_memory)
     ap.add_argument("--wait-law-error", type=float, default=MonitorConfig.wait_law_error)
     ap.add_argument("--max-wait-judged", type=float, default=MonitorConfig.max_wait_judged)
-    ap.add_argument("--wait-law", choices=("window", "ready", "auto"), default=MonitorConfig.wait_law,
+    ap.add_argument("--wait-law", choices=tuple(LAWS), default=MonitorConfig.wait_law,
                     help="the share of the wait that stretches the latencies (MonitorConfig.wait_law)")
     ap.add_argument("--wait-law-relative", action=argparse.BooleanOptionalAction,
                     default=MonitorConfig.wait_law_relative,

@@ -5,7 +5,10 @@ recorded as the event's answer), GPU telemetry read through NVML (a double) on e
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -122,14 +125,19 @@ def test_an_anomaly_that_reopens_is_recorded_and_not_answered_again(tmp_path: Pa
     assert 'tuner_monitor_episodes_total{agent="mon",cause="latency",kind="anomaly"} 1.0' in text
 
 
-def test_after_a_rollback_the_next_scrape_starts_a_new_baseline(tmp_path: Path) -> None:
+def _feed(tmp_path: Path, **monitor: Any) -> MonitorFeed:
+    """The feed of an agent `mon` that watches every 15 s with `watch.monitor` = {learn_windows: 10, **monitor}."""
     path = agents.write_agent(tmp_path / "mon.yaml", name="mon", tracking={"enabled": False},
                               watch={"url": "http://127.0.0.1:9/metrics", "interval_s": 15,
-                                     "monitor": {"learn_windows": 10}})
+                                     "monitor": {"learn_windows": 10, **monitor}})
     st = AgentState(name="mon", path=path)
     rt = Runtime(state_dir=tmp_path / "state", stop=threading.Event(), agents={"mon": st}, locks={},
                  metrics=DaemonMetrics(), grace_s=1.0, scheduler=Scheduler())  # type: ignore[arg-type]
-    feed = MonitorFeed(rt, st, load_agent(path).spec)
+    return MonitorFeed(rt, st, load_agent(path).spec)
+
+
+def test_after_a_rollback_the_next_scrape_starts_a_new_baseline(tmp_path: Path) -> None:
+    feed = _feed(tmp_path)
     server = VllmSeries()
     for i in range(15):
         server.finish(60, 100, 16)
@@ -149,23 +157,14 @@ def test_after_a_rollback_the_next_scrape_starts_a_new_baseline(tmp_path: Path) 
 def test_a_watched_process_gives_the_monitor_its_ready_share(tmp_path: Path) -> None:
     """`cpu_wait_source: pid:<N>`: a real process's threads' schedstat read at every scrape, both shares of its
     wait (of the window, and of the time it was ready to run) in the monitor's tracks."""
-    import subprocess
-    import sys
-
     busy = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: sum(range(10_000)); time.sleep(0.001)"])
     try:
-        path = agents.write_agent(tmp_path / "mon.yaml", name="mon", tracking={"enabled": False},
-                                  watch={"url": "http://127.0.0.1:9/metrics", "interval_s": 15,
-                                         "monitor": {"learn_windows": 10, "cpu_wait_source": f"pid:{busy.pid}"}})
-        st = AgentState(name="mon", path=path)
-        rt = Runtime(state_dir=tmp_path / "state", stop=threading.Event(), agents={"mon": st}, locks={},
-                     metrics=DaemonMetrics(), grace_s=1.0, scheduler=Scheduler())  # type: ignore[arg-type]
-        feed = MonitorFeed(rt, st, load_agent(path).spec)
+        feed = _feed(tmp_path, cpu_wait_source=f"pid:{busy.pid}")
         server = VllmSeries()
         for i in range(4):
             server.finish(60, 100, 16)
             feed.consume(1000.0 + 15 * i, parse(server.text()))
-            threading.Event().wait(0.3)  # the process runs between the scrapes
+            time.sleep(0.3)  # the process runs between the scrapes
         window, ready = feed.monitor.tracks["cpu_wait_frac"].values, feed.monitor.tracks["cpu_ready_wait_frac"].values
         assert len(window) == len(ready) == 3  # from the second scrape on, every scrape
         assert all(0.0 <= w <= r <= 1.0 for w, r in zip(window, ready, strict=True))  # the ready time <= the window
