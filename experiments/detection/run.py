@@ -411,6 +411,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--wait-memory", type=int, default=MonitorConfig.wait_memory)
     ap.add_argument("--wait-law-error", type=float, default=MonitorConfig.wait_law_error)
     ap.add_argument("--max-wait-judged", type=float, default=MonitorConfig.max_wait_judged)
+    ap.add_argument("--starved-baseline", action=argparse.BooleanOptionalAction,
+                    default=MonitorConfig.starved_baseline,
+                    help="windows beyond --max-wait-judged judged against their own baseline (MonitorConfig)")
     ap.add_argument("--wait-law", choices=tuple(LAWS), default=MonitorConfig.wait_law,
                     help="the share of the wait that stretches the latencies (MonitorConfig.wait_law)")
     ap.add_argument("--wait-law-relative", action=argparse.BooleanOptionalAction,
@@ -493,7 +496,8 @@ def setup(args: argparse.Namespace) -> tuple[dict[str, list[tuple[float, Window]
                         autocorrelation=not args.no_autocorrelation, wait_error=args.wait_error,
                         wait_memory=args.wait_memory, robust=args.robust, max_wait_judged=args.max_wait_judged,
                         wait_law_error=args.wait_law_error, wait_law=args.wait_law,
-                        wait_law_relative=args.wait_law_relative, latency_rel_floor=args.latency_rel_floor,
+                        wait_law_relative=args.wait_law_relative, starved_baseline=args.starved_baseline,
+                        latency_rel_floor=args.latency_rel_floor,
                         corroborate=args.corroborate, confirm_windows=args.confirm_windows,
                         alone=tuple(args.alone), slowdown_to_find_frac=args.slowdown_to_find or None,
                         drift_to_find_frac=args.drift_to_find or None,
@@ -528,6 +532,7 @@ def main() -> None:
     args = parser().parse_args()
     logging.getLogger("tuner.monitor").setLevel(logging.ERROR)  # a warning per replayed baseline says nothing here
     phases, info, sets, cfg, expect = setup(args)
+    STARVED = {True: ", beyond it against the starved windows' own baseline", False: ""}  # noqa: N806
     print(f"# detection experiment ({time.strftime('%Y-%m-%d %H:%M')})\n")
     print(f"windows of {cfg.interval_s:g} s; {TESTS} one-sided tests; CUSUM k = {cfg.k}, h = {cfg.h:.3f} "
           f"(for {cfg.false_alarms_per_day:g} false alarm a day); baseline from {cfg.learn_windows} windows; "
@@ -536,7 +541,8 @@ def main() -> None:
           f"{cfg.wait_error:g}, the share of {LAWS[cfg.wait_law]}, "
           f"the law's error {cfg.wait_law_error:g} on "
           f"{'the stretch away from the baseline' if cfg.wait_law_relative else 'the stretch'}, judged up to a "
-          f"wait of {cfg.max_wait_judged:g} of the window); latency scales widened for autocorrelation: "
+          f"wait of {cfg.max_wait_judged:g} of the window{STARVED[cfg.starved_baseline]}); "
+          f"latency scales widened for autocorrelation: "
           f"{cfg.autocorrelation}; expectation "
           f"from the simulator: {args.sim_model is not None}; latency scales at least {cfg.latency_rel_floor:g} (log); "
           f"a latency's allowance at least half of a slowdown of {cfg.slowdown_to_find_frac or 0:g} (log); "

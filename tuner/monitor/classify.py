@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -130,6 +130,10 @@ class Monitor:
         self._window_waits: list[float] = []  # the same, of the window (the limit max_wait_judged)
         self._stretch: dict[float, float] = {}  # window end -> log 1 / (1 - its share) (wait_law_relative)
         self._stretch_ref = 0.0  # the baseline's windows' median of it
+        # the latencies' baselines of the windows beyond max_wait_judged (MonitorConfig.starved_baseline), and
+        # their windows' median stretch
+        self._starved: dict[str, Baseline] = {}
+        self._starved_ref = 0.0
         self._wait_now: float | None = None  # the last window's share lost to neighbours (_wait), once a window
         self.unjudged = 0  # windows whose latencies were not judged (tuner.monitor.config.MonitorConfig)
         self._blind = False
@@ -193,8 +197,10 @@ class Monitor:
     def _z(self, name: str) -> float:
         """The last window's standardised residual of a signal that has a baseline."""
         tr = self.tracks[name]
-        assert tr.baseline is not None
-        z = tr.baseline.z(tr.residuals[-1])
+        starved = self._blind and name in self._starved  # judged against the starved windows' baseline
+        baseline = self._starved[name] if starved else tr.baseline
+        assert baseline is not None
+        z = baseline.z(tr.residuals[-1])
         done, usual = self.last_signals.get("finished_per_s"), self.tracks["finished_per_s"].baseline
         if name in LENGTHS and done is not None and usual is not None and usual.level > 0:
             z *= min(1.0, math.sqrt(done / usual.level))  # a mean of fewer requests than usual says less
@@ -203,13 +209,13 @@ class Monitor:
             w = min(max(self._waits), MAX_WAIT_FRAC)
             # the measured share's error, and the 1 / (1 - w) law's own (its exponent known to +- wait_law_error)
             # on the stretch, or on its departure from the baseline's usual one (wait_law_relative)
-            ref = self._stretch_ref if self.config.wait_law_relative else 0.0
+            ref = (self._starved_ref if starved else self._stretch_ref) if self.config.wait_law_relative else 0.0
             away = max(abs(-math.log1p(-min(v, MAX_WAIT_FRAC)) - ref) for v in self._waits)
             extra = math.hypot(self.config.wait_error / (1.0 - w), self.config.wait_law_error * away)
         if name in LATENCIES and self.config.bucket_error:
             extra = math.hypot(extra, tr.bucket_error())
         if extra > 0:
-            z *= tr.baseline.scale / math.hypot(tr.baseline.scale, extra)
+            z *= baseline.scale / math.hypot(baseline.scale, extra)
         return z
 
     def _settled(self) -> bool:
@@ -281,10 +287,11 @@ class Monitor:
             return events
         alarms: dict[str, Literal["up", "down"]] = {}
         blind = self._blind
-        self.unjudged += blind and not self.learning
+        self.unjudged += blind and "itl_ms_mean" not in self._starved
         for name in self.last_signals:
             tr = self.tracks[name]
-            if tr.baseline is None or not RULES[name].tested or (blind and name in LATENCIES):
+            if tr.baseline is None or not RULES[name].tested or (blind and name in LATENCIES
+                                                                   and name not in self._starved):
                 continue
             z = self._z(name)
             clip = self.config.clip_for(tr.cusum.h, tr.cusum.k)
@@ -317,20 +324,34 @@ class Monitor:
     def _learn(self) -> None:
         n = self.config.learn_windows
         self._rho = self._latency_rho() if self.config.autocorrelation else 0.0
-        self._calm = [t for t in self.tracks["itl_ms_mean"].times[-n:] if t not in self._blind_times]
-        self._set_stretch_ref(set(self._calm) or set(self.tracks["itl_ms_mean"].times[-n:]))
+        times = self.tracks["itl_ms_mean"].times[-n:]
+        self._calm = [t for t in times if t not in self._blind_times]
+        enough = max(3, n // 2)
+        # the starved windows' usual stretch: theirs where the calm windows make a baseline alone, else all of them
+        self._set_stretch_ref({t for t in times if t in self._blind_times} if len(self._calm) >= enough
+                              else set(times))
+        self._starved, self._starved_ref = {}, self._stretch_ref
+        self._set_stretch_ref(set(self._calm) or set(times))
         self._calm_new = self._since = self._insensitive_tries = 0
         self._judged, self._last_relearn = [], -math.inf
         for tr in self.tracks.values():
             vals = tr.residuals[-n:]
             if tr.name in LATENCIES:  # learnt from the windows it would be judged in, where there are enough
-                judged = [r for t, r in zip(tr.times[-n:], vals, strict=True) if t not in self._blind_times]
-                vals = judged if len(judged) >= max(3, n // 2) else vals
-            if len(vals) < max(3, n // 2):
+                split = _split(tr.times[-n:], vals, self._blind_times)
+                vals = split[0] if len(split[0]) >= enough else vals
+                if self.config.starved_baseline and split[1]:
+                    self._learn_starved(tr, vals if len(split[0]) < enough else split[1], enough)
+            if len(vals) < enough:
                 tr.baseline = None  # too few windows carried it (a signal that came and went)
                 continue
             self._baseline(tr, vals)
             tr.cusum.reset()
+
+    def _learn_starved(self, tr: SignalTrack, vals: list[float], enough: int) -> None:
+        """A latency's baseline of the windows beyond max_wait_judged (MonitorConfig.starved_baseline), from
+        `vals`, where there are `enough` of them."""
+        if len(vals) >= enough:
+            self._starved[tr.name] = self._learnt_baseline(tr.name, vals)
 
     def _learnt(self) -> None:
         """The baselines _learn made are kept: the learning windows' marks dropped, and a warning where the ITL
@@ -420,13 +441,17 @@ class Monitor:
     def _baseline(self, tr: SignalTrack, vals: list[float], centre: tuple[float, int] | None = None) -> None:
         """A track's baseline learnt from `vals` (a latency's widened by the learnt autocorrelation; `centre`
         kept where given: Baseline.learn), and its CUSUM designed for it (its reset is the caller's)."""
-        rule, latency = RULES[tr.name], tr.name in LATENCIES
-        floor = self.config.latency_rel_floor if latency else self.config.rel_floor
-        tr.baseline = Baseline.learn(vals, rule.floor_abs, transform=rule.transform, rel_floor=floor,
-                                     rho=self._rho if latency else 0.0, robust=latency and self.config.robust,
-                                     centre=centre)
+        tr.baseline = self._learnt_baseline(tr.name, vals, centre)
         tr.learn_bucket(self.config.learn_windows)
         tr.cusum.k, tr.cusum.h = self._design(tr.name, tr.baseline)
+
+    def _learnt_baseline(self, name: str, vals: list[float], centre: tuple[float, int] | None = None) -> Baseline:
+        """A signal's baseline learnt from `vals` (Baseline.learn with the signal's rule and floors)."""
+        rule, latency = RULES[name], name in LATENCIES
+        floor = self.config.latency_rel_floor if latency else self.config.rel_floor
+        return Baseline.learn(vals, rule.floor_abs, transform=rule.transform, rel_floor=floor,
+                              rho=self._rho if latency else 0.0, robust=latency and self.config.robust,
+                              centre=centre)
 
     def slowdown_windows(self) -> float | None:
         """The mean windows the ITL mean's test is expected to take to find a slowdown of
@@ -474,6 +499,7 @@ class Monitor:
         """Start a new baseline from the next window on (after a drift, or a new champion)."""
         self._learned = self._spent = 0
         self._blind_times.clear()
+        self._starved = {}
         self._calm, self._calm_new = [], 0
         self._pending.clear()
         self._open = [o for o in self._open if o.kind == "saturation"]
@@ -632,3 +658,9 @@ def _cause(signals: Iterable[str]) -> str:
     if any(n in GPU_THROTTLE for n in names):
         return "gpu_throttle"
     return "gpu" if any(n in GPU for n in names) else "latency"
+
+
+def _split(times: Sequence[float], vals: Sequence[float], starved: set[float]) -> tuple[list[float], list[float]]:
+    """`vals` of the windows ending at `times`: (those not in `starved`, those in it)."""
+    calm = [v for t, v in zip(times, vals, strict=True) if t not in starved]
+    return calm, [v for t, v in zip(times, vals, strict=True) if t in starved]

@@ -144,6 +144,13 @@ class MonitorConfig:
     # it found a server twice as slow on the busy host far more often, but a baseline learnt in a calm stretch
     # then took the starved windows for anomalies (3.1 a day; experiments/detection, thirteenth step)
     max_wait_judged: float = 0.5
+    # the windows beyond max_wait_judged judged against a baseline of their own: the latencies of the learning
+    # stretch's windows beyond it (where at least half of learn_windows were; where fewer than half were within
+    # it, the one baseline of every learning window, which knew them), with their own usual stretch; where the
+    # learning stretch had too few of them they stay not judged. A baseline learnt in calm windows never judges
+    # starved ones (what raised design 1's false alarms), and a host starved all along is judged against its
+    # starved normal (experiments/detection, fourteenth step). False: not judged, whatever the baseline saw
+    starved_baseline: bool = True
     recovery_windows: int = 3
     # an anomaly or a saturation that opens again, on the same cause, within this many seconds of its recovery
     # is the same episode reopened (Prometheus alerting rules' keep_firing_for, Alertmanager's grouping): its
