@@ -80,7 +80,8 @@ class DaemonMetrics:
                                   registry=self.registry)
         self.monitor_unjudged = Gauge("tuner_monitor_unjudged_windows", "Windows whose latencies the monitor did "
                                       "not judge: the server waited for a CPU more than max_wait_judged of one "
-                                      "of them (tuner.monitor.classify)", ["agent"], registry=self.registry)
+                                      "of them and its baseline knew no such windows (starved_baseline, "
+                                      "tuner.monitor.classify)", ["agent"], registry=self.registry)
         self.monitor_slowdown_windows = Gauge(
             "tuner_monitor_slowdown_windows", "Windows the monitor's ITL-mean test is expected to take to find a "
             "slowdown of watch.monitor.slowdown_to_find_frac at its current baseline (Siegmund's approximation; "

@@ -198,7 +198,7 @@ class Monitor:
         """The last window's standardised residual of a signal that has a baseline."""
         tr = self.tracks[name]
         starved = self._blind and name in self._starved  # judged against the starved windows' baseline
-        baseline = self._starved[name] if starved else tr.baseline
+        baseline = self._judging(name)
         assert baseline is not None
         z = baseline.z(tr.residuals[-1])
         done, usual = self.last_signals.get("finished_per_s"), self.tracks["finished_per_s"].baseline
@@ -217,6 +217,13 @@ class Monitor:
         if extra > 0:
             z *= baseline.scale / math.hypot(baseline.scale, extra)
         return z
+
+    def _judging(self, name: str) -> Baseline | None:
+        """The baseline the last window of a signal is judged against: its starved windows' for a latency in a
+        window beyond max_wait_judged where one was learnt (MonitorConfig.starved_baseline), else its own."""
+        if self._blind and name in self._starved:
+            return self._starved[name]
+        return self.tracks[name].baseline
 
     def _settled(self) -> bool:
         """Whether the output alarms pending have waited long enough for an input alarm that would make them
@@ -512,7 +519,7 @@ class Monitor:
     # ---------------------------------------------------------------- events
     def _signal_entry(self, name: str, side: str) -> dict[str, Any]:
         tr = self.tracks[name]
-        b = tr.baseline
+        b = self._judging(name)
         onset = change_index(tr.residuals[-60:])
         start = len(tr.residuals[-60:])
         return {"direction": side, "baseline": b.level if b else None, "scale": b.scale if b else None,
@@ -544,11 +551,11 @@ class Monitor:
     def _expected(self, name: str) -> float | None:
         """The signal's expected value in the last window: its baseline, at the window's load and
         environment."""
-        tr = self.tracks[name]
-        if tr.baseline is None or not tr.values:
+        tr, b = self.tracks[name], self._judging(name)
+        if b is None or not tr.values:
             return None
         x, r = tr.values[-1], tr.residuals[-1]
-        return tr.baseline.level * (x / r if r else 1.0)
+        return b.level * (x / r if r else 1.0)
 
     def _drift(self, t: float, inputs: Mapping[str, Literal["up", "down"]]) -> Event:
         sides: dict[str, str] = dict(inputs)
