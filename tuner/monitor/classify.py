@@ -335,9 +335,9 @@ class Monitor:
         self._calm = [t for t in times if t not in self._blind_times]
         enough = max(3, n // 2)
         # the starved windows' usual stretch: theirs where the calm windows make a baseline alone, else all of them
-        self._set_stretch_ref({t for t in times if t in self._blind_times} if len(self._calm) >= enough
-                              else set(times))
-        self._starved, self._starved_ref = {}, self._stretch_ref
+        self._starved = {}
+        self._starved_ref = self._median_stretch(set(times) - set(self._calm) if len(self._calm) >= enough
+                                                  else set(times))
         self._set_stretch_ref(set(self._calm) or set(times))
         self._calm_new = self._since = self._insensitive_tries = 0
         self._judged, self._last_relearn = [], -math.inf
@@ -395,8 +395,12 @@ class Monitor:
     def _set_stretch_ref(self, times: set[float]) -> None:
         """The usual stretch of the latencies' baseline: the median log 1 / (1 - w) of its windows ending at `times`
         (0 where none was read)."""
+        self._stretch_ref = self._median_stretch(times)
+
+    def _median_stretch(self, times: set[float]) -> float:
+        """The median log 1 / (1 - w) of the windows ending at `times` (0 where none was read)."""
         got = [v for u, v in self._stretch.items() if u in times]
-        self._stretch_ref = statistics.median(got) if got else 0.0
+        return statistics.median(got) if got else 0.0
 
     def _relearn_latencies(self, calm: set[float], at_least: int, *, reset: bool) -> None:
         """The latencies' baselines (those that have one) learnt again from their windows ending at `calm`, where
