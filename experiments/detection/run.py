@@ -68,6 +68,7 @@ MODELS = {"slowdown_model": 1.3, "slowdown_x2": 2.0}  # a modelled slowdown: the
 # MonitorConfig.wait_law's choices, as the table's header names them
 LAWS = {"window": "the window", "ready": "the time ready to run",
         "auto": "the time ready to run where the window's is above its error, else the window"}
+STARVED = {True: ", beyond it against the starved windows' own baseline", False: ""}  # --starved-baseline
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
@@ -532,7 +533,6 @@ def main() -> None:
     args = parser().parse_args()
     logging.getLogger("tuner.monitor").setLevel(logging.ERROR)  # a warning per replayed baseline says nothing here
     phases, info, sets, cfg, expect = setup(args)
-    STARVED = {True: ", beyond it against the starved windows' own baseline", False: ""}  # noqa: N806
     print(f"# detection experiment ({time.strftime('%Y-%m-%d %H:%M')})\n")
     print(f"windows of {cfg.interval_s:g} s; {TESTS} one-sided tests; CUSUM k = {cfg.k}, h = {cfg.h:.3f} "
           f"(for {cfg.false_alarms_per_day:g} false alarm a day); baseline from {cfg.learn_windows} windows; "

@@ -197,8 +197,7 @@ class Monitor:
     def _z(self, name: str) -> float:
         """The last window's standardised residual of a signal that has a baseline."""
         tr = self.tracks[name]
-        starved = self._blind and name in self._starved  # judged against the starved windows' baseline
-        baseline = self._judging(name)
+        baseline, usual_stretch = self._judging(name)
         assert baseline is not None
         z = baseline.z(tr.residuals[-1])
         done, usual = self.last_signals.get("finished_per_s"), self.tracks["finished_per_s"].baseline
@@ -209,7 +208,7 @@ class Monitor:
             w = min(max(self._waits), MAX_WAIT_FRAC)
             # the measured share's error, and the 1 / (1 - w) law's own (its exponent known to +- wait_law_error)
             # on the stretch, or on its departure from the baseline's usual one (wait_law_relative)
-            ref = (self._starved_ref if starved else self._stretch_ref) if self.config.wait_law_relative else 0.0
+            ref = usual_stretch if self.config.wait_law_relative else 0.0
             away = max(abs(-math.log1p(-min(v, MAX_WAIT_FRAC)) - ref) for v in self._waits)
             extra = math.hypot(self.config.wait_error / (1.0 - w), self.config.wait_law_error * away)
         if name in LATENCIES and self.config.bucket_error:
@@ -218,12 +217,13 @@ class Monitor:
             z *= baseline.scale / math.hypot(baseline.scale, extra)
         return z
 
-    def _judging(self, name: str) -> Baseline | None:
-        """The baseline the last window of a signal is judged against: its starved windows' for a latency in a
-        window beyond max_wait_judged where one was learnt (MonitorConfig.starved_baseline), else its own."""
+    def _judging(self, name: str) -> tuple[Baseline | None, float]:
+        """The baseline the last window of a signal is judged against, and its windows' usual stretch: its
+        starved windows' for a latency in a window beyond max_wait_judged where one was learnt
+        (MonitorConfig.starved_baseline), else its own."""
         if self._blind and name in self._starved:
-            return self._starved[name]
-        return self.tracks[name].baseline
+            return self._starved[name], self._starved_ref
+        return self.tracks[name].baseline, self._stretch_ref
 
     def _settled(self) -> bool:
         """Whether the output alarms pending have waited long enough for an input alarm that would make them
@@ -343,22 +343,20 @@ class Monitor:
         self._judged, self._last_relearn = [], -math.inf
         for tr in self.tracks.values():
             vals = tr.residuals[-n:]
+            starved: list[float] = []  # a latency's windows beyond max_wait_judged (MonitorConfig.starved_baseline)
             if tr.name in LATENCIES:  # learnt from the windows it would be judged in, where there are enough
-                split = _split(tr.times[-n:], vals, self._blind_times)
-                vals = split[0] if len(split[0]) >= enough else vals
-                if self.config.starved_baseline and split[1]:
-                    self._learn_starved(tr, vals if len(split[0]) < enough else split[1], enough)
+                calm, starved = _split(tr.times[-n:], vals, self._blind_times)
+                if len(calm) >= enough:
+                    vals = calm
+                else:  # too few calm windows: the one baseline of every window, which knew the starved ones
+                    starved = vals
             if len(vals) < enough:
                 tr.baseline = None  # too few windows carried it (a signal that came and went)
                 continue
-            self._baseline(tr, vals)
+            baseline = self._baseline(tr, vals)
             tr.cusum.reset()
-
-    def _learn_starved(self, tr: SignalTrack, vals: list[float], enough: int) -> None:
-        """A latency's baseline of the windows beyond max_wait_judged (MonitorConfig.starved_baseline), from
-        `vals`, where there are `enough` of them."""
-        if len(vals) >= enough:
-            self._starved[tr.name] = self._learnt_baseline(tr.name, vals)
+            if self.config.starved_baseline and len(starved) >= enough:
+                self._starved[tr.name] = baseline if starved is vals else self._learnt_baseline(tr.name, starved)
 
     def _learnt(self) -> None:
         """The baselines _learn made are kept: the learning windows' marks dropped, and a warning where the ITL
@@ -449,12 +447,13 @@ class Monitor:
                 continue
             self._baseline(tr, tr.residuals[-n:], centre=(tr.baseline.centre, c.learn_windows))
 
-    def _baseline(self, tr: SignalTrack, vals: list[float], centre: tuple[float, int] | None = None) -> None:
+    def _baseline(self, tr: SignalTrack, vals: list[float], centre: tuple[float, int] | None = None) -> Baseline:
         """A track's baseline learnt from `vals` (a latency's widened by the learnt autocorrelation; `centre`
-        kept where given: Baseline.learn), and its CUSUM designed for it (its reset is the caller's)."""
+        kept where given: Baseline.learn), and its CUSUM designed for it (its reset is the caller's); returned."""
         tr.baseline = self._learnt_baseline(tr.name, vals, centre)
         tr.learn_bucket(self.config.learn_windows)
         tr.cusum.k, tr.cusum.h = self._design(tr.name, tr.baseline)
+        return tr.baseline
 
     def _learnt_baseline(self, name: str, vals: list[float], centre: tuple[float, int] | None = None) -> Baseline:
         """A signal's baseline learnt from `vals` (Baseline.learn with the signal's rule and floors)."""
@@ -523,7 +522,7 @@ class Monitor:
     # ---------------------------------------------------------------- events
     def _signal_entry(self, name: str, side: str) -> dict[str, Any]:
         tr = self.tracks[name]
-        b = self._judging(name)
+        b, _ = self._judging(name)
         onset = change_index(tr.residuals[-60:])
         start = len(tr.residuals[-60:])
         return {"direction": side, "baseline": b.level if b else None, "scale": b.scale if b else None,
@@ -555,7 +554,7 @@ class Monitor:
     def _expected(self, name: str) -> float | None:
         """The signal's expected value in the last window: its baseline, at the window's load and
         environment."""
-        tr, b = self.tracks[name], self._judging(name)
+        tr, (b, _) = self.tracks[name], self._judging(name)
         if b is None or not tr.values:
             return None
         x, r = tr.values[-1], tr.residuals[-1]
@@ -673,5 +672,7 @@ def _cause(signals: Iterable[str]) -> str:
 
 def _split(times: Sequence[float], vals: Sequence[float], starved: set[float]) -> tuple[list[float], list[float]]:
     """`vals` of the windows ending at `times`: (those not in `starved`, those in it)."""
-    calm = [v for t, v in zip(times, vals, strict=True) if t not in starved]
-    return calm, [v for t, v in zip(times, vals, strict=True) if t in starved]
+    out: tuple[list[float], list[float]] = ([], [])
+    for t, v in zip(times, vals, strict=True):
+        out[t in starved].append(v)
+    return out
