@@ -20,7 +20,9 @@ tuner.monitor's Monitor at full speed.
   input had moved half-way to the phase's level (onset(): a phase's first windows can precede its load); a
   miss finds nothing within --post windows. Beside each slowdown: the windows Siegmund's approximation gives
   the learnt ITL-mean CUSUM to find it (expected_delay(): what that signal's noise allows at the budget).
-GPU signals come from the NVML double in every stream (noise --gpu-noise of each reading: no GPU here).
+GPU signals come from the NVML double (noise --gpu-noise of each reading), except in a stream recorded on a GPU
+(record_gpu.py), whose rows carry the real GPU's readings through the monitor's NVML path: there the double is
+not read and its throttle is not injected (the stream's own gpu_neighbour phases are the real GPU faults).
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ from tuner.spec import WorkloadSpec  # noqa: E402
 Window = dict[str, float]
 Ev = tuple[int, str, str, bool]  # an event: window index, kind, cause, reopened (the same episode as before)
 EXPECT = {"rate_x2": "drift", "prompt_x2": "drift", "output_x4": "drift", "slowdown30": "anomaly",
-          "slowdown_model": "anomaly", "slowdown_x2": "anomaly", "gpu_throttle": "anomaly"}
+          "slowdown_model": "anomaly", "slowdown_x2": "anomaly", "gpu_throttle": "anomaly",
+          "gpu_neighbour": "anomaly", "gpu_neighbour_light": "anomaly"}
 MODELS = {"slowdown_model": 1.3, "slowdown_x2": 2.0}  # a modelled slowdown: the stationary windows' latencies x it
 
 
@@ -113,6 +116,7 @@ def load(path: Path) -> tuple[dict[str, list[tuple[float, Window]]], dict[str, d
                 steal.update(proc_stat_steal(a["cpu"]["stat"]))
                 sig.update(steal.update(proc_stat_steal(b["cpu"]["stat"])))
             loads.setdefault(b["phase"], []).append(float(b["cpu"]["loadavg"].split()[0]))
+        sig.update(b.get("gpu") or {})  # a GPU's readings at the window's end (record_gpu.py)
         out.setdefault(b["phase"], []).append((b["t"], sig))
         info[b["phase"]] = {"step_delay_ms": b["step_delay_ms"], "slowdown": b.get("step_slowdown_frac", 0.0),
                             "load": statistics.median(loads[b["phase"]]) if b["phase"] in loads else math.nan}
@@ -126,6 +130,11 @@ def expectation(model_path: Path | None) -> ChampionExpectation | None:
         return None
     wl = WorkloadSpec.model_validate({**yaml.safe_load(record.workload()), "duration_s": 120})
     return from_simulator(StepModel.load(model_path), {}, wl)
+
+
+def recorded_gpu(w: Window) -> bool:
+    """Whether a window carries a real GPU's readings (record_gpu.py): the double is then not read."""
+    return any(k.startswith("gpu_") for k in w)
 
 
 class Gpu:
@@ -181,7 +190,7 @@ def replay(windows: list[Window], cfg: MonitorConfig, gpu: Gpu, expect: Champion
     for i, w in enumerate(windows):
         if at is not None and i == at and on_change is not None:
             on_change()
-        for e in m.observe(cfg.interval_s * i, {**w, **gpu.read()}):
+        for e in m.observe(cfg.interval_s * i, w if recorded_gpu(w) else {**w, **gpu.read()}):
             out.append((i, e.kind, e.cause, e.reopened))
     if unjudged is not None:
         unjudged.append(m.unjudged)
@@ -312,7 +321,8 @@ def injected(label: str, name: str, phases: dict[str, list[tuple[float, Window]]
         print(f"| {label} | (none) | {len(stat)} windows: too few for {lead} before the change and {args.post} after "
               f"| 0 | | | | | | | | | | |")
         return
-    for change in [c for c in EXPECT if c in args.changes and (c in mine or c in (*MODELS, "gpu_throttle"))]:
+    doubled = () if recorded_gpu(stat[0]) else ("gpu_throttle",)  # the double's throttle: no real GPU's readings
+    for change in [c for c in EXPECT if c in args.changes and (c in mine or c in (*MODELS, *doubled))]:
         delays_w: list[int] = []
         from_rise: list[int] = []  # the delay counted from the changed input's rise (onset) instead
         bound: list[float] = []  # the ITL mean's expected delay of a slowdown_to_find_frac slowdown
@@ -431,6 +441,9 @@ def parser() -> argparse.ArgumentParser:
                     help="input scales learnt again from up to this many windows since their baseline (0: never)")
     ap.add_argument("--learn-until-sensitive", action="store_true",
                     help="learning goes on while the ITL mean's baseline would find the slowdown to find late")
+    ap.add_argument("--warmup-judges-others", action=argparse.BooleanOptionalAction,
+                    default=MonitorConfig.warmup_judges_others,
+                    help="the inputs and the GPU judged while the latencies' learning goes on for a warm-up")
     ap.add_argument("--relearn-insensitive", action="store_true",
                     help="the latencies' baselines learnt again while the ITL mean's finds the slowdown late")
     ap.add_argument("--corroborate", type=int, default=MonitorConfig.corroborate)
@@ -505,7 +518,8 @@ def setup(args: argparse.Namespace) -> tuple[dict[str, list[tuple[float, Window]
                         history_windows=args.history_windows, bucket_error=not args.no_bucket_error,
                         input_history_windows=args.input_history_windows or None,
                         learn_until_sensitive=args.learn_until_sensitive,
-                        relearn_insensitive=args.relearn_insensitive)
+                        relearn_insensitive=args.relearn_insensitive,
+                        warmup_judges_others=args.warmup_judges_others)
     return phases, info, sets, cfg, expectation(args.sim_model)
 
 
@@ -552,6 +566,7 @@ def main() -> None:
           f"input scales learnt again from up to {cfg.input_history_windows or 0} windows; "
           f"learning goes on while the ITL mean's baseline is too noisy for the slowdown: {cfg.learn_until_sensitive}; "
           f"the latencies' baselines learnt again while too noisy: {cfg.relearn_insensitive}; "
+          f"the inputs and the GPU judged while the latencies warm up: {cfg.warmup_judges_others}; "
           f"a latency anomaly needs {cfg.corroborate} latency signals or one confirmed within "
           f"{cfg.confirm_windows} windows, except {', '.join(cfg.alone) or 'none'} (alone)\n")
     if expect is not None:
@@ -574,6 +589,17 @@ def main() -> None:
               f"{med('rate_per_s'):.2f} | {med('prompt_tokens_mean'):.0f} | {med('output_tokens_mean'):.1f} | "
               f"{med('cpu_wait_frac'):.2f} | {steal} | {med('itl_ms_mean'):.1f} | {own:.1f} | "
               f"{med('ttft_ms_p50'):.0f} |")
+    gpu_phases = {name: ws for name, ws in phases.items() if ws and recorded_gpu(ws[0][1])}
+    if gpu_phases:
+        keys = ("gpu_util_pct", "gpu_power_w", "gpu_sm_clock_mhz", "gpu_throttled", "gpu_dram_active_frac",
+                "gpu_fb_used_mb")
+        print("\nThe GPU's readings (NVML, one per window; medians):\n")
+        print("| phase | " + " | ".join(keys) + " |")
+        print("|---|" + "---:|" * len(keys))
+        for name, ws in gpu_phases.items():
+            cells = [statistics.median(vals) if (vals := [w[k] for _, w in ws if k in w]) else math.nan
+                     for k in keys]
+            print(f"| {name} | " + " | ".join(f"{v:.3g}" for v in cells) + " |")
 
     given: dict[str, int] = {}
     for item in args.cut:

@@ -119,6 +119,7 @@ class Monitor:
         self.missing = MissingSeries()
         self.windows = 0
         self._learned = 0  # windows into the current baseline's learning
+        self._others_judged = False  # the other signals judged while the latencies warm up (warmup_judges_others)
         self._spent = 0  # windows spent on it, with those of a warm-up (MonitorConfig.warmup_p)
         self._pending: dict[str, tuple[int, Literal["up", "down"]]] = {}  # output alarms awaiting inputs
         self._open: list[_Open] = []
@@ -281,20 +282,24 @@ class Monitor:
             self._learned += 1
             self._spent += 1
             if not self.learning:
+                c = self.config
                 if self._warming():
-                    self._learned -= max(1, self.config.learn_windows // 2)
+                    self._learned -= max(1, c.learn_windows // 2)
+                    if c.warmup_judges_others and not self._others_judged:
+                        self._learn(latencies=False)  # judged from the next window on
+                        self._others_judged = True
                 else:
-                    self._learn()
-                    c = self.config
+                    self._learn(others=not self._others_judged)
                     if (c.learn_until_sensitive and self._spent < c.warmup_max_factor * c.learn_windows
                             and (self.slowdown_windows() or 0.0) > MAX_SLOWDOWN_WINDOWS):
                         self._learned -= max(1, c.learn_windows // 2)  # learning goes on (learn_until_sensitive)
                     else:
                         self._learnt()
-            return events
+            if not self._others_judged:
+                return events
         alarms: dict[str, Literal["up", "down"]] = {}
         blind = self._blind
-        self.unjudged += blind and "itl_ms_mean" not in self._starved
+        self.unjudged += blind and "itl_ms_mean" not in self._starved and not self.learning
         for name in self.last_signals:
             tr = self.tracks[name]
             if tr.baseline is None or not RULES[name].tested or (blind and name in LATENCIES
@@ -328,8 +333,15 @@ class Monitor:
         return events
 
     # ---------------------------------------------------------------- baselines
-    def _learn(self) -> None:
+    def _learn(self, *, latencies: bool = True, others: bool = True) -> None:
+        """The baselines of the latest learn_windows windows: the latencies' (with what judges them: the
+        autocorrelation, the usual stretch, the starved windows' baselines) and the other signals'."""
         n = self.config.learn_windows
+        if not latencies:
+            for tr in self.tracks.values():
+                if tr.name not in LATENCIES:
+                    self._learn_track(tr, tr.residuals[-n:])
+            return
         self._rho = self._latency_rho() if self.config.autocorrelation else 0.0
         times = self.tracks["itl_ms_mean"].times[-n:]
         self._calm = [t for t in times if t not in self._blind_times]
@@ -343,20 +355,30 @@ class Monitor:
         self._judged, self._last_relearn = [], -math.inf
         for tr in self.tracks.values():
             vals = tr.residuals[-n:]
-            starved: list[float] = []  # a latency's windows beyond max_wait_judged (MonitorConfig.starved_baseline)
-            if tr.name in LATENCIES:  # learnt from the windows it would be judged in, where there are enough
-                calm, starved = _split(tr.times[-n:], vals, self._blind_times)
-                if len(calm) >= enough:
-                    vals = calm
-                else:  # too few calm windows: the one baseline of every window, which knew the starved ones
-                    starved = vals
-            if len(vals) < enough:
-                tr.baseline = None  # too few windows carried it (a signal that came and went)
+            if tr.name not in LATENCIES:
+                if others:
+                    self._learn_track(tr, vals)
                 continue
-            baseline = self._baseline(tr, vals)
-            tr.cusum.reset()
-            if self.config.starved_baseline and len(starved) >= enough:
+            # a latency is learnt from the windows it would be judged in, where there are enough; its windows
+            # beyond max_wait_judged make its starved baseline (MonitorConfig.starved_baseline)
+            calm, starved = _split(tr.times[-n:], vals, self._blind_times)
+            if len(calm) >= enough:
+                vals = calm
+            else:  # too few calm windows: the one baseline of every window, which knew the starved ones
+                starved = vals
+            baseline = self._learn_track(tr, vals)
+            if baseline is not None and self.config.starved_baseline and len(starved) >= enough:
                 self._starved[tr.name] = baseline if starved is vals else self._learnt_baseline(tr.name, starved)
+
+    def _learn_track(self, tr: SignalTrack, vals: list[float]) -> Baseline | None:
+        """A track's baseline from `vals` and its CUSUM restarted; none where too few windows carried the signal
+        (one that came and went)."""
+        if len(vals) < max(3, self.config.learn_windows // 2):
+            tr.baseline = None
+            return None
+        baseline = self._baseline(tr, vals)
+        tr.cusum.reset()
+        return baseline
 
     def _learnt(self) -> None:
         """The baselines _learn made are kept: the learning windows' marks dropped, and a warning where the ITL
@@ -508,6 +530,7 @@ class Monitor:
     def relearn(self) -> None:
         """Start a new baseline from the next window on (after a drift, or a new champion)."""
         self._learned = self._spent = 0
+        self._others_judged = False
         self._blind_times.clear()
         self._starved = {}
         self._calm, self._calm_new = [], 0

@@ -237,6 +237,48 @@ def test_the_baseline_waits_for_a_fresh_server_to_warm_up() -> None:
     assert not m.learning
 
 
+def _warm_then(at: int, change: Change) -> Change:
+    """A warm-up that lasts past learn_windows (latencies 40 % slower at the start, normal by window 30), and
+    `change` from window `at` on."""
+    def f(w: dict[str, float], i: int) -> None:
+        x = 1 + 0.4 * max(0.0, 1 - i / 30)
+        for k in ("itl_ms_mean", "itl_ms_p90", "ttft_ms_p50", "e2el_ms_p50"):
+            w[k] *= x
+        if i >= at:
+            change(w, i)
+    return f
+
+
+def _rate_x2(w: dict[str, float], i: int) -> None:
+    w["rate_per_s"] *= 2
+
+
+def _neighbour(w: dict[str, float], i: int) -> None:  # another process on the GPU: busy, at its power cap
+    w["gpu_util_pct"], w["gpu_power_w"], w["gpu_throttled"] = 100.0, 690.0, 1.0
+
+
+@pytest.mark.parametrize(("change", "kind", "cause"), [(_rate_x2, "drift", "inputs"),
+                                                        (_neighbour, "anomaly", "gpu_throttle")])
+def test_the_inputs_and_the_gpu_are_judged_while_the_latencies_warm_up(change: Change, kind: str,
+                                                                        cause: str) -> None:
+    """A drift or a GPU fault that comes while learning goes on for a warm-up is found in a window or two, the
+    latencies still learning; with warmup_judges_others off it joins the baselines and is never found."""
+    for seed in range(3):
+        m, ev = stream(_warm_then(24, change), at=0, n=60, seed=seed)
+        assert ev, seed
+        i, e = ev[0]
+        assert (e.kind, e.cause) == (kind, cause) and 24 <= i <= 26, (seed, i, e.kind, e.cause)
+        if kind == "anomaly":  # the latencies learnt meanwhile, after the warm-up
+            assert not m.learning and m.tracks["itl_ms_mean"].baseline is not None
+        m, ev = stream(_warm_then(24, change), at=0, n=60, seed=seed,
+                       config=MonitorConfig(interval_s=15.0, warmup_judges_others=False))
+        assert not [e for i, e in ev if e.kind != "recovery"], (seed, kinds(ev))
+    # warm from the start: the same baselines either way, learning ends at learn_windows
+    for judges in (True, False):
+        m, ev = stream(n=30, seed=0, config=MonitorConfig(interval_s=15.0, warmup_judges_others=judges))
+        assert not m.learning and not ev
+
+
 def _slower(frac: float) -> Change:
     def change(w: dict[str, float], i: int) -> None:
         for k in ("itl_ms_mean", "itl_ms_p90", "ttft_ms_p50", "e2el_ms_p50"):

@@ -1,0 +1,192 @@
+"""Record a real /metrics and NVML stream of the reference engine on a GPU, with a real GPU fault injected.
+
+The engine (`tuner serve-engine`, the `1b` preset in bfloat16 on the GPU, continuous batching) serves `tuner bench`
+load while one thread scrapes its /metrics every `--interval-s` seconds and reads the GPU through the monitor's own
+NVML path (tuner.monitor.telemetry.NvmlTelemetry: one read per scrape, as the daemon's watch does), and appends
+{"t", "phase", "text", "cpu", "gpu", ...} to a gzipped JSONL file that run.py replays (a row's "gpu" readings are
+the window's GPU signals: no NVML double for this stream). Phases, one engine throughout:
+
+- stationary_b: the base load (the held-out stationary stream: the detector was never tuned on a GPU);
+- gpu_neighbour: the same load while a second process on the same GPU runs bf16 8192^3 matmuls back to back (a
+  real noisy neighbour: the server's kernels share the GPU by time-slicing, and the matmuls drive it to its
+  power cap, so NVML's clocks-event reasons and SM clock move as a real power throttle's would);
+- gpu_neighbour_light: the same load while the neighbour runs 4096^3 matmuls about a quarter of the time;
+- rate_x2: twice the base rate, no neighbour (a workload drift on the GPU).
+
+    python experiments/detection/record_gpu.py --out "$OUT/recorded-h200.jsonl.gz"      # on the GPU host
+    python experiments/detection/record_gpu.py --smoke --out /tmp/s.jsonl.gz            # anywhere, ~1 min
+
+`run_gpu.sh` is the one device call (the wheels the GPU host lacks, then this script).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import record  # noqa: E402
+
+from tuner.monitor.telemetry import NvmlTelemetry  # noqa: E402
+
+BASE_RATE = 24.0  # requests/s: ~100 requests in a 4-s window
+NEIGHBOURS = {"heavy": (8192, 1.0), "light": (4096, 0.25)}  # matmul size, share of the time it runs
+
+
+def plan(rate: float) -> list[tuple[str, float, str, str]]:
+    """(phase, seconds, workload YAML, neighbour or '')."""
+    base = record.workload(rate, output_mean=32, output_max=120)
+    return [
+        ("stationary_b", 200, base, ""),
+        ("gpu_neighbour", 40, base, "heavy"),
+        ("gpu_neighbour_light", 40, base, "light"),
+        ("rate_x2", 36, record.workload(2 * rate, output_mean=32, output_max=120), ""),
+    ]
+
+
+def neighbour(kind: str, device: str, gpu: int) -> None:
+    """A process that shares the GPU (or, in a smoke run, the CPU) until it is terminated."""
+    import torch
+
+    size, duty = NEIGHBOURS[kind]
+    if device == "cpu":
+        size = 256
+        torch.set_num_threads(1)
+    else:
+        device = f"cuda:{gpu}"
+    dtype = torch.bfloat16 if device != "cpu" else torch.float32
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    while not stop.is_set():
+        t0 = time.monotonic()
+        for _ in range(8):
+            a @ b
+        if device != "cpu":
+            torch.cuda.synchronize()
+        busy = time.monotonic() - t0
+        if duty < 1.0:
+            time.sleep(busy * (1 - duty) / duty)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=None, help="the gzipped JSONL stream to write (appended to)")
+    ap.add_argument("--interval-s", type=float, default=4.0, help="scrape interval: one window")
+    ap.add_argument("--rate", type=float, default=BASE_RATE, help="the base arrival rate, requests/s")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--preset", default="1b")
+    ap.add_argument("--gpu", type=int, default=0, help="the GPU the engine, the neighbour and NVML use")
+    ap.add_argument("--scale", type=float, default=1.0, help="multiply every phase's duration")
+    ap.add_argument("--seed", type=int, default=500, help="phase i runs `tuner bench --seed SEED + i`")
+    ap.add_argument("--smoke", action="store_true", help="tiny preset on the CPU, phases x0.1, rate 2/s")
+    ap.add_argument("--neighbour", choices=tuple(NEIGHBOURS), help=argparse.SUPPRESS)  # the neighbour process
+    args = ap.parse_args()
+    if args.neighbour:
+        neighbour(args.neighbour, args.device, args.gpu)
+        return
+    if args.out is None:
+        ap.error("--out is required")
+    if args.smoke:
+        args.device, args.preset, args.scale, args.rate = "cpu", "tiny", 0.1, 2.0
+    py = sys.executable
+    port = record.free_port()
+    url = f"http://127.0.0.1:{port}"
+    engine_flags = ["--preset", args.preset, "--device", args.device, "--batching", "continuous",
+                    "--max-batch-size", "64"]
+    if args.device == "cuda":
+        engine_flags += ["--dtype", "bfloat16", "--kv-pool-mb", "8192", "--pre-allocate"]
+    else:
+        engine_flags += ["--cpu-threads", "1"]
+    log_dir = args.out.parent
+    eng_log = open(log_dir / "engine.log", "w")  # noqa: SIM115 (open for the engine's life)
+    eng = subprocess.Popen([py, "-m", "tuner.cli", "serve-engine", "--port", str(port), *engine_flags],
+                           stdout=eng_log, stderr=subprocess.STDOUT)
+    tel = NvmlTelemetry([args.gpu] if args.device == "cuda" else [])
+    phase = {"name": "", "neighbour": "", "seed": ""}
+    out = gzip.open(args.out, "at", encoding="utf-8")
+    stop = threading.Event()
+    t_start = time.monotonic()
+    try:
+        record.wait_ready(url, timeout_s=240)
+        print(f"{time.strftime('%H:%M:%S')} engine ready in {time.monotonic() - t_start:.0f} s "
+              f"({' '.join(engine_flags)})", flush=True)
+
+        def scrape_loop() -> None:
+            nxt = time.monotonic()
+            while not stop.is_set():
+                nxt += args.interval_s
+                try:
+                    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+                        text = r.read().decode()
+                except OSError:
+                    text = ""
+                row = {"t": time.time(), "phase": phase["name"], "neighbour": phase["neighbour"],
+                       "step_delay_ms": 0.0, "step_slowdown_frac": 0.0, "base_rate": args.rate,
+                       "load_seed": phase["seed"], "device": args.device, "preset": args.preset, "text": text,
+                       "cpu": record.cpu_readings(eng.pid), "gpu": tel.read()}
+                out.write(json.dumps(row) + "\n")
+                out.flush()
+                stop.wait(max(0.0, nxt - time.monotonic()))
+
+        th = threading.Thread(target=scrape_loop, daemon=True)
+        th.start()
+        for i, (name, seconds, wl, kind) in enumerate(plan(args.rate)):
+            nb = None
+            if kind:
+                nb = subprocess.Popen([py, __file__, "--neighbour", kind, "--device", args.device,
+                                       "--gpu", str(args.gpu)])
+            with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+                f.write(wl)
+            phase.update(name=name, neighbour=kind, seed=str(args.seed + i))
+            print(f"{time.strftime('%H:%M:%S')} phase {name} ({seconds * args.scale:.0f} s"
+                  f"{', neighbour ' + kind if kind else ''})", flush=True)
+            with open(log_dir / f"bench-{name}.log", "w") as blog:
+                subprocess.run([py, "-m", "tuner.cli", "bench", "--url", url, "--workload", f.name,
+                                "--duration-s", str(seconds * args.scale), "--tokenizer", "byte",
+                                "--seed", str(args.seed + i)], stdout=blog, stderr=subprocess.STDOUT, check=False)
+            Path(f.name).unlink()
+            if nb is not None:
+                nb.terminate()
+                nb.wait(30)
+        phase["name"] = ""
+    finally:
+        stop.set()
+        eng.terminate()
+        eng.wait(30)
+        out.close()
+        eng_log.close()
+    summary(args.out)
+
+
+def summary(path: Path) -> None:
+    """Per phase: windows, and the medians of the GPU readings (a check on the host before any replay)."""
+    import statistics
+
+    rows = [json.loads(line) for line in gzip.open(path, "rt", encoding="utf-8") if line.strip()]
+    keys = ("gpu_util_pct", "gpu_power_w", "gpu_sm_clock_mhz", "gpu_throttled", "gpu_dram_active_frac",
+            "gpu_fb_used_mb")
+    print("| phase | rows | " + " | ".join(keys) + " |")
+    for name in dict.fromkeys(r["phase"] for r in rows if r["phase"]):
+        rs = [r for r in rows if r["phase"] == name]
+        cells = []
+        for k in keys:
+            v = [r["gpu"][k] for r in rs if k in r.get("gpu", {})]
+            cells.append(f"{statistics.median(v):.3g}" if v else "-")
+        print(f"| {name} | {len(rs)} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

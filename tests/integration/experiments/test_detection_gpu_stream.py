@@ -1,0 +1,45 @@
+"""The detection experiment's GPU stream: record_gpu.py's smoke run on the CPU (its one device call must not fail on a
+script error), and run.py replaying the stream recorded on the H200 with the GPU's own readings."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+DETECTION = ROOT / "experiments" / "detection"
+
+
+@pytest.mark.slow
+def test_record_gpu_smoke_writes_every_phase_with_the_engine_and_gpu_readings(tmp_path: Path) -> None:
+    out = tmp_path / "s.jsonl.gz"
+    proc = subprocess.run([sys.executable, str(DETECTION / "record_gpu.py"), "--smoke", "--out", str(out)],
+                          capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in gzip.open(out, "rt", encoding="utf-8")]
+    phases = [r["phase"] for r in rows if r["phase"]]
+    assert list(dict.fromkeys(phases)) == ["stationary_b", "gpu_neighbour", "gpu_neighbour_light", "rate_x2"]
+    assert all("vllm:" in r["text"] or "tuner" in r["text"] for r in rows if r["phase"] and r["text"])
+    assert {r["neighbour"] for r in rows if r["phase"] == "gpu_neighbour"} == {"heavy"}
+    assert all(r["gpu"] == {} for r in rows)  # no NVML on this host: read, and left out
+    assert "| stationary_b |" in proc.stdout
+
+
+def test_run_replays_the_h200_stream_with_its_own_gpu_readings() -> None:
+    proc = subprocess.run([sys.executable, str(DETECTION / "run.py"),
+                           "--streams", f"h200r10={DETECTION / 'recorded-h200-rate10.jsonl.gz'}",
+                           "--tuned", "none", "--held-out", "h200r10/stationary_b", "--only-injected",
+                           "--cut", "h200r10/stationary_b=5", "--pre", "5", "--post", "8", "--trials", "10",
+                           "--changes", "gpu_neighbour", "gpu_throttle", "rate_x2"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r.split("|")[2].strip(): r for r in proc.stdout.splitlines() if r.startswith("| held out")}
+    # the real neighbour found from the GPU's readings; the double's throttle not injected into a real GPU's
+    assert set(rows) == {"gpu_neighbour", "rate_x2"}
+    assert "anomaly/gpu_throttle 10" in rows["gpu_neighbour"] and "drift/inputs 10" in rows["rate_x2"]
+    assert "| h200r10/gpu_neighbour | 100 | 689 |" in proc.stdout  # the readings' medians: busy, at 690 W
