@@ -441,9 +441,9 @@ def parser() -> argparse.ArgumentParser:
                     help="input scales learnt again from up to this many windows since their baseline (0: never)")
     ap.add_argument("--learn-until-sensitive", action="store_true",
                     help="learning goes on while the ITL mean's baseline would find the slowdown to find late")
-    ap.add_argument("--warmup-judges-others", action=argparse.BooleanOptionalAction,
-                    default=MonitorConfig.warmup_judges_others,
-                    help="the inputs and the GPU judged while the latencies' learning goes on for a warm-up")
+    ap.add_argument("--warmup-judged", action=argparse.BooleanOptionalAction, default=MonitorConfig.warmup_judged,
+                    help="every signal judged during a warm-up, the latencies learnt again as it goes on "
+                         "(MonitorConfig.warmup_judged); off: learning goes on through it")
     ap.add_argument("--relearn-insensitive", action="store_true",
                     help="the latencies' baselines learnt again while the ITL mean's finds the slowdown late")
     ap.add_argument("--corroborate", type=int, default=MonitorConfig.corroborate)
@@ -519,7 +519,7 @@ def setup(args: argparse.Namespace) -> tuple[dict[str, list[tuple[float, Window]
                         input_history_windows=args.input_history_windows or None,
                         learn_until_sensitive=args.learn_until_sensitive,
                         relearn_insensitive=args.relearn_insensitive,
-                        warmup_judges_others=args.warmup_judges_others)
+                        warmup_judged=args.warmup_judged)
     return phases, info, sets, cfg, expectation(args.sim_model)
 
 
@@ -566,7 +566,7 @@ def main() -> None:
           f"input scales learnt again from up to {cfg.input_history_windows or 0} windows; "
           f"learning goes on while the ITL mean's baseline is too noisy for the slowdown: {cfg.learn_until_sensitive}; "
           f"the latencies' baselines learnt again while too noisy: {cfg.relearn_insensitive}; "
-          f"the inputs and the GPU judged while the latencies warm up: {cfg.warmup_judges_others}; "
+          f"a warm-up judged, the latencies learnt again as it goes on: {cfg.warmup_judged}; "
           f"a latency anomaly needs {cfg.corroborate} latency signals or one confirmed within "
           f"{cfg.confirm_windows} windows, except {', '.join(cfg.alone) or 'none'} (alone)\n")
     if expect is not None:

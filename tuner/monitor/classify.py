@@ -119,7 +119,8 @@ class Monitor:
         self.missing = MissingSeries()
         self.windows = 0
         self._learned = 0  # windows into the current baseline's learning
-        self._others_judged = False  # the other signals judged while the latencies warm up (warmup_judges_others)
+        self._warm_calm: list[float] | None = None  # a judged warm-up's calm windows (MonitorConfig.warmup_judged)
+        self._warm_new = 0
         self._spent = 0  # windows spent on it, with those of a warm-up (MonitorConfig.warmup_p)
         self._pending: dict[str, tuple[int, Literal["up", "down"]]] = {}  # output alarms awaiting inputs
         self._open: list[_Open] = []
@@ -283,23 +284,23 @@ class Monitor:
             self._spent += 1
             if not self.learning:
                 c = self.config
-                if self._warming():
+                warming = self._warming()
+                if warming and not c.warmup_judged:
                     self._learned -= max(1, c.learn_windows // 2)
-                    if c.warmup_judges_others and not self._others_judged:
-                        self._learn(latencies=False)  # judged from the next window on
-                        self._others_judged = True
                 else:
-                    self._learn(others=not self._others_judged)
-                    if (c.learn_until_sensitive and self._spent < c.warmup_max_factor * c.learn_windows
+                    self._learn()
+                    if warming:  # judged from now on, the latencies learnt again as the warm-up goes on
+                        self._warm_calm, self._warm_new = list(self._calm), 0
+                        self._learnt(warn=False)  # warned once the warm-up's baseline is learnt
+                    elif (c.learn_until_sensitive and self._spent < c.warmup_max_factor * c.learn_windows
                             and (self.slowdown_windows() or 0.0) > MAX_SLOWDOWN_WINDOWS):
                         self._learned -= max(1, c.learn_windows // 2)  # learning goes on (learn_until_sensitive)
                     else:
                         self._learnt()
-            if not self._others_judged:
-                return events
+            return events
         alarms: dict[str, Literal["up", "down"]] = {}
         blind = self._blind
-        self.unjudged += blind and "itl_ms_mean" not in self._starved and not self.learning
+        self.unjudged += blind and "itl_ms_mean" not in self._starved
         for name in self.last_signals:
             tr = self.tracks[name]
             if tr.baseline is None or not RULES[name].tested or (blind and name in LATENCIES
@@ -328,20 +329,16 @@ class Monitor:
             events.append(self._anomaly(t, due))
         events.extend(self._recoveries(t))
         self._learn_history(t, blind)
+        self._relearn_warm(t, blind)
         self._relearn_insensitive(t, blind)
         self._learn_inputs()
         return events
 
     # ---------------------------------------------------------------- baselines
-    def _learn(self, *, latencies: bool = True, others: bool = True) -> None:
-        """The baselines of the latest learn_windows windows: the latencies' (with what judges them: the
-        autocorrelation, the usual stretch, the starved windows' baselines) and the other signals'."""
+    def _learn(self) -> None:
+        """Every signal's baseline from the latest learn_windows windows (a latency's with what judges it: the
+        autocorrelation, the usual stretch, the starved windows' baseline)."""
         n = self.config.learn_windows
-        if not latencies:
-            for tr in self.tracks.values():
-                if tr.name not in LATENCIES:
-                    self._learn_track(tr, tr.residuals[-n:])
-            return
         self._rho = self._latency_rho() if self.config.autocorrelation else 0.0
         times = self.tracks["itl_ms_mean"].times[-n:]
         self._calm = [t for t in times if t not in self._blind_times]
@@ -356,8 +353,7 @@ class Monitor:
         for tr in self.tracks.values():
             vals = tr.residuals[-n:]
             if tr.name not in LATENCIES:
-                if others:
-                    self._learn_track(tr, vals)
+                self._learn_track(tr, vals)
                 continue
             # a latency is learnt from the windows it would be judged in, where there are enough; its windows
             # beyond max_wait_judged make its starved baseline (MonitorConfig.starved_baseline)
@@ -380,10 +376,15 @@ class Monitor:
         tr.cusum.reset()
         return baseline
 
-    def _learnt(self) -> None:
-        """The baselines _learn made are kept: the learning windows' marks dropped, and a warning where the ITL
-        mean's would find the slowdown to find late or never."""
+    def _learnt(self, *, warn: bool = True) -> None:
+        """The baselines _learn made are kept: the learning windows' marks dropped, and (`warn`) a warning where
+        the ITL mean's would find the slowdown to find late or never."""
         self._blind_times.clear()
+        if warn:
+            self._warn_insensitive()
+
+    def _warn_insensitive(self) -> None:
+        """A warning where the ITL mean's baseline would find the slowdown to find late or never."""
         found_in = self.slowdown_windows()
         if found_in is not None and found_in > MAX_SLOWDOWN_WINDOWS:
             tr = self.tracks["itl_ms_mean"]
@@ -434,6 +435,29 @@ class Monitor:
                 self._baseline(tr, vals)
                 if reset:
                     tr.cusum.reset()
+
+    def _relearn_warm(self, t: float, blind: bool) -> None:
+        """While a judged warm-up goes on (MonitorConfig.warmup_judged): every half of learn_windows calm judged
+        windows, the latencies' baselines learnt again from the latest learn_windows of them; it ends once their
+        latency no longer falls, or warmup_max_factor x learn_windows windows after learning began."""
+        if self._warm_calm is None or not self._calm_window(blind):
+            return
+        c = self.config
+        n = c.learn_windows
+        self._warm_calm = [*self._warm_calm[-(n - 1):], t]
+        self._warm_new += 1
+        if self._warm_new < max(1, n // 2) or len(self._warm_calm) < max(1, n // 2):
+            return
+        self._warm_new = 0
+        self._spent += max(1, n // 2)
+        calm = set(self._warm_calm)
+        still = self._warming(calm)
+        if c.autocorrelation:  # the warm-up's trend made the first baseline's
+            self._rho = self._latency_rho(calm)
+        self._relearn_latencies(calm, max(1, n // 2), reset=True)
+        if not still or self._spent >= c.warmup_max_factor * n:
+            self._warm_calm = None
+            self._warn_insensitive()
 
     def _relearn_insensitive(self, t: float, blind: bool) -> None:
         """While the ITL mean's baseline would find the slowdown to find late (more than MAX_SLOWDOWN_WINDOWS),
@@ -506,31 +530,42 @@ class Monitor:
             k = max(k, baseline.shift_of(frac, RULES[name].direction) / 2 / baseline.scale)
         return k, (self.h if k == c.k else threshold(c.false_alarms_per_day, c.interval_s, TESTS, k))
 
-    def _warming(self) -> bool:
+    def _warming(self, times: set[float] | None = None) -> bool:
         """Whether the learning windows' latency still falls (MonitorConfig.warmup_p): the judged residuals of
-        the ITL mean (else the end-to-end or TTFT median), Mann-Kendall's one-sided test of a downward trend."""
+        the ITL mean (else the end-to-end or TTFT median), Mann-Kendall's one-sided test of a downward trend;
+        `times`: the ends of the windows to test instead of the latest learn_windows."""
         c = self.config
         if c.warmup_p is None or self._spent >= c.warmup_max_factor * c.learn_windows:
             return False
         n = c.learn_windows
         for name in ("itl_ms_mean", "e2el_ms_p50", "ttft_ms_p50"):
             tr = self.tracks[name]
-            vals = [r for t, r in zip(tr.times[-n:], tr.residuals[-n:], strict=True) if t not in self._blind_times]
+            if times is not None:
+                vals = [r for t, r in zip(tr.times, tr.residuals, strict=True) if t in times]
+            else:
+                vals = [r for t, r in zip(tr.times[-n:], tr.residuals[-n:], strict=True)
+                        if t not in self._blind_times]
             if len(vals) >= max(8, n // 2) and len(set(vals)) > 1:
                 return bool(kendalltau(range(len(vals)), vals, alternative="less").pvalue < c.warmup_p)
         return False
 
-    def _latency_rho(self) -> float:  # over all the learning windows: a gap would hide the dependence
-        """The latencies' residual lag-1 autocorrelation over the learning windows, pooled (their mean): one
-        signal's 20 windows say little, the latencies share their neighbours."""
+    def _latency_rho(self, times: set[float] | None = None) -> float:
+        """The latencies' residual lag-1 autocorrelation over the learning windows (all of them: a gap would hide
+        the dependence; `times`: the ends of the windows to use instead), pooled (their mean): one signal's 20
+        windows say little, the latencies share their neighbours."""
         n = self.config.learn_windows
-        got = [r for name in LATENCIES if (r := lag1(self.tracks[name].residuals[-n:], transform="log")) is not None]
+
+        def vals(tr: SignalTrack) -> list[float]:
+            if times is None:
+                return tr.residuals[-n:]
+            return [r for t, r in zip(tr.times, tr.residuals, strict=True) if t in times]
+        got = [r for name in LATENCIES if (r := lag1(vals(self.tracks[name]), transform="log")) is not None]
         return statistics.fmean(got) if got else 0.0
 
     def relearn(self) -> None:
         """Start a new baseline from the next window on (after a drift, or a new champion)."""
         self._learned = self._spent = 0
-        self._others_judged = False
+        self._warm_calm = None
         self._blind_times.clear()
         self._starved = {}
         self._calm, self._calm_new = [], 0

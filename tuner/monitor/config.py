@@ -105,12 +105,15 @@ class MonitorConfig:
     # warm-up sits high and hides a slowdown of its size
     warmup_p: float | None = 0.01
     warmup_max_factor: int = 4
-    # while learning goes on for a warm-up (warmup_p), only the latencies wait for it: the other signals (the
-    # inputs, the GPU, errors) get their baselines from the first learn_windows and are judged from then on (a
-    # warm-up is the server's latency settling, not its load or its GPU). Off: a drift or a GPU fault that came
-    # during the warm-up's extra windows was learnt as normal and never found (experiments/detection's H200
-    # streams: 2 of 13 starts missed a 2x rate and a GPU neighbour at 690 W against 145 W)
-    warmup_judges_others: bool = True
+    # a warm-up judged (on by default): learning ends at learn_windows whatever the trend, every signal then
+    # judged, the latencies against that first baseline (it sits high: only a change beyond the warm-up's excess
+    # is found meanwhile); while their calm windows' latency still falls (warmup_p) the latencies' baselines are
+    # learnt again from the latest learn_windows calm judged windows (no latency alarm pending, no anomaly open),
+    # every half of learn_windows of them, until it no longer falls or warmup_max_factor x learn_windows windows
+    # have gone. Off: learning goes on through the warm-up, nothing judged, and a drift, a GPU fault or a
+    # slowdown that came meanwhile was learnt as normal and never found (experiments/detection's H200 streams: 2
+    # of 13 starts missed a 2x rate, a GPU neighbour at 690 W against 145 W and a server twice as slow)
+    warmup_judged: bool = True
     settle_windows: int = 1  # an output alarm waits this long for an input alarm before it is an anomaly ...
     settle_evidence: float = 0.25  # ... while an input's CUSUM holds at least this share of h (else none)
     # latencies divided by 1 / (1 - w) where the wait is read: a server that waited a share w of the window for
