@@ -26,7 +26,9 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 BASE_RATE = 2.0
 BASE_STEP_DELAY_MS = 5.0
@@ -81,6 +83,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def scrape_loop(url: str, interval_s: float, stop: threading.Event, row: Callable[[str], dict[str, Any]],
+                write: Callable[[str], None]) -> None:
+    """Every `interval_s` until `stop`: the server's /metrics text ('' where it did not answer) made into a row by
+    `row` and written as a JSON line by `write`."""
+    nxt = time.monotonic()
+    while not stop.is_set():
+        nxt += interval_s
+        try:
+            with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+                text = r.read().decode()
+        except OSError:
+            text = ""
+        write(json.dumps(row(text)) + "\n")
+        stop.wait(max(0.0, nxt - time.monotonic()))
+
+
 def wait_ready(url: str, timeout_s: float = 300) -> None:
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
@@ -127,26 +145,17 @@ def main() -> None:
         try:
             wait_ready(url)
 
-            def scrape_loop(url: str = url, stop: threading.Event = stop, slowdown: float = slowdown,
-                            pid: int = eng.pid) -> None:
-                nxt = time.monotonic()
-                while not stop.is_set():
-                    nxt += args.interval_s
-                    try:
-                        with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
-                            text = r.read().decode()
-                    except OSError:
-                        text = ""
-                    row = {"t": time.time(), "phase": phase["name"], "step_delay_ms": BASE_STEP_DELAY_MS,
-                           "step_slowdown_frac": slowdown, "base_rate": args.base_rate,
-                           "load_seed": phase.get("seed", ""), "text": text,
-                           "cpu": cpu_readings(pid)}
-                    with lock:
-                        out.write(json.dumps(row) + "\n")
-                        out.flush()
-                    stop.wait(max(0.0, nxt - time.monotonic()))
+            def row(text: str, slowdown: float = slowdown, pid: int = eng.pid) -> dict[str, Any]:
+                return {"t": time.time(), "phase": phase["name"], "step_delay_ms": BASE_STEP_DELAY_MS,
+                        "step_slowdown_frac": slowdown, "base_rate": args.base_rate,
+                        "load_seed": phase.get("seed", ""), "text": text, "cpu": cpu_readings(pid)}
 
-            th = threading.Thread(target=scrape_loop, daemon=True)
+            def write(line: str) -> None:
+                with lock:
+                    out.write(line)
+                    out.flush()
+
+            th = threading.Thread(target=scrape_loop, args=(url, args.interval_s, stop, row, write), daemon=True)
             th.start()
             for name, seconds, wl in phases:
                 seed = [] if args.seed is None else ["--seed", str(args.seed + order.index(name))]

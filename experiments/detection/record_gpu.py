@@ -30,8 +30,8 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -124,24 +124,17 @@ def main() -> None:
         print(f"{time.strftime('%H:%M:%S')} engine ready in {time.monotonic() - t_start:.0f} s "
               f"({' '.join(engine_flags)})", flush=True)
 
-        def scrape_loop() -> None:
-            nxt = time.monotonic()
-            while not stop.is_set():
-                nxt += args.interval_s
-                try:
-                    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
-                        text = r.read().decode()
-                except OSError:
-                    text = ""
-                row = {"t": time.time(), "phase": phase["name"], "neighbour": phase["neighbour"],
-                       "step_delay_ms": 0.0, "step_slowdown_frac": 0.0, "base_rate": args.rate,
-                       "load_seed": phase["seed"], "device": args.device, "preset": args.preset, "text": text,
-                       "cpu": record.cpu_readings(eng.pid), "gpu": tel.read()}
-                out.write(json.dumps(row) + "\n")
-                out.flush()
-                stop.wait(max(0.0, nxt - time.monotonic()))
+        def row(text: str) -> dict[str, Any]:
+            return {"t": time.time(), "phase": phase["name"], "neighbour": phase["neighbour"],
+                    "step_delay_ms": 0.0, "step_slowdown_frac": 0.0, "base_rate": args.rate,
+                    "load_seed": phase["seed"], "device": args.device, "preset": args.preset, "text": text,
+                    "cpu": record.cpu_readings(eng.pid), "gpu": tel.read()}
 
-        th = threading.Thread(target=scrape_loop, daemon=True)
+        def write(line: str) -> None:
+            out.write(line)
+            out.flush()
+
+        th = threading.Thread(target=record.scrape_loop, args=(url, args.interval_s, stop, row, write), daemon=True)
         th.start()
         for i, (name, seconds, wl, kind) in enumerate(plan(args.rate)):
             nb = None
