@@ -25,11 +25,13 @@ import argparse
 import gzip
 import json
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import record  # noqa: E402
 
+from tuner.monitor.signals import GPU  # noqa: E402
 from tuner.monitor.telemetry import NvmlTelemetry  # noqa: E402
 
 BASE_RATE = 24.0  # requests/s: ~100 requests in a 4-s window
@@ -164,21 +167,23 @@ def main() -> None:
     summary(args.out)
 
 
-def summary(path: Path) -> None:
-    """Per phase: windows, and the medians of the GPU readings (a check on the host before any replay)."""
-    import statistics
+def gpu_table(phases: Mapping[str, Sequence[Mapping[str, float]]]) -> str:
+    """A markdown table of each phase's median GPU readings (tuner.monitor.signals.GPU; '-' where none was read)."""
+    lines = ["| phase | " + " | ".join(GPU) + " |", "|---|" + "---:|" * len(GPU)]
+    for name, readings in phases.items():
+        cells = [f"{statistics.median(v):.3g}" if (v := [r[k] for r in readings if k in r]) else "-" for k in GPU]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
+
+def summary(path: Path) -> None:
+    """Per phase, the medians of the GPU readings (a check on the host before any replay)."""
     rows = [json.loads(line) for line in gzip.open(path, "rt", encoding="utf-8") if line.strip()]
-    keys = ("gpu_util_pct", "gpu_power_w", "gpu_sm_clock_mhz", "gpu_throttled", "gpu_dram_active_frac",
-            "gpu_fb_used_mb")
-    print("| phase | rows | " + " | ".join(keys) + " |")
-    for name in dict.fromkeys(r["phase"] for r in rows if r["phase"]):
-        rs = [r for r in rows if r["phase"] == name]
-        cells = []
-        for k in keys:
-            v = [r["gpu"][k] for r in rs if k in r.get("gpu", {})]
-            cells.append(f"{statistics.median(v):.3g}" if v else "-")
-        print(f"| {name} | {len(rs)} | " + " | ".join(cells) + " |")
+    phases: dict[str, list[dict[str, float]]] = {}
+    for r in rows:
+        if r["phase"]:
+            phases.setdefault(r["phase"], []).append(r.get("gpu", {}))
+    print(gpu_table(phases))
 
 
 if __name__ == "__main__":

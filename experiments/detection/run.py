@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import record  # noqa: E402
+import record_gpu  # noqa: E402
 
 from tests.support.nvml_double import ControlledNvml  # noqa: E402
 from tuner.measure.scrape import parse  # noqa: E402
@@ -55,7 +56,7 @@ from tuner.monitor.config import RULES, TESTS, MonitorConfig  # noqa: E402
 from tuner.monitor.contention import CpuSteal, CpuWait, proc_stat_steal, schedstat_ns  # noqa: E402
 from tuner.monitor.detect import windows_to_find  # noqa: E402
 from tuner.monitor.expect import ChampionExpectation, from_simulator  # noqa: E402
-from tuner.monitor.signals import INPUTS, LATENCIES, window_signals  # noqa: E402
+from tuner.monitor.signals import GPU, INPUTS, LATENCIES, window_signals  # noqa: E402
 from tuner.monitor.telemetry import NvmlTelemetry  # noqa: E402
 from tuner.sim.refcost import StepModel  # noqa: E402
 from tuner.spec import WorkloadSpec  # noqa: E402
@@ -134,7 +135,7 @@ def expectation(model_path: Path | None) -> ChampionExpectation | None:
 
 def recorded_gpu(w: Window) -> bool:
     """Whether a window carries a real GPU's readings (record_gpu.py): the double is then not read."""
-    return any(k.startswith("gpu_") for k in w)
+    return any(k in w for k in GPU)
 
 
 class Gpu:
@@ -589,17 +590,10 @@ def main() -> None:
               f"{med('rate_per_s'):.2f} | {med('prompt_tokens_mean'):.0f} | {med('output_tokens_mean'):.1f} | "
               f"{med('cpu_wait_frac'):.2f} | {steal} | {med('itl_ms_mean'):.1f} | {own:.1f} | "
               f"{med('ttft_ms_p50'):.0f} |")
-    gpu_phases = {name: ws for name, ws in phases.items() if ws and recorded_gpu(ws[0][1])}
+    gpu_phases = {name: [w for _, w in ws] for name, ws in phases.items() if ws and recorded_gpu(ws[0][1])}
     if gpu_phases:
-        keys = ("gpu_util_pct", "gpu_power_w", "gpu_sm_clock_mhz", "gpu_throttled", "gpu_dram_active_frac",
-                "gpu_fb_used_mb")
         print("\nThe GPU's readings (NVML, one per window; medians):\n")
-        print("| phase | " + " | ".join(keys) + " |")
-        print("|---|" + "---:|" * len(keys))
-        for name, ws in gpu_phases.items():
-            cells = [statistics.median(vals) if (vals := [w[k] for _, w in ws if k in w]) else math.nan
-                     for k in keys]
-            print(f"| {name} | " + " | ".join(f"{v:.3g}" for v in cells) + " |")
+        print(record_gpu.gpu_table(gpu_phases))
 
     given: dict[str, int] = {}
     for item in args.cut:

@@ -166,6 +166,11 @@ class Monitor:
         return [(o.kind, o.cause) for o in self._open]
 
     @property
+    def _enough(self) -> int:
+        """The fewest windows a baseline is learnt from (fewer: a signal that came and went)."""
+        return max(3, self.config.learn_windows // 2)
+
+    @property
     def learning(self) -> bool:
         return self._learned < self.config.learn_windows
 
@@ -342,7 +347,7 @@ class Monitor:
         self._rho = self._latency_rho() if self.config.autocorrelation else 0.0
         times = self.tracks["itl_ms_mean"].times[-n:]
         self._calm = [t for t in times if t not in self._blind_times]
-        enough = max(3, n // 2)
+        enough = self._enough
         # the starved windows' usual stretch: theirs where the calm windows make a baseline alone, else all of them
         self._starved = {}
         self._starved_ref = self._median_stretch(set(times) - set(self._calm) if len(self._calm) >= enough
@@ -369,7 +374,7 @@ class Monitor:
     def _learn_track(self, tr: SignalTrack, vals: list[float]) -> Baseline | None:
         """A track's baseline from `vals` and its CUSUM restarted; none where too few windows carried the signal
         (one that came and went)."""
-        if len(vals) < max(3, self.config.learn_windows // 2):
+        if len(vals) < self._enough:
             tr.baseline = None
             return None
         baseline = self._baseline(tr, vals)
@@ -430,7 +435,7 @@ class Monitor:
             self._set_stretch_ref(calm)
         for name in LATENCIES:
             tr = self.tracks[name]
-            vals = [r for u, r in zip(tr.times, tr.residuals, strict=True) if u in calm]
+            vals = tr.residuals_at(calm)
             if tr.baseline is not None and len(vals) >= at_least:
                 self._baseline(tr, vals)
                 if reset:
@@ -541,7 +546,7 @@ class Monitor:
         for name in ("itl_ms_mean", "e2el_ms_p50", "ttft_ms_p50"):
             tr = self.tracks[name]
             if times is not None:
-                vals = [r for t, r in zip(tr.times, tr.residuals, strict=True) if t in times]
+                vals = tr.residuals_at(times)
             else:
                 vals = [r for t, r in zip(tr.times[-n:], tr.residuals[-n:], strict=True)
                         if t not in self._blind_times]
@@ -554,12 +559,9 @@ class Monitor:
         the dependence; `times`: the ends of the windows to use instead), pooled (their mean): one signal's 20
         windows say little, the latencies share their neighbours."""
         n = self.config.learn_windows
-
-        def vals(tr: SignalTrack) -> list[float]:
-            if times is None:
-                return tr.residuals[-n:]
-            return [r for t, r in zip(tr.times, tr.residuals, strict=True) if t in times]
-        got = [r for name in LATENCIES if (r := lag1(vals(self.tracks[name]), transform="log")) is not None]
+        series = [tr.residuals[-n:] if times is None else tr.residuals_at(times)
+                  for tr in (self.tracks[name] for name in LATENCIES)]
+        got = [r for vals in series if (r := lag1(vals, transform="log")) is not None]
         return statistics.fmean(got) if got else 0.0
 
     def relearn(self) -> None:

@@ -233,6 +233,10 @@ class SignalTrack:
         if len(self.values) > self.keep:
             del self.times[0], self.values[0], self.residuals[0], self.buckets[0]
 
+    def residuals_at(self, times: set[float]) -> list[float]:
+        """The residuals of the windows ending at `times`, in order."""
+        return [r for t, r in zip(self.times, self.residuals, strict=True) if t in times]
+
     def learn_bucket(self, windows: int) -> None:
         """usual_bucket from the latest `windows` windows."""
         seen = Counter(b for b in self.buckets[-windows:] if b is not None)

@@ -24,6 +24,7 @@ NORMAL = {"rate_per_s": (4.0, 0.4), "prompt_tokens_mean": (100.0, 5.0), "output_
           "gpu_throttled": (0.0, 0.0), "gpu_dram_active_frac": (0.5, 0.02)}
 
 Change = Callable[[dict[str, float], int], None]
+SLOWED = ("itl_ms_mean", "itl_ms_p90", "ttft_ms_p50", "e2el_ms_p50")  # the latencies a slower server moves
 
 
 def stream(change: Change | None = None, *, at: int = 40, n: int = 80, seed: int = 0,
@@ -218,7 +219,7 @@ def _warm(w: dict[str, float], i: int) -> None:
     """A fresh server's first minutes: every latency 25 % slower at the start, back to normal by window 16;
     from window 60 on a 30 % slower server."""
     f = (1 + 0.25 * max(0.0, 1 - i / 16)) * (1.3 if i >= 60 else 1.0)
-    for k in ("itl_ms_mean", "itl_ms_p90", "ttft_ms_p50", "e2el_ms_p50"):
+    for k in SLOWED:
         w[k] *= f
 
 
@@ -242,7 +243,7 @@ def _warm_then(at: int, change: Change) -> Change:
     `change` from window `at` on."""
     def f(w: dict[str, float], i: int) -> None:
         x = 1 + 0.4 * max(0.0, 1 - i / 30)
-        for k in ("itl_ms_mean", "itl_ms_p90", "ttft_ms_p50", "e2el_ms_p50"):
+        for k in SLOWED:
             w[k] *= x
         if i >= at:
             change(w, i)
@@ -258,7 +259,7 @@ def _neighbour(w: dict[str, float], i: int) -> None:  # another process on the G
 
 
 def _slower_x2(w: dict[str, float], i: int) -> None:
-    for k in ("itl_ms_mean", "itl_ms_p90", "ttft_ms_p50", "e2el_ms_p50"):
+    for k in SLOWED:
         w[k] *= 2
 
 
@@ -293,7 +294,7 @@ def test_a_judged_warm_up_learns_the_latencies_again_until_they_stop_falling() -
 
 def _slower(frac: float) -> Change:
     def change(w: dict[str, float], i: int) -> None:
-        for k in ("itl_ms_mean", "itl_ms_p90", "ttft_ms_p50", "e2el_ms_p50"):
+        for k in SLOWED:
             w[k] *= 1 + frac
     return change
 
