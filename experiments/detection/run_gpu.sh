@@ -2,7 +2,7 @@
 # The one device call of the detection experiment's GPU stream (record_gpu.py, ~6 min on an H200):
 #   device run: carry [".whl"], command: bash experiments/detection/run_gpu.sh, timeout_s 480
 # The GPU host has torch, aiohttp, numpy, typer, rich, pyyaml, prometheus_client and nvidia-ml-py but not pydantic:
-# carry it as wheels in .whl/ (Python 3.12, x86-64; the commands are in experiments/detection/README.md).
+# carry it as wheels in .whl/ (Python 3.12, x86-64; made as experiments/h200-engine/README.md says).
 # SMOKE=1 runs record_gpu.py --smoke (tiny preset on the CPU) anywhere; RATE=10 SEED=600: another base rate and load.
 set -u
 export PYTHONUNBUFFERED=1
