@@ -93,11 +93,13 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return [r for r in rows if r["phase"] and r["text"]]
 
 
-def load(path: Path) -> tuple[dict[str, list[tuple[float, Window]]], dict[str, dict[str, float]]]:
+def load(path: Path, gpu_readings: str = "gpu") -> tuple[dict[str, list[tuple[float, Window]]],
+                                                         dict[str, dict[str, float]]]:
     """Phase -> its windows (end time, signals), from consecutive scrapes of one phase, with cpu_wait_frac
     from the engine's schedstat through the monitor's own CpuWait (streams recorded before it have none) and
-    cpu_steal_frac from the host's /proc/stat line through its CpuSteal (where recorded);
-    and each phase's settings and median load average."""
+    cpu_steal_frac from the host's /proc/stat line through its CpuSteal (where recorded), and a GPU's readings
+    (the row's `gpu_readings`: "gpu", the monitor's, or "gpu_instant", one read at the window's end, where
+    recorded; else "gpu"); and each phase's settings and median load average."""
     rows = read_rows(path)
     out: dict[str, list[tuple[float, Window]]] = {}
     info: dict[str, dict[str, float]] = {}
@@ -117,7 +119,7 @@ def load(path: Path) -> tuple[dict[str, list[tuple[float, Window]]], dict[str, d
                 steal.update(proc_stat_steal(a["cpu"]["stat"]))
                 sig.update(steal.update(proc_stat_steal(b["cpu"]["stat"])))
             loads.setdefault(b["phase"], []).append(float(b["cpu"]["loadavg"].split()[0]))
-        sig.update(b.get("gpu") or {})  # a GPU's readings at the window's end (record_gpu.py)
+        sig.update(b.get(gpu_readings, b.get("gpu")) or {})  # a GPU's readings of the window (record_gpu.py)
         out.setdefault(b["phase"], []).append((b["t"], sig))
         info[b["phase"]] = {"step_delay_ms": b["step_delay_ms"], "slowdown": b.get("step_slowdown_frac", 0.0),
                             "load": statistics.median(loads[b["phase"]]) if b["phase"] in loads else math.nan}
@@ -475,6 +477,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--pre", type=int, default=20)
     ap.add_argument("--post", type=int, default=12)
     ap.add_argument("--gpu-noise", type=float, default=0.01)
+    ap.add_argument("--gpu-readings", choices=("gpu", "gpu_instant"), default="gpu",
+                    help="a GPU stream's readings: the monitor's (NVML's sample buffers' means over the window, in "
+                         "streams recorded from 2026-12-04 on; one read before) or one read at the window's end")
     ap.add_argument("--false-alarms-per-day", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--learn-windows", type=int, default=20)
@@ -494,7 +499,7 @@ def setup(args: argparse.Namespace) -> tuple[dict[str, list[tuple[float, Window]
     info: dict[str, dict[str, float]] = {}
     for arg in args.streams:
         tag, _, path = arg.rpartition("=")
-        p, d = load(Path(path))
+        p, d = load(Path(path), args.gpu_readings)
         phases.update({f"{tag}/{k}" if tag else k: v for k, v in p.items()})
         info.update({f"{tag}/{k}" if tag else k: v for k, v in d.items()})
     if args.no_steal:

@@ -11,6 +11,10 @@ nvmlDeviceGetTotalEnergyConsumption), gpu_sm_clock_mhz_mean/min, gpu_throttle_po
 gpu_throttle_thermal_frac, gpu_throttle_hw_frac (share of samples with such clocks-event reasons),
 gpu_clocks_event_reasons_mask (OR of every reason seen), and where GPM is supported (Hopper and newer):
 gpu_dram_bw_util_pct_mean/max, gpu_sm_util_pct_mean, gpu_sm_occupancy_pct_mean, gpu_tensor_util_pct_mean.
+
+`read()` is the monitor's one reading per scrape window, without the thread: the utilisation, power and SM clock
+as the means of NVML's own sample buffers over the window (nvmlDeviceGetSamples), so a window is judged on the
+window and not on the one short sample period (1/6-1 s) an instantaneous read covers.
 """
 
 from __future__ import annotations
@@ -27,6 +31,14 @@ _warned = False
 # GPM metric ids (nvml.h): DRAM_BW_UTIL=10, SM_UTIL=2, SM_OCCUPANCY=3, ANY_TENSOR_UTIL=5
 _GPM = {10: "dram_bw_util_pct", 2: "sm_util_pct", 3: "sm_occupancy_pct", 5: "tensor_util_pct"}
 _GPM_MIN_GAP_S = 0.1
+# NVML's sample buffers (nvmlDeviceGetSamples): the driver's own readings, one every 1/6-1 s, kept for a while.
+# read() averages those taken since its previous read: a window's value is the window's mean, not one instant.
+# sampler's series -> (the NVML sampling type's name, its value's scale to the series' unit)
+_BUFFERS = {"util": ("NVML_GPU_UTILIZATION_SAMPLES", 1.0), "power_w": ("NVML_TOTAL_POWER_SAMPLES", 1e-3),
+            "sm_mhz": ("NVML_PROCESSOR_CLK_SAMPLES", 1.0)}
+# nvmlValueType_t -> the c_nvmlValue_t member that holds it
+_VALUE_FIELDS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+_NVML_ERROR_NOT_FOUND = 6  # nvmlDeviceGetSamples: no sample newer than the time stamp asked for
 
 
 def _warn_once(msg: str, *args: Any) -> None:
@@ -46,9 +58,15 @@ class GpuSampler:
     Use as a context manager or call start()/stop(); then result().
     """
 
-    def __init__(self, indices: Sequence[int], interval_s: float = 0.2, *, nvml: Any = None) -> None:
-        """`nvml`: the NVML bindings module (default: `import pynvml`); tests pass a double."""
+    def __init__(self, indices: Sequence[int], interval_s: float = 0.2, *, nvml: Any = None,
+                 window_mean: bool = True) -> None:
+        """`nvml`: the NVML bindings module (default: `import pynvml`); tests pass a double. `window_mean`: read()
+        averages NVML's sample buffers since its previous read (False: one instantaneous read)."""
         self._nvml_module = nvml
+        self.window_mean = window_mean
+        self._last_ts: dict[tuple[int, str], int] = {}  # (GPU position, series) -> the newest buffered sample read
+        self._no_buffer: set[str] = set()  # series whose buffer this driver does not keep
+        self.window_samples: dict[str, int] = {}  # read(): buffered samples averaged per series (summed over GPUs)
         self.indices = list(indices)
         self.interval_s = interval_s
         self._stop = threading.Event()
@@ -222,7 +240,9 @@ class GpuSampler:
     # ------------------------------------------------------------- one sample (no thread)
     def read(self) -> dict[str, float]:
         """One sample now, on the caller's thread (the production monitor reads one per scrape):
-        gpu_util_pct and gpu_sm_clock_mhz (means over the GPUs), gpu_power_w and gpu_fb_used_mb (totals),
+        gpu_util_pct and gpu_sm_clock_mhz (means over the GPUs), gpu_power_w and gpu_fb_used_mb (totals); with
+        `window_mean`, the first three are the means of NVML's buffered samples since the previous read where the
+        driver keeps them (the first read, and a driver without them, give the instantaneous value);
         gpu_throttled (the share of GPUs with a power, thermal or hardware clocks-event reason) and, with GPM,
         gpu_dram_active_frac (DRAM bandwidth utilisation, 0-1, since the previous read). {} without NVML."""
         if not self._handles:
@@ -237,6 +257,9 @@ class GpuSampler:
         if len(self.util) > n:
             out = {"gpu_util_pct": self.util[-1], "gpu_power_w": self.power_w[-1],
                    "gpu_sm_clock_mhz": self.sm_mhz[-1], "gpu_fb_used_mb": self.mem_mb[-1]}
+            if self.window_mean:
+                names = {"util": "gpu_util_pct", "power_w": "gpu_power_w", "sm_mhz": "gpu_sm_clock_mhz"}
+                out.update({names[k]: v for k, v in self._window_means().items()})
             m = self._throttle_mask()
             out["gpu_throttled"] = sum(1 for r in self.reasons_per_gpu if r & m) / max(1, len(self.reasons_per_gpu))
         if self.gpm["dram_bw_util_pct"]:
@@ -245,6 +268,49 @@ class GpuSampler:
             series.clear()  # a monitor reads for days: keep nothing
         self.reasons.clear()
         return out
+
+    def _window_means(self) -> dict[str, float]:
+        """Per series, the mean of NVML's buffered samples since the previous read (averaged over the GPUs; power
+        summed), where every GPU's buffer had some; the first read only marks where the next begins."""
+        nv = self._nv
+        out: dict[str, float] = {}
+        self.window_samples = {}
+        for series, (const, scale) in _BUFFERS.items():
+            if series in self._no_buffer or not hasattr(nv, const):
+                continue
+            means: list[float] = []
+            count = 0
+            for pos, h in enumerate(self._handles):
+                got = self._buffered(pos, h, series, int(getattr(nv, const)))
+                if got is not None:
+                    means.append(_mean(got) * scale)
+                    count += len(got)
+            if series in self._no_buffer or len(means) < len(self._handles):
+                continue
+            out[series] = sum(means) if series == "power_w" else _mean(means)
+            self.window_samples[series] = count
+        return out
+
+    def _buffered(self, pos: int, h: Any, series: str, kind: int) -> list[float] | None:
+        """The buffered samples of one GPU's `series` newer than the last read (None: none, or the first read)."""
+        key = (pos, series)
+        since = self._last_ts.get(key, 0)
+        try:
+            value_type, samples = self._nv.nvmlDeviceGetSamples(h, kind, since)
+        except Exception as exc:  # noqa: BLE001 - NVMLError: not supported, or nothing new
+            if getattr(exc, "value", None) != getattr(self._nv, "NVML_ERROR_NOT_FOUND", _NVML_ERROR_NOT_FOUND):
+                self._no_buffer.add(series)
+                log.info("NVML keeps no %s samples on GPU %d (%s): its instantaneous value is read", series,
+                         self.indices[pos], exc)
+            return None
+        fresh = [s for s in samples if int(s.timeStamp) > since]
+        if not fresh:
+            return None
+        self._last_ts[key] = max(int(s.timeStamp) for s in fresh)
+        if since == 0:
+            return None  # the first read: the buffer's older samples belong to no window
+        member = _VALUE_FIELDS.get(int(value_type), "uiVal")
+        return [float(getattr(s.sampleValue, member)) for s in fresh]
 
     def _throttle_masks(self) -> dict[str, int]:
         nv = self._nv

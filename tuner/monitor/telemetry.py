@@ -1,6 +1,7 @@
 """GPU telemetry for the monitor, and Prometheus instant queries turned into scrapes.
 
-- `NvmlTelemetry`: NVML on this host (tuner.measure.gpu's sampler, one read per window; `nvml` is the
+- `NvmlTelemetry`: NVML on this host (tuner.measure.gpu's sampler, one read per window: the utilisation, power
+  and SM clock as the means of NVML's sample buffers over the window where the driver keeps them; `nvml` is the
   bindings module, a double in tests).
 - `DcgmTelemetry`: the NVIDIA DCGM exporter's series, read from Prometheus' HTTP API (/api/v1/query):
   DCGM_FI_DEV_GPU_UTIL (%), DCGM_FI_DEV_POWER_USAGE (W), DCGM_FI_DEV_SM_CLOCK (MHz), DCGM_FI_PROF_DRAM_ACTIVE
@@ -48,10 +49,10 @@ _TOTALS = ("gpu_power_w", "gpu_fb_used_mb")
 
 
 class NvmlTelemetry:
-    """The host's GPUs through NVML, one sample per call."""
+    """The host's GPUs through NVML, one reading per call (per window: see GpuSampler.read)."""
 
-    def __init__(self, indices: Sequence[int], *, nvml: Any = None) -> None:
-        self.sampler = GpuSampler(indices, nvml=nvml)
+    def __init__(self, indices: Sequence[int], *, nvml: Any = None, window_mean: bool = True) -> None:
+        self.sampler = GpuSampler(indices, nvml=nvml, window_mean=window_mean)
 
     def read(self) -> dict[str, float]:
         return self.sampler.read()

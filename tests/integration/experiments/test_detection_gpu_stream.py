@@ -23,10 +23,13 @@ def test_record_gpu_smoke_writes_every_phase_with_the_engine_and_gpu_readings(tm
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in gzip.open(out, "rt", encoding="utf-8")]
     phases = [r["phase"] for r in rows if r["phase"]]
-    assert list(dict.fromkeys(phases)) == ["stationary_b", "gpu_neighbour", "gpu_neighbour_light", "rate_x2"]
+    assert list(dict.fromkeys(phases)) == ["stationary_b", "gpu_neighbour_light", "rate_x2", "slowdown30"]
     assert all("vllm:" in r["text"] or "tuner" in r["text"] for r in rows if r["phase"] and r["text"])
-    assert {r["neighbour"] for r in rows if r["phase"] == "gpu_neighbour"} == {"heavy"}
-    assert all(r["gpu"] == {} for r in rows)  # no NVML on this host: read, and left out
+    assert {r["neighbour"] for r in rows if r["phase"] == "gpu_neighbour_light"} == {"light"}
+    # the slowed engine: a second one, its first seconds (phase '') not the change
+    assert {r["step_slowdown_frac"] for r in rows if r["phase"] == "slowdown30"} == {0.3}
+    assert {r["step_slowdown_frac"] for r in rows if r["phase"] == "stationary_b"} == {0.0}
+    assert all(r["gpu"] == {} and r["gpu_instant"] == {} for r in rows)  # no NVML on this host: read, left out
     assert "| stationary_b |" in proc.stdout
 
 

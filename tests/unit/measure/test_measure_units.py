@@ -346,6 +346,89 @@ def test_gpu_sampler_reads_every_counter_through_nvml() -> None:
     assert GpuSampler([3], nvml=FakeNvml(count=1)).start().result() == {}  # absent index: nothing, no error
 
 
+class NvmlError(Exception):
+    def __init__(self, value: int) -> None:
+        super().__init__(f"NVML error {value}")
+        self.value = value
+
+
+class BufferedNvml(FakeNvml):
+    """FakeNvml with NVML's sample buffers (nvmlDeviceGetSamples): a test appends (time stamp in us, value) pairs
+    per GPU and sampling type; the utilisation's buffer can be made unsupported."""
+
+    NVML_TOTAL_POWER_SAMPLES, NVML_GPU_UTILIZATION_SAMPLES, NVML_PROCESSOR_CLK_SAMPLES = 0, 1, 5
+    NVML_ERROR_NOT_FOUND, NVML_ERROR_NOT_SUPPORTED = 6, 3
+
+    def __init__(self, count: int = 1, *, util_buffer: bool = True) -> None:
+        super().__init__(count)
+        self.buffers: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        self.util_buffer = util_buffer
+        self.asked: list[tuple[int, int, int]] = []
+
+    def push(self, h: int, kind: int, *samples: tuple[int, int]) -> None:
+        self.buffers.setdefault((h, kind), []).extend(samples)
+
+    def nvmlDeviceGetSamples(self, h: int, kind: int, since: int):  # type: ignore[no-untyped-def]
+        from types import SimpleNamespace
+
+        self.asked.append((h, kind, since))
+        if kind == self.NVML_GPU_UTILIZATION_SAMPLES and not self.util_buffer:
+            raise NvmlError(self.NVML_ERROR_NOT_SUPPORTED)
+        new = [(t, v) for t, v in self.buffers.get((h, kind), []) if t > since]
+        if not new:
+            raise NvmlError(self.NVML_ERROR_NOT_FOUND)
+        return 1, [SimpleNamespace(timeStamp=t, sampleValue=SimpleNamespace(uiVal=v)) for t, v in new]
+
+
+def test_gpu_read_is_the_mean_of_nvml_sample_buffers_since_the_previous_read() -> None:
+    nv = BufferedNvml(count=2)
+    s = GpuSampler([0, 1], nvml=nv)
+    for h in (0, 1):
+        nv.push(h, 1, (1, 99))
+        nv.push(h, 0, (1, 999_000))
+        nv.push(h, 5, (1, 900))
+    first = s.read()  # primes: the buffer's older samples belong to no window
+    assert first["gpu_util_pct"] == 50 and first["gpu_power_w"] == 600 and first["gpu_sm_clock_mhz"] == 1980
+    assert s.window_samples == {}
+    nv.push(0, 1, (2, 10), (3, 30), (4, 80))  # GPU 0: mean 40 (its instant read says 50)
+    nv.push(1, 1, (2, 20), (5, 40))  # GPU 1: mean 30
+    nv.push(0, 0, (2, 100_000), (3, 300_000))  # mW: 200 W
+    nv.push(1, 0, (3, 400_000))  # 400 W
+    nv.push(0, 5, (2, 1700), (3, 1900))
+    nv.push(1, 5, (2, 1800))
+    r = s.read()
+    assert r["gpu_util_pct"] == pytest.approx(35)  # the mean over the GPUs of each one's window mean
+    assert r["gpu_power_w"] == pytest.approx(600)  # totalled over the GPUs
+    assert r["gpu_sm_clock_mhz"] == pytest.approx(1800)
+    assert s.window_samples == {"util": 5, "power_w": 3, "sm_mhz": 3}
+    nv.asked.clear()
+    nv.push(0, 1, (6, 60))  # only GPU 0 has a new utilisation sample: the instant reads stand for the window
+    r = s.read()
+    assert r["gpu_util_pct"] == 50 and r["gpu_power_w"] == 600 and s.window_samples == {}
+    assert (0, 1, 4) in nv.asked and (1, 1, 5) in nv.asked  # each GPU asked from its own newest sample
+    nv.push(0, 1, (8, 20))
+    nv.push(1, 1, (7, 0), (9, 10))
+    assert s.read()["gpu_util_pct"] == pytest.approx(12.5)  # GPU 0: 20; GPU 1: 5
+
+
+def test_gpu_read_falls_back_to_one_instant_where_nvml_keeps_no_buffer() -> None:
+    nv = BufferedNvml(util_buffer=False)
+    s = GpuSampler([0], nvml=nv)
+    nv.push(0, 0, (1, 999_000))
+    s.read()
+    nv.push(0, 0, (2, 100_000))
+    r = s.read()
+    assert r["gpu_util_pct"] == 50 and r["gpu_power_w"] == pytest.approx(100)  # power still from its buffer
+    asked = sum(1 for a in nv.asked if a[1] == 1)
+    s.read()
+    assert sum(1 for a in nv.asked if a[1] == 1) == asked == 1  # an unsupported buffer is not asked for again
+    nv2 = BufferedNvml()
+    off = GpuSampler([0], nvml=nv2, window_mean=False)
+    off.read()
+    nv2.push(0, 1, (2, 10))
+    assert off.read()["gpu_util_pct"] == 50 and nv2.asked == []
+
+
 def test_a_stream_whose_tokens_all_came_at_once_is_counted_as_one_burst_and_warned_about() -> None:
     from tuner.measure.loadgen import RunResult, client_summary, one_burst_note
 
