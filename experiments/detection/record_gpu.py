@@ -59,15 +59,18 @@ Phase = tuple[str, float, str, str]  # (phase, seconds, workload YAML, neighbour
 def plan(rate: float, which: str = "slowdown") -> list[tuple[float, list[Phase]]]:
     """Engines in turn, each (its step slowdown, its phases). "neighbours": the fifteenth step's streams (both
     neighbours, one engine); "slowdown": a longer stationary stretch, the light neighbour, the rate x2, then a
-    second engine every step of which takes 1.3 times as long (a real +30 % server slowdown on the GPU)."""
+    second engine every step of which takes 1.3 times as long (a real +30 % server slowdown on the GPU);
+    "slowdown-short": its stationary stretch and the slowed engine alone (~5 min of device time)."""
     base = record.workload(rate, output_mean=32, output_max=120)
     x2 = record.workload(2 * rate, output_mean=32, output_max=120)
     if which == "neighbours":
         return [(0.0, [("stationary_b", 200, base, ""), ("gpu_neighbour", 40, base, "heavy"),
                        ("gpu_neighbour_light", 40, base, "light"), ("rate_x2", 36, x2, "")])]
+    slowed = (SLOWDOWN_FRAC, [("", WARM_S, base, ""), ("slowdown30", 56, base, "")])
+    if which == "slowdown-short":
+        return [(0.0, [("stationary_b", 170, base, "")]), slowed]
     return [(0.0, [("stationary_b", 260, base, ""), ("gpu_neighbour_light", 36, base, "light"),
-                   ("rate_x2", 32, x2, "")]),
-            (SLOWDOWN_FRAC, [("", WARM_S, base, ""), ("slowdown30", 56, base, "")])]
+                   ("rate_x2", 32, x2, "")]), slowed]
 
 
 def neighbour(kind: str, device: str, gpu: int) -> None:
@@ -106,7 +109,7 @@ def main() -> None:
     ap.add_argument("--gpu", type=int, default=0, help="the GPU the engine, the neighbour and NVML use")
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every phase's duration")
     ap.add_argument("--seed", type=int, default=500, help="phase i runs `tuner bench --seed SEED + i`")
-    ap.add_argument("--plan", choices=("slowdown", "neighbours"), default="slowdown",
+    ap.add_argument("--plan", choices=("slowdown", "slowdown-short", "neighbours"), default="slowdown",
                     help="the phases (see plan(): 'neighbours' made recorded-h200*.jsonl.gz)")
     ap.add_argument("--smoke", action="store_true", help="tiny preset on the CPU, phases x0.1, rate 2/s")
     ap.add_argument("--neighbour", choices=tuple(NEIGHBOURS), help=argparse.SUPPRESS)  # the neighbour process

@@ -3,7 +3,7 @@
 #   device run: carry [".whl"], command: RATE=16 SEED=700 bash experiments/detection/run_gpu.sh, timeout_s 570
 # The GPU host has torch, aiohttp, numpy, typer, rich, pyyaml, prometheus_client and nvidia-ml-py but not pydantic:
 # carry it as wheels in .whl/ (Python 3.12, x86-64; made as experiments/h200-engine/README.md says).
-# PLAN=slowdown (default, ~8 min) or PLAN=neighbours (the fifteenth step's, ~6 min: recorded-h200.jsonl.gz with
+# PLAN=slowdown (default, ~8 min), PLAN=slowdown-short (~5 min) or PLAN=neighbours (the fifteenth step's, ~6 min: recorded-h200.jsonl.gz with
 # RATE unset, recorded-h200-rate10.jsonl.gz with RATE=10 SEED=600); SMOKE=1 runs record_gpu.py --smoke anywhere.
 set -u
 export PYTHONUNBUFFERED=1
@@ -31,5 +31,5 @@ timeout 540 python3 experiments/detection/record_gpu.py ${SMOKE:+--smoke} ${RATE
   --plan "$PLAN" --out "$OUT/$NAME.jsonl.gz"
 echo "record_gpu: exit $? after ${SECONDS}s"
 for f in "$OUT"/bench-*.log; do echo "== $f"; tail -4 "$f"; done
-tail -5 "$OUT"/engine*.log
+for f in "$OUT"/engine*.log; do tail -n 5 "$f"; done
 ls -la "$OUT"
