@@ -597,7 +597,9 @@ def main() -> None:
               f"{med('ttft_ms_p50'):.0f} |")
     gpu_phases = {name: [w for _, w in ws] for name, ws in phases.items() if ws and recorded_gpu(ws[0][1])}
     if gpu_phases:
-        print("\nThe GPU's readings (NVML, one per window; medians):\n")
+        which = {"gpu": "the monitor's: NVML's sample buffers' means over the window in streams recorded with them, "
+                        "else one read at the window's end", "gpu_instant": "one read at the window's end"}
+        print(f"\nThe GPU's readings (NVML, one per window, {which[args.gpu_readings]}; medians):\n")
         print(record_gpu.gpu_table(gpu_phases))
 
     given: dict[str, int] = {}

@@ -12,9 +12,11 @@ gpu_throttle_thermal_frac, gpu_throttle_hw_frac (share of samples with such cloc
 gpu_clocks_event_reasons_mask (OR of every reason seen), and where GPM is supported (Hopper and newer):
 gpu_dram_bw_util_pct_mean/max, gpu_sm_util_pct_mean, gpu_sm_occupancy_pct_mean, gpu_tensor_util_pct_mean.
 
-`read()` is the monitor's one reading per scrape window, without the thread: the utilisation, power and SM clock
-as the means of NVML's own sample buffers over the window (nvmlDeviceGetSamples), so a window is judged on the
-window and not on the one short sample period (1/6-1 s) an instantaneous read covers.
+`read()` is the monitor's one reading per scrape window, without the thread: the utilisation and SM clock as the
+means of NVML's own sample buffers over the window (nvmlDeviceGetSamples; on an H200 the utilisation's holds 14 s
+of samples 0.2 s apart, the power's only the last 2.4 s) and the power from the energy counter's rise over the
+window, so a window is judged on the window and not on the one short sample period (1/6-1 s) an instantaneous
+read covers.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ class GpuSampler:
         self._last_ts: dict[tuple[int, str], int] = {}  # (GPU position, series) -> the newest buffered sample read
         self._no_buffer: set[str] = set()  # series whose buffer this driver does not keep
         self.window_samples: dict[str, int] = {}  # read(): buffered samples averaged per series (summed over GPUs)
+        self._last_energy: tuple[float, list[float | None]] | None = None  # read(): (monotonic s, mJ per GPU)
         self.indices = list(indices)
         self.interval_s = interval_s
         self._stop = threading.Event()
@@ -242,7 +245,8 @@ class GpuSampler:
         """One sample now, on the caller's thread (the production monitor reads one per scrape):
         gpu_util_pct and gpu_sm_clock_mhz (means over the GPUs), gpu_power_w and gpu_fb_used_mb (totals); with
         `window_mean`, the first three are the means of NVML's buffered samples since the previous read where the
-        driver keeps them (the first read, and a driver without them, give the instantaneous value);
+        driver keeps them (the first read, and a driver without them, give the instantaneous value), the power the
+        energy counters' rise over the time since the previous read where they count;
         gpu_throttled (the share of GPUs with a power, thermal or hardware clocks-event reason) and, with GPM,
         gpu_dram_active_frac (DRAM bandwidth utilisation, 0-1, since the previous read). {} without NVML."""
         if not self._handles:
@@ -260,6 +264,9 @@ class GpuSampler:
             if self.window_mean:
                 names = {"util": "gpu_util_pct", "power_w": "gpu_power_w", "sm_mhz": "gpu_sm_clock_mhz"}
                 out.update({names[k]: v for k, v in self._window_means().items()})
+                watts = self._energy_power()
+                if watts is not None:
+                    out["gpu_power_w"] = watts
             m = self._throttle_mask()
             out["gpu_throttled"] = sum(1 for r in self.reasons_per_gpu if r & m) / max(1, len(self.reasons_per_gpu))
         if self.gpm["dram_bw_util_pct"]:
@@ -268,6 +275,20 @@ class GpuSampler:
             series.clear()  # a monitor reads for days: keep nothing
         self.reasons.clear()
         return out
+
+    def _energy_power(self) -> float | None:
+        """The GPUs' total power over the whole window, from their energy counters' rise since the previous read
+        (the power buffer holds only the last ~2.4 s on an H200); None on the first read or without counters."""
+        now = time.monotonic()
+        energy = [self._energy(h) for h in self._handles]
+        prev, self._last_energy = self._last_energy, (now, energy)
+        if prev is None or now <= prev[0] or any(e is None for e in energy + prev[1]):
+            return None
+        rise_mj = [(b or 0.0) - (a or 0.0) for a, b in zip(prev[1], energy, strict=True)]
+        if any(r < 0 for r in rise_mj):  # a driver reload restarted a counter
+            return None
+        self.window_samples["energy"] = len(energy)
+        return sum(rise_mj) / 1000.0 / (now - prev[0])
 
     def _window_means(self) -> dict[str, float]:
         """Per series, the mean of NVML's buffered samples since the previous read (averaged over the GPUs; power

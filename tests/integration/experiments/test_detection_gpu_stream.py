@@ -46,3 +46,21 @@ def test_run_replays_the_h200_stream_with_its_own_gpu_readings() -> None:
     assert set(rows) == {"gpu_neighbour", "rate_x2"}
     assert "anomaly/gpu_throttle 10" in rows["gpu_neighbour"] and "drift/inputs 10" in rows["rate_x2"]
     assert "| h200r10/gpu_neighbour | 100 | 689 |" in proc.stdout  # the readings' medians: busy, at 690 W
+
+
+def test_run_finds_a_real_gpu_server_slowdown_as_an_anomaly_from_the_monitors_window_means() -> None:
+    """The 16-req/s H200 stream (recorded with the GPU's window means): the second engine, every step 1.3 times as
+    long, found as a performance anomaly, never as drift; the GPU table from the monitor's readings."""
+    proc = subprocess.run([sys.executable, str(DETECTION / "run.py"),
+                           "--streams", f"r16={DETECTION / 'recorded-h200-slowdown-rate16.jsonl.gz'}",
+                           "--tuned", "none", "--held-out", "r16/stationary_b", "--only-injected",
+                           "--cut", "r16/stationary_b=5", "--pre", "5", "--post", "8", "--trials", "10",
+                           "--changes", "slowdown30", "rate_x2"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r.split("|")[2].strip(): r.split("|") for r in proc.stdout.splitlines() if r.startswith("| held out")}
+    assert set(rows) == {"slowdown30", "rate_x2"}
+    slow = rows["slowdown30"]
+    assert slow[5].strip() == "10" and slow[11].strip() == "10/10" and "drift" not in slow[12]
+    assert "drift/inputs 10" in rows["rate_x2"][12]
+    assert "| r16/slowdown30 | 15.7 | 141 |" in proc.stdout  # the window means: the slowed engine's GPU less busy

@@ -359,14 +359,20 @@ class BufferedNvml(FakeNvml):
     NVML_TOTAL_POWER_SAMPLES, NVML_GPU_UTILIZATION_SAMPLES, NVML_PROCESSOR_CLK_SAMPLES = 0, 1, 5
     NVML_ERROR_NOT_FOUND, NVML_ERROR_NOT_SUPPORTED = 6, 3
 
-    def __init__(self, count: int = 1, *, util_buffer: bool = True) -> None:
+    def __init__(self, count: int = 1, *, util_buffer: bool = True, energy: bool = False) -> None:
         super().__init__(count)
+        self.energy = energy
         self.buffers: dict[tuple[int, int], list[tuple[int, int]]] = {}
         self.util_buffer = util_buffer
         self.asked: list[tuple[int, int, int]] = []
 
     def push(self, h: int, kind: int, *samples: tuple[int, int]) -> None:
         self.buffers.setdefault((h, kind), []).extend(samples)
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: int) -> int:
+        if not self.energy:
+            raise NvmlError(self.NVML_ERROR_NOT_SUPPORTED)
+        return super().nvmlDeviceGetTotalEnergyConsumption(h)
 
     def nvmlDeviceGetSamples(self, h: int, kind: int, since: int):  # type: ignore[no-untyped-def]
         from types import SimpleNamespace
@@ -409,6 +415,21 @@ def test_gpu_read_is_the_mean_of_nvml_sample_buffers_since_the_previous_read() -
     nv.push(0, 1, (8, 20))
     nv.push(1, 1, (7, 0), (9, 10))
     assert s.read()["gpu_util_pct"] == pytest.approx(12.5)  # GPU 0: 20; GPU 1: 5
+
+
+def test_gpu_read_takes_the_power_over_the_window_from_the_energy_counters() -> None:
+    import time
+
+    nv = BufferedNvml(count=2, energy=True)  # energy counters rising at 300 W each
+    s = GpuSampler([0, 1], nvml=nv)
+    nv.push(0, 0, (1, 50_000))
+    nv.push(1, 0, (1, 50_000))
+    s.read()  # the first read: the instant value (300 W a GPU), the counters' start
+    nv.push(0, 0, (2, 50_000))  # the power buffers say 50 W a GPU: the counters win
+    nv.push(1, 0, (2, 50_000))
+    time.sleep(0.3)
+    r = s.read()
+    assert r["gpu_power_w"] == pytest.approx(600, rel=0.05) and s.window_samples["energy"] == 2
 
 
 def test_gpu_read_falls_back_to_one_instant_where_nvml_keeps_no_buffer() -> None:
