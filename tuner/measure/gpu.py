@@ -68,6 +68,7 @@ class GpuSampler:
         self.window_mean = window_mean
         self._last_ts: dict[tuple[int, str], int] = {}  # (GPU position, series) -> the newest buffered sample read
         self._no_buffer: set[str] = set()  # series whose buffer this driver does not keep
+        self._short_buffer: set[str] = set()  # series whose buffer was found shorter than a window (logged once)
         self.window_samples: dict[str, int] = {}  # read(): buffered samples averaged per series (summed over GPUs)
         self._last_energy: tuple[float, list[float | None]] | None = None  # read(): (monotonic s, mJ per GPU)
         self.indices = list(indices)
@@ -263,8 +264,10 @@ class GpuSampler:
                    "gpu_sm_clock_mhz": self.sm_mhz[-1], "gpu_fb_used_mb": self.mem_mb[-1]}
             if self.window_mean:
                 names = {"util": "gpu_util_pct", "power_w": "gpu_power_w", "sm_mhz": "gpu_sm_clock_mhz"}
-                out.update({names[k]: v for k, v in self._window_means().items()})
+                self.window_samples = {}
                 watts = self._energy_power()
+                out.update({names[k]: v for k, v in self._window_means(skip=() if watts is None
+                                                                       else ("power_w",)).items()})
                 if watts is not None:
                     out["gpu_power_w"] = watts
             m = self._throttle_mask()
@@ -290,14 +293,13 @@ class GpuSampler:
         self.window_samples["energy"] = len(energy)
         return sum(rise_mj) / 1000.0 / (now - prev[0])
 
-    def _window_means(self) -> dict[str, float]:
-        """Per series, the mean of NVML's buffered samples since the previous read (averaged over the GPUs; power
-        summed), where every GPU's buffer had some; the first read only marks where the next begins."""
+    def _window_means(self, skip: tuple[str, ...] = ()) -> dict[str, float]:
+        """Per series (but `skip`), the mean of NVML's buffered samples since the previous read (averaged over the
+        GPUs; power summed), where every GPU's buffer had some; the first read only marks where the next begins."""
         nv = self._nv
         out: dict[str, float] = {}
-        self.window_samples = {}
         for series, (const, scale) in _BUFFERS.items():
-            if series in self._no_buffer or not hasattr(nv, const):
+            if series in skip or series in self._no_buffer or not hasattr(nv, const):
                 continue
             means: list[float] = []
             count = 0
@@ -324,12 +326,19 @@ class GpuSampler:
                 log.info("NVML keeps no %s samples on GPU %d (%s): its instantaneous value is read", series,
                          self.indices[pos], exc)
             return None
-        fresh = [s for s in samples if int(s.timeStamp) > since]
+        fresh = sorted((s for s in samples if int(s.timeStamp) > since), key=lambda s: int(s.timeStamp))
         if not fresh:
             return None
-        self._last_ts[key] = max(int(s.timeStamp) for s in fresh)
+        self._last_ts[key] = int(fresh[-1].timeStamp)
         if since == 0:
             return None  # the first read: the buffer's older samples belong to no window
+        stamps = [int(s.timeStamp) for s in fresh]
+        gaps = sorted(b - a for a, b in zip(stamps, stamps[1:], strict=False))
+        if gaps and stamps[0] - since > 3 * gaps[len(gaps) // 2] and series not in self._short_buffer:
+            self._short_buffer.add(series)  # the driver's buffer overflowed between two reads
+            log.info("NVML's %s buffer on GPU %d kept only the last %.1f s of the %.1f s since the previous read: "
+                     "a window's mean covers that much", series, self.indices[pos], (stamps[-1] - stamps[0]) / 1e6,
+                     (stamps[-1] - since) / 1e6)
         member = _VALUE_FIELDS.get(int(value_type), "uiVal")
         return [float(getattr(s.sampleValue, member)) for s in fresh]
 

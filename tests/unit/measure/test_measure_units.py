@@ -417,6 +417,22 @@ def test_gpu_read_is_the_mean_of_nvml_sample_buffers_since_the_previous_read() -
     assert s.read()["gpu_util_pct"] == pytest.approx(12.5)  # GPU 0: 20; GPU 1: 5
 
 
+def test_gpu_read_says_once_when_nvml_buffer_is_shorter_than_the_window(caplog: pytest.LogCaptureFixture) -> None:
+    nv = BufferedNvml()
+    s = GpuSampler([0], nvml=nv)
+    nv.push(0, 1, (1_000_000, 10))
+    s.read()
+    nv.push(0, 1, (1_200_000, 30), (1_400_000, 50))  # samples 0.2 s apart from the last read on: the whole window
+    with caplog.at_level("INFO", logger="tuner.measure.gpu"):
+        assert s.read()["gpu_util_pct"] == 40
+        assert "buffer" not in caplog.text
+        nv.push(0, 1, (9_000_000, 20), (9_200_000, 40))  # 7.6 s unaccounted for: the buffer overflowed
+        assert s.read()["gpu_util_pct"] == 30  # the mean of what it kept
+        nv.push(0, 1, (19_000_000, 20), (19_200_000, 40))
+        s.read()
+    assert caplog.text.count("kept only the last 0.2 s of the 7.8 s") == 1
+
+
 def test_gpu_read_takes_the_power_over_the_window_from_the_energy_counters() -> None:
     import time
 
