@@ -256,6 +256,36 @@ def test_gpu_sampler_on_a_gpu() -> None:
     assert r["gpu_power_w_mean"] > 0 and r.get("gpu_energy_j", 1.0) > 0
 
 
+@pytest.mark.gpu
+def test_gpu_read_on_a_gpu_is_the_window_not_an_instant() -> None:
+    """On a real GPU: a second of matmuls then a second idle, read after each: the busy window's utilisation from
+    NVML's buffer (several samples), its power from the energy counter, the idle one's utilisation far lower."""
+    pynvml = pytest.importorskip("pynvml")
+    try:
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+    except pynvml.NVMLError:
+        pytest.skip("no NVIDIA driver")
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    import time
+
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    s = GpuSampler([0])
+    s.read()
+    t = time.monotonic()
+    while time.monotonic() - t < 1.5:
+        a @ a
+    torch.cuda.synchronize()
+    busy = s.read()
+    busy_samples = dict(s.window_samples)
+    time.sleep(1.5)
+    idle = s.read()
+    assert busy_samples.get("util", 0) >= 2 and busy["gpu_util_pct"] > 50 > idle["gpu_util_pct"]
+    assert busy_samples.get("energy") == 1 and busy["gpu_power_w"] > idle["gpu_power_w"] > 0
+
+
 class FakeNvml:
     """An NVML double: one Hopper-like GPU at 50 % util, 300 W (energy counter at 300 J/s), GPM supported,
     power-capped every other read."""
