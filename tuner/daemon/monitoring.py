@@ -51,7 +51,8 @@ class MonitorFeed:
         self.ms = ms
         self.monitor = Monitor(MonitorConfig.from_spec(ms, spec.watch.interval_s))
         self.nvml = NvmlTelemetry(ms.gpus) if ms.gpus else None
-        self.dcgm = DcgmTelemetry(ms.dcgm_prometheus_url, ms.dcgm_selector) if ms.dcgm_prometheus_url else None
+        self.dcgm = (DcgmTelemetry(ms.dcgm_prometheus_url, ms.dcgm_selector, window_s=spec.watch.interval_s)
+                     if ms.dcgm_prometheus_url else None)
         self.cpu_wait = CpuWait(ms.cpu_wait_source) if ms.cpu_wait_source else None
         self.cpu_steal = CpuSteal(ms.cpu_steal_source, ms.cpu_steal_selector) if ms.cpu_steal_source else None
         self._expecting = ms.expect_from_champion  # build the expectation at the next scrape

@@ -1,9 +1,10 @@
 """GPU telemetry for the monitor, and Prometheus instant queries turned into scrapes.
 
-- `NvmlTelemetry`: NVML on this host (tuner.measure.gpu's sampler, one read per window: the utilisation, power
-  and SM clock as the means of NVML's sample buffers over the window where the driver keeps them; `nvml` is the
-  bindings module, a double in tests).
-- `DcgmTelemetry`: the NVIDIA DCGM exporter's series, read from Prometheus' HTTP API (/api/v1/query):
+- `NvmlTelemetry`: NVML on this host (tuner.measure.gpu's sampler, one read per window: the utilisation and SM
+  clock as the means of NVML's sample buffers over the window where the driver keeps them, the power from the
+  energy counters' rise over it; `nvml` is the bindings module, a double in tests).
+- `DcgmTelemetry`: the NVIDIA DCGM exporter's series, read from Prometheus' HTTP API (/api/v1/query; the gauges
+  as their means over the monitor's window):
   DCGM_FI_DEV_GPU_UTIL (%), DCGM_FI_DEV_POWER_USAGE (W), DCGM_FI_DEV_SM_CLOCK (MHz), DCGM_FI_PROF_DRAM_ACTIVE
   (0-1), DCGM_FI_DEV_FB_USED (MiB), and the clock throttle reasons (DCGM_FI_DEV_CLOCK_THROTTLE_REASONS, renamed
   DCGM_FI_DEV_CLOCKS_EVENT_REASONS by newer exporters: the bit mask of NVML's clocks-event reasons).
@@ -46,6 +47,10 @@ DCGM_SERIES: dict[str, tuple[str, ...]] = {  # signal -> the DCGM field names th
     "gpu_throttled": ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"),
 }
 _TOTALS = ("gpu_power_w", "gpu_fb_used_mb")
+# gauges read as their mean over the monitor's window (avg_over_time) where Prometheus holds samples in it: the
+# exporter's value is one reading of DCGM's, as NVML's instantaneous one is; the throttle reasons (a bit mask) and
+# the framebuffer (a level) are read as they are now
+_WINDOW_MEANS = ("gpu_util_pct", "gpu_power_w", "gpu_sm_clock_mhz", "gpu_dram_active_frac")
 
 
 class NvmlTelemetry:
@@ -75,19 +80,33 @@ def prometheus_query(url: str, query: str, timeout_s: float = 5.0) -> list[dict[
 
 class DcgmTelemetry:
     """GPU signals from the DCGM exporter's series in Prometheus. `selector`: label matchers that pick this
-    server's GPUs, e.g. `Hostname="node-1"` (empty: every GPU Prometheus knows)."""
+    server's GPUs, e.g. `Hostname="node-1"` (empty: every GPU Prometheus knows). `window_s`: the monitor's
+    window; the utilisation, power, SM clock and DRAM activity are then each GPU's mean over the last `window_s`
+    (avg_over_time), or its latest value where Prometheus holds no sample in that window (a window shorter than
+    its scrape interval)."""
 
-    def __init__(self, prometheus_url: str, selector: str = "") -> None:
+    def __init__(self, prometheus_url: str, selector: str = "", window_s: float | None = None) -> None:
         self.url = prometheus_url
         self.selector = selector
+        self.window_s = window_s
         self.missing = MissingSeries("DCGM exporter (in Prometheus)")
+
+    def _values(self, signal: str, name: str) -> list[float]:
+        """One value per GPU of a DCGM field: over the window where asked and held, else the latest."""
+        series = f"{name}{{{self.selector}}}"
+        if self.window_s and signal in _WINDOW_MEANS:
+            ms = max(1, round(self.window_s * 1000))
+            rows = prometheus_query(self.url, f"avg_over_time({series}[{ms}ms])")
+            if rows:
+                return [float(r["value"][1]) for r in rows]
+        return [float(r["value"][1]) for r in prometheus_query(self.url, series)]
 
     def read(self) -> dict[str, float]:
         out: dict[str, float] = {}
         for signal, names in DCGM_SERIES.items():
             values: list[float] = []
             for name in names:
-                values = [float(r["value"][1]) for r in prometheus_query(self.url, f"{name}{{{self.selector}}}")]
+                values = self._values(signal, name)
                 if values:
                     break
             if not values:

@@ -5,6 +5,7 @@ and the server's Snapshot back through Prometheus' HTTP API."""
 from __future__ import annotations
 
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -95,5 +96,33 @@ def test_missing_dcgm_series_are_named_once(tmp_path: Path, caplog: pytest.LogCa
             named = [r.getMessage() for r in caplog.records if "DCGM_FI_PROF_DRAM_ACTIVE" in r.getMessage()]
             assert len(named) == 1
             assert prometheus_snapshot(prom.url) is None  # no vLLM series there
+    finally:
+        server.shutdown()
+
+
+def test_dcgm_gauges_are_read_as_their_mean_over_the_monitors_window(tmp_path: Path) -> None:
+    """The utilisation held at 20 % for a few scrapes, then 80 %: read over a window that holds both, its mean lies
+    between them (the throttle reasons, a bit mask, as they are now); over a window shorter than Prometheus' scrape
+    interval, the latest value; without a window, the latest value as before."""
+    reg = CollectorRegistry()
+    util = Gauge("DCGM_FI_DEV_GPU_UTIL", "", ["gpu"], registry=reg)
+    reasons = Gauge("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "", ["gpu"], registry=reg)
+    util.labels("0").set(20)
+    reasons.labels("0").set(SW_POWER_CAP)
+    server = serve(reg)
+    try:
+        with running_prometheus(tmp_path / "prom", [f"127.0.0.1:{server.server_port}"],
+                                scrape_interval_s=1.0) as prom:
+            prom.wait_scraped(series="DCGM_FI_DEV_GPU_UTIL")
+            time.sleep(3.0)
+            util.labels("0").set(80)
+            reasons.labels("0").set(0)
+            prom.wait_scraped(series="DCGM_FI_DEV_GPU_UTIL >= 80")
+            time.sleep(3.0)
+            over = DcgmTelemetry(prom.url, window_s=60.0).read()
+            assert 20.0 < over["gpu_util_pct"] < 80.0
+            assert over["gpu_throttled"] == 0.0  # the mask read now, never averaged
+            assert DcgmTelemetry(prom.url, window_s=0.001).read()["gpu_util_pct"] == 80.0
+            assert DcgmTelemetry(prom.url).read()["gpu_util_pct"] == 80.0
     finally:
         server.shutdown()
