@@ -64,3 +64,26 @@ def test_run_finds_a_real_gpu_server_slowdown_as_an_anomaly_from_the_monitors_wi
     assert slow[5].strip() == "10" and slow[11].strip() == "10/10" and "drift" not in slow[12]
     assert "drift/inputs 10" in rows["rate_x2"][12]
     assert "| r16/slowdown30 | 15.7 | 141 |" in proc.stdout  # the window means: the slowed engine's GPU less busy
+
+
+@pytest.mark.parametrize(("stream", "which", "rate", "seed"), [
+    ("recorded-h200.jsonl.gz", "neighbours", 24.0, 500), ("recorded-h200-rate10.jsonl.gz", "neighbours", 10.0, 600),
+    ("recorded-h200-slowdown-rate16.jsonl.gz", "slowdown", 16.0, 700),
+    ("recorded-h200-slowdown-short-rate24.jsonl.gz", "slowdown-short", 24.0, 800)])
+def test_each_committed_gpu_stream_is_what_its_plan_records(stream: str, which: str, rate: float, seed: int) -> None:
+    """The committed H200 streams hold, phase by phase, the load seed, step slowdown and neighbour that
+    record_gpu.plan() gives for the plan and seed the README names: `run_gpu.sh` with them records them again."""
+    sys.path.insert(0, str(DETECTION))
+    import record_gpu
+
+    groups = record_gpu.plan(rate, which)
+    order = [name for _, phases in groups for name, *_ in phases]
+    want = {name: (str(seed + order.index(name)), slowdown, kind)
+            for slowdown, phases in groups for name, _, _, kind in phases if name}
+    got: dict[str, tuple[str, float, str]] = {}
+    for line in gzip.open(DETECTION / stream, "rt", encoding="utf-8"):
+        r = json.loads(line)
+        if r["phase"]:
+            assert r["base_rate"] == rate
+            got.setdefault(r["phase"], (r["load_seed"], r["step_slowdown_frac"], r["neighbour"]))
+    assert got == want
