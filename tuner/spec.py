@@ -425,9 +425,12 @@ class MonitorSpec(_Strict):
                                              "their allowance; null: the CUSUM's own k alone")
     kv_full_frac: float = Field(default=0.95, gt=0, le=1)
     dram_limit_frac: float = Field(default=0.85, gt=0, le=1, description="DRAM active above it is saturation")
-    gpus: list[int] = Field(default_factory=list, description="this host's GPU indices to read through NVML")
+    gpus: list[int] = Field(default_factory=list, description="this host's GPU indices to read through NVML "
+                            "(once a window: utilisation from NVML's sample buffer, power from the energy counter, "
+                            "both over the window)")
     dcgm_prometheus_url: str | None = Field(default=None, description="a Prometheus holding the DCGM "
-                                            "exporter's series for the serving GPUs")
+                                            "exporter's series for the serving GPUs (read as their means over "
+                                            "the window where it holds samples in it)")
     dcgm_selector: str = Field(default="", description='label matchers of those GPUs, e.g. Hostname="node-1"')
     cpu_wait_source: str | None = Field(default=None, max_length=4096, description="where the server's wait "
                                         "for a CPU is read (tuner.monitor.contention): pid:<N> (that process's "
