@@ -66,7 +66,7 @@ def plan(rate: float, which: str = "slowdown") -> list[tuple[float, list[Phase]]
     if which == "neighbours":
         return [(0.0, [("stationary_b", 200, base, ""), ("gpu_neighbour", 40, base, "heavy"),
                        ("gpu_neighbour_light", 40, base, "light"), ("rate_x2", 36, x2, "")])]
-    slowed = (SLOWDOWN_FRAC, [("", WARM_S, base, ""), ("slowdown30", 56, base, "")])
+    slowed: tuple[float, list[Phase]] = (SLOWDOWN_FRAC, [("", WARM_S, base, ""), ("slowdown30", 56, base, "")])
     if which == "slowdown-short":
         return [(0.0, [("stationary_b", 170, base, "")]), slowed]
     return [(0.0, [("stationary_b", 260, base, ""), ("gpu_neighbour_light", 36, base, "light"),

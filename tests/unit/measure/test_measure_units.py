@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -232,8 +233,8 @@ def test_gpu_sampler_without_gpu_records_nothing() -> None:
     assert GpuSampler([]).start().result() == {}
 
 
-@pytest.mark.gpu
-def test_gpu_sampler_on_a_gpu() -> None:
+def cuda_matrix() -> Any:
+    """A 4096^2 bfloat16 matrix on CUDA GPU 0 to multiply; skip without an NVIDIA driver or CUDA."""
     pynvml = pytest.importorskip("pynvml")
     try:
         pynvml.nvmlInit()
@@ -243,14 +244,19 @@ def test_gpu_sampler_on_a_gpu() -> None:
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
+    return torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_gpu_sampler_on_a_gpu() -> None:
     import time
 
-    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    a = cuda_matrix()
     with GpuSampler([0], interval_s=0.1) as s:
         t = time.monotonic()
         while time.monotonic() - t < 2.0:
             a @ a
-        torch.cuda.synchronize()
+        a.cpu()  # waits for the queued products
     r = s.result()
     assert r["gpu_samples"] >= 5 and r["gpu_util_pct_max"] > 50
     assert r["gpu_power_w_mean"] > 0 and r.get("gpu_energy_j", 1.0) > 0
@@ -260,24 +266,15 @@ def test_gpu_sampler_on_a_gpu() -> None:
 def test_gpu_read_on_a_gpu_is_the_window_not_an_instant() -> None:
     """On a real GPU: a second of matmuls then a second idle, read after each: the busy window's utilisation from
     NVML's buffer (several samples), its power from the energy counter, the idle one's utilisation far lower."""
-    pynvml = pytest.importorskip("pynvml")
-    try:
-        pynvml.nvmlInit()
-        pynvml.nvmlShutdown()
-    except pynvml.NVMLError:
-        pytest.skip("no NVIDIA driver")
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA GPU")
     import time
 
-    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    a = cuda_matrix()
     s = GpuSampler([0])
     s.read()
     t = time.monotonic()
     while time.monotonic() - t < 1.5:
         a @ a
-    torch.cuda.synchronize()
+    a.cpu()
     busy = s.read()
     busy_samples = dict(s.window_samples)
     time.sleep(1.5)
