@@ -99,6 +99,20 @@ def scrape_loop(url: str, interval_s: float, stop: threading.Event, row: Callabl
         stop.wait(max(0.0, nxt - time.monotonic()))
 
 
+def bench(url: str, workload_yaml: str, seconds: float, seed: str | None, stdout: Any = subprocess.DEVNULL) -> None:
+    """One `tuner bench` run of `workload_yaml` against the server at `url` (its load's seed where given), its
+    output to `stdout`; a failed run records what the scrapes saw and the phase goes on."""
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        f.write(workload_yaml)
+    try:
+        subprocess.run([sys.executable, "-m", "tuner.cli", "bench", "--url", url, "--workload", f.name,
+                        "--duration-s", str(seconds), "--tokenizer", "byte", *(["--seed", seed] if seed else [])],
+                       stdout=stdout, stderr=subprocess.STDOUT if stdout is not subprocess.DEVNULL else None,
+                       check=False)
+    finally:
+        Path(f.name).unlink()
+
+
 def wait_ready(url: str, timeout_s: float = 300) -> None:
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
@@ -158,17 +172,11 @@ def main() -> None:
             th = threading.Thread(target=scrape_loop, args=(url, args.interval_s, stop, row, write), daemon=True)
             th.start()
             for name, seconds, wl in phases:
-                seed = [] if args.seed is None else ["--seed", str(args.seed + order.index(name))]
-                phase["seed"] = seed[-1] if seed else ""
-                with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-                    f.write(wl)
+                phase["seed"] = "" if args.seed is None else str(args.seed + order.index(name))
                 phase["name"] = name
                 print(f"{time.strftime('%H:%M:%S')} phase {name} ({seconds * args.scale:.0f} s, "
                       f"step slowdown {slowdown:g})", flush=True)
-                subprocess.run([py, "-m", "tuner.cli", "bench", "--url", url, "--workload", f.name,
-                                "--duration-s", str(seconds * args.scale), "--tokenizer", "byte", *seed],
-                               stdout=subprocess.DEVNULL, check=False)
-                Path(f.name).unlink()
+                bench(url, wl, seconds * args.scale, phase["seed"] or None)
             phase["name"] = ""
             stop.set()
             th.join(args.interval_s + 10)

@@ -33,7 +33,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -132,17 +131,23 @@ def main() -> None:
     instant = NvmlTelemetry(gpus, window_mean=False)  # the fifteenth step's: one read at the window's end
     out = gzip.open(args.out, "at", encoding="utf-8")
     groups = plan(args.rate, args.plan)
-    order = [name for _, phases in groups for name, *_ in phases]
+    load_seeds = seeds(groups, args.seed)
     try:
         for slowdown, phases in groups:
-            run_engine(args, engine_flags, slowdown, phases, order, tel, instant, out)
+            run_engine(args, engine_flags, slowdown, phases, load_seeds, tel, instant, out)
     finally:
         out.close()
     summary(args.out)
 
 
+def seeds(groups: Sequence[tuple[float, Sequence[Phase]]], seed: int) -> dict[str, int]:
+    """Each phase's load seed: `seed` plus its place in the plan (the warm-up, '', included)."""
+    order = [name for _, phases in groups for name, *_ in phases]
+    return {name: seed + order.index(name) for name in order}
+
+
 def run_engine(args: argparse.Namespace, engine_flags: list[str], slowdown: float, phases: Sequence[Phase],
-               order: list[str], tel: NvmlTelemetry, instant: NvmlTelemetry, out: Any) -> None:
+               seeds: dict[str, int], tel: NvmlTelemetry, instant: NvmlTelemetry, out: Any) -> None:
     """One engine (its step slowdown fixed at start) through `phases`, /metrics and the GPU read every window."""
     py = sys.executable
     port = record.free_port()
@@ -180,17 +185,12 @@ def run_engine(args: argparse.Namespace, engine_flags: list[str], slowdown: floa
             if kind:
                 nb = subprocess.Popen([py, __file__, "--neighbour", kind, "--device", args.device,
                                        "--gpu", str(args.gpu)])
-            with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-                f.write(wl)
-            seed = str(args.seed + order.index(name))
+            seed = str(seeds[name])
             phase.update(name=name, neighbour=kind, seed=seed)
             print(f"{time.strftime('%H:%M:%S')} phase {name or '(warm-up)'} ({seconds * args.scale:.0f} s"
                   f"{', neighbour ' + kind if kind else ''}, step slowdown {slowdown:g})", flush=True)
             with open(log_dir / f"bench-{name or 'warmup' + tag}.log", "w") as blog:
-                subprocess.run([py, "-m", "tuner.cli", "bench", "--url", url, "--workload", f.name,
-                                "--duration-s", str(seconds * args.scale), "--tokenizer", "byte",
-                                "--seed", seed], stdout=blog, stderr=subprocess.STDOUT, check=False)
-            Path(f.name).unlink()
+                record.bench(url, wl, seconds * args.scale, seed, stdout=blog)
             if nb is not None:
                 nb.terminate()
                 nb.wait(30)

@@ -171,6 +171,11 @@ class Monitor:
         return max(3, self.config.learn_windows // 2)
 
     @property
+    def _half(self) -> int:
+        """Half of learn_windows (at least one): the step by which a warm-up's learning goes on or is redone."""
+        return max(1, self.config.learn_windows // 2)
+
+    @property
     def learning(self) -> bool:
         return self._learned < self.config.learn_windows
 
@@ -291,7 +296,7 @@ class Monitor:
                 c = self.config
                 warming = self._warming()
                 if warming and not c.warmup_judged:
-                    self._learned -= max(1, c.learn_windows // 2)
+                    self._learned -= self._half
                 else:
                     self._learn()
                     if warming:  # judged from now on, the latencies learnt again as the warm-up goes on
@@ -299,7 +304,7 @@ class Monitor:
                         self._learnt(warn=False)  # warned once the warm-up's baseline is learnt
                     elif (c.learn_until_sensitive and self._spent < c.warmup_max_factor * c.learn_windows
                             and (self.slowdown_windows() or 0.0) > MAX_SLOWDOWN_WINDOWS):
-                        self._learned -= max(1, c.learn_windows // 2)  # learning goes on (learn_until_sensitive)
+                        self._learned -= self._half  # learning goes on (learn_until_sensitive)
                     else:
                         self._learnt()
             return events
@@ -451,15 +456,15 @@ class Monitor:
         n = c.learn_windows
         self._warm_calm = [*self._warm_calm[-(n - 1):], t]
         self._warm_new += 1
-        if self._warm_new < max(1, n // 2) or len(self._warm_calm) < max(1, n // 2):
+        if self._warm_new < self._half:  # (the calm windows then number at least as many)
             return
         self._warm_new = 0
-        self._spent += max(1, n // 2)
+        self._spent += self._half
         calm = set(self._warm_calm)
         still = self._warming(calm)
         if c.autocorrelation:  # the warm-up's trend made the first baseline's
             self._rho = self._latency_rho(calm)
-        self._relearn_latencies(calm, max(1, n // 2), reset=True)
+        self._relearn_latencies(calm, self._half, reset=True)
         if not still or self._spent >= c.warmup_max_factor * n:
             self._warm_calm = None
             self._warn_insensitive()
@@ -545,11 +550,7 @@ class Monitor:
         n = c.learn_windows
         for name in ("itl_ms_mean", "e2el_ms_p50", "ttft_ms_p50"):
             tr = self.tracks[name]
-            if times is not None:
-                vals = tr.residuals_at(times)
-            else:
-                vals = [r for t, r in zip(tr.times[-n:], tr.residuals[-n:], strict=True)
-                        if t not in self._blind_times]
+            vals = tr.residuals_at(times if times is not None else set(tr.times[-n:]) - self._blind_times)
             if len(vals) >= max(8, n // 2) and len(set(vals)) > 1:
                 return bool(kendalltau(range(len(vals)), vals, alternative="less").pvalue < c.warmup_p)
         return False

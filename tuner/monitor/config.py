@@ -40,11 +40,13 @@ RULES: dict[str, SignalRule] = {
     "token_throughput_per_s": SignalRule("both", 1.0, tested=False),
     "running": SignalRule("both", 0.5, tested=False), "waiting": SignalRule("up", 0.5, tested=False),
     "kv_cache_usage_frac": SignalRule("up", 0.02, tested=False), "preemptions_per_s": SignalRule("up", 0.01),
-    # NVML's (and DCGM's) utilisation is the share of one short sample period (1/6-1 s) in which a kernel ran, read
-    # once a window: at a steady load on the H200 it moved 7-31 % around 20 % between 4-s windows (tails both
-    # ways), which scales learnt from 20 windows took for changes (4-9 false alarms a day on its own scale or the
-    # log's, experiments/detection's fifteenth step); its resolution is 10 points. Power, which integrates,
-    # moved 137-155 W there
+    # NVML's (and DCGM's) utilisation is the share of one short sample period (1/6-1 s) in which a kernel ran: read
+    # once a window it moved 7-31 % around 20 % between 4-s windows at a steady load on the H200 (tails both ways),
+    # which scales learnt from 20 windows took for changes (4-9 false alarms a day on its own scale or the log's,
+    # experiments/detection's fifteenth step); its resolution is 10 points. The monitor now reads the window's
+    # mean where NVML's buffer or Prometheus holds one (a spread of 3 points there, the sixteenth step), one read
+    # where not (the first window, a driver without the buffer, a window shorter than Prometheus' scrape
+    # interval), so the resolution stays. Power, which integrates, moved 137-155 W there
     "gpu_util_pct": SignalRule("both", 10.0), "gpu_power_w": SignalRule("both", 5.0),
     "gpu_sm_clock_mhz": SignalRule("down", 15.0), "gpu_dram_active_frac": SignalRule("both", 0.02),
     "gpu_fb_used_mb": SignalRule("up", 256.0), "gpu_throttled": SignalRule("up", 0.05),

@@ -33,37 +33,37 @@ def test_record_gpu_smoke_writes_every_phase_with_the_engine_and_gpu_readings(tm
     assert "| stationary_b |" in proc.stdout
 
 
-def test_run_replays_the_h200_stream_with_its_own_gpu_readings() -> None:
-    proc = subprocess.run([sys.executable, str(DETECTION / "run.py"),
-                           "--streams", f"h200r10={DETECTION / 'recorded-h200-rate10.jsonl.gz'}",
-                           "--tuned", "none", "--held-out", "h200r10/stationary_b", "--only-injected",
-                           "--cut", "h200r10/stationary_b=5", "--pre", "5", "--post", "8", "--trials", "10",
-                           "--changes", "gpu_neighbour", "gpu_throttle", "rate_x2"],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+def replay_injected(tag: str, stream: str, *changes: str) -> tuple[str, dict[str, list[str]]]:
+    """run.py's injected changes (10 trials each, 5 windows cut, 5 before and up to 8 after) on one H200 stream's
+    stationary_b, held out: its output, and the cells of each change's row."""
+    proc = subprocess.run([sys.executable, str(DETECTION / "run.py"), "--streams", f"{tag}={DETECTION / stream}",
+                           "--tuned", "none", "--held-out", f"{tag}/stationary_b", "--only-injected",
+                           "--cut", f"{tag}/stationary_b=5", "--pre", "5", "--post", "8", "--trials", "10",
+                           "--changes", *changes], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = {r.split("|")[2].strip(): r for r in proc.stdout.splitlines() if r.startswith("| held out")}
+    rows = {r.split("|")[2].strip(): r.split("|") for r in proc.stdout.splitlines() if r.startswith("| held out")}
+    return proc.stdout, rows
+
+
+def test_run_replays_the_h200_stream_with_its_own_gpu_readings() -> None:
+    out, cells = replay_injected("h200r10", "recorded-h200-rate10.jsonl.gz", "gpu_neighbour", "gpu_throttle",
+                                 "rate_x2")
+    rows = {change: "|".join(c) for change, c in cells.items()}
     # the real neighbour found from the GPU's readings; the double's throttle not injected into a real GPU's
     assert set(rows) == {"gpu_neighbour", "rate_x2"}
     assert "anomaly/gpu_throttle 10" in rows["gpu_neighbour"] and "drift/inputs 10" in rows["rate_x2"]
-    assert "| h200r10/gpu_neighbour | 100 | 689 |" in proc.stdout  # the readings' medians: busy, at 690 W
+    assert "| h200r10/gpu_neighbour | 100 | 689 |" in out  # the readings' medians: busy, at 690 W
 
 
 def test_run_finds_a_real_gpu_server_slowdown_as_an_anomaly_from_the_monitors_window_means() -> None:
     """The 16-req/s H200 stream (recorded with the GPU's window means): the second engine, every step 1.3 times as
     long, found as a performance anomaly, never as drift; the GPU table from the monitor's readings."""
-    proc = subprocess.run([sys.executable, str(DETECTION / "run.py"),
-                           "--streams", f"r16={DETECTION / 'recorded-h200-slowdown-rate16.jsonl.gz'}",
-                           "--tuned", "none", "--held-out", "r16/stationary_b", "--only-injected",
-                           "--cut", "r16/stationary_b=5", "--pre", "5", "--post", "8", "--trials", "10",
-                           "--changes", "slowdown30", "rate_x2"],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = {r.split("|")[2].strip(): r.split("|") for r in proc.stdout.splitlines() if r.startswith("| held out")}
+    out, rows = replay_injected("r16", "recorded-h200-slowdown-rate16.jsonl.gz", "slowdown30", "rate_x2")
     assert set(rows) == {"slowdown30", "rate_x2"}
     slow = rows["slowdown30"]
     assert slow[5].strip() == "10" and slow[11].strip() == "10/10" and "drift" not in slow[12]
     assert "drift/inputs 10" in rows["rate_x2"][12]
-    assert "| r16/slowdown30 | 15.7 | 141 |" in proc.stdout  # the window means: the slowed engine's GPU less busy
+    assert "| r16/slowdown30 | 15.7 | 141 |" in out  # the window means: the slowed engine's GPU less busy
 
 
 @pytest.mark.parametrize(("stream", "which", "rate", "seed"), [
@@ -77,8 +77,8 @@ def test_each_committed_gpu_stream_is_what_its_plan_records(stream: str, which: 
     import record_gpu
 
     groups = record_gpu.plan(rate, which)
-    order = [name for _, phases in groups for name, *_ in phases]
-    want = {name: (str(seed + order.index(name)), slowdown, kind)
+    load_seeds = record_gpu.seeds(groups, seed)
+    want = {name: (str(load_seeds[name]), slowdown, kind)
             for slowdown, phases in groups for name, _, _, kind in phases if name}
     got: dict[str, tuple[str, float, str]] = {}
     for line in gzip.open(DETECTION / stream, "rt", encoding="utf-8"):
