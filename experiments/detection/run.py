@@ -93,14 +93,16 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return [r for r in rows if r["phase"] and r["text"]]
 
 
-def load(path: Path, gpu_readings: str = "gpu") -> tuple[dict[str, list[tuple[float, Window]]],
-                                                         dict[str, dict[str, float]]]:
+def load(path: Path, gpu_readings: str = "gpu", every: int = 1) -> tuple[dict[str, list[tuple[float, Window]]],
+                                                                        dict[str, dict[str, float]]]:
     """Phase -> its windows (end time, signals), from consecutive scrapes of one phase, with cpu_wait_frac
     from the engine's schedstat through the monitor's own CpuWait (streams recorded before it have none) and
     cpu_steal_frac from the host's /proc/stat line through its CpuSteal (where recorded), and a GPU's readings
     (the row's `gpu_readings`: "gpu", the monitor's, or "gpu_instant", one read at the window's end, where
-    recorded; else "gpu"); and each phase's settings and median load average."""
-    rows = read_rows(path)
+    recorded; else "gpu"); and each phase's settings and median load average. `every`: a window spans that many
+    scrape intervals (every n-th scrape kept: a slower scrape of the same traffic; a GPU reading then is of the
+    last interval only)."""
+    rows = read_rows(path)[::every]
     out: dict[str, list[tuple[float, Window]]] = {}
     info: dict[str, dict[str, float]] = {}
     loads: dict[str, list[float]] = {}
