@@ -39,9 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import run  # noqa: E402
 
-from tuner.monitor.classify import Monitor  # noqa: E402
+from tuner.monitor.classify import MAX_SLOWDOWN_WINDOWS, Monitor  # noqa: E402
 from tuner.monitor.config import TESTS, MonitorConfig  # noqa: E402
-from tuner.monitor.detect import SECONDS_PER_DAY, Baseline, Cusum, windows_to_find  # noqa: E402
+from tuner.monitor.detect import SECONDS_PER_DAY, Baseline, Cusum, smallest_rise, windows_to_find  # noqa: E402
 from tuner.monitor.expect import ChampionExpectation  # noqa: E402
 from tuner.monitor.signals import LATENCIES  # noqa: E402
 
@@ -156,13 +156,15 @@ def main() -> None:
           "shift's Mahalanobis length under their windows' covariance: the most any test of their levels sees in a "
           "window; its bound takes the ITL mean's rho), each in its own sds: whether another signal, or all of "
           "them, says more than the ITL mean; learnt: the shipped monitor's ITL-mean scale over sigma and "
-          "Siegmund's mean windows for its CUSUM to find the shift, medians over its baselines from every few "
-          "windows of the steady state.\n")
+          "Siegmund's mean windows for its CUSUM to find the shift and the smallest slowdown it finds within "
+          f"{MAX_SLOWDOWN_WINDOWS:g} windows (Monitor.detectable_slowdown, the daemon's "
+          "tuner_monitor_detectable_slowdown_frac), medians over its baselines from every few windows of the steady "
+          "state.\n")
     print("| stream | window s | steady windows | sigma | rho | change | delta | delta / sigma | the best other "
           "latency's | the six pooled | the six, best combination | fewest windows, ITL mean (23 tests) | "
           "(this test alone) | fewest windows, best combination (23 tests) | learnt scale / sigma | "
-          "learnt: Siegmund windows |")
-    print("|---|---:|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+          "learnt: Siegmund windows | learnt: the smallest slowdown found within 12 windows |")
+    print("|---|---:|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for arg in args.streams:
         label, _, path = arg.rpartition("=")
         label = label or Path(path).name
@@ -196,6 +198,8 @@ def main() -> None:
                             statistics.fmean(math.log(x) / sd for sd in sigmas.values()) / statistics.stdev(index)))
         fits = learnt(stat, cfg, expect, args.step)
         ratio = statistics.median(s for s, _, _ in fits) / sigma if fits else math.nan
+        seen = statistics.median(smallest_rise(Baseline(0.0, s, "log"), Cusum(h, k), MAX_SLOWDOWN_WINDOWS)
+                                 for s, k, h in fits) if fits else math.nan
         for name, shifts, index_shift in changes:
             delta = shifts["itl_ms_mean"]
             shift = delta / sigma
@@ -207,7 +211,7 @@ def main() -> None:
             print(f"| {label} | {interval} | {len(stat)} | {sigma:.3f} | {rho:+.2f} | {name} | {delta:+.3f} | "
                   f"{shift:.2f} | {other} {shifts[other] / sigmas[other]:.2f} | {index_shift:.2f} | {best:.2f} | "
                   f"{fewest_windows(shift, rho, arl_shared):g} | {fewest_windows(shift, rho, arl_alone):g} | "
-                  f"{fewest_windows(best, rho, arl_shared):g} | {ratio:.2f} | {sieg_med:.1f} |")
+                  f"{fewest_windows(best, rho, arl_shared):g} | {ratio:.2f} | {sieg_med:.1f} | {100 * seen:+.0f} % |")
 
 if __name__ == "__main__":
     main()

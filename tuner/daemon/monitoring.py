@@ -99,6 +99,9 @@ class MonitorFeed:
         self.rt.metrics.monitor_unjudged.labels(self.st.name).set(self.monitor.unjudged)
         found_in = self.monitor.slowdown_windows()
         self.rt.metrics.monitor_slowdown_windows.labels(self.st.name).set(math.nan if found_in is None else found_in)
+        smallest = self.monitor.detectable_slowdown()
+        self.rt.metrics.monitor_detectable_slowdown.labels(self.st.name).set(math.nan if smallest is None
+                                                                              else smallest)
         for ev in events:
             try:
                 self.handle(ev)

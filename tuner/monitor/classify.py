@@ -41,6 +41,7 @@ from tuner.monitor.detect import (
     SignalTrack,
     change_index,
     lag1,
+    smallest_rise,
     threshold,
     windows_to_find,
 )
@@ -399,11 +400,13 @@ class Monitor:
         if found_in is not None and found_in > MAX_SLOWDOWN_WINDOWS:
             tr = self.tracks["itl_ms_mean"]
             assert tr.baseline is not None
-            log.warning("the ITL mean's baseline varies by %.0f %% a window: a %+.0f %% slowdown %s "
-                        "(tuner_monitor_slowdown_windows); a noisy host or a turbulent learning stretch",
+            log.warning("the ITL mean's baseline varies by %.0f %% a window: a %+.0f %% slowdown %s, the smallest "
+                        "found within %.0f windows is %+.0f %% (tuner_monitor_slowdown_windows, "
+                        "tuner_monitor_detectable_slowdown_frac); a noisy host or a turbulent learning stretch",
                         100 * math.expm1(tr.baseline.scale), 100 * (self.config.slowdown_to_find_frac or 0),
                         "would never be found" if math.isinf(found_in)
-                        else f"would take {found_in:.0f} windows to find")
+                        else f"would take {found_in:.0f} windows to find", MAX_SLOWDOWN_WINDOWS,
+                        100 * (self.detectable_slowdown() or 0.0))
 
     def _learn_history(self, t: float, blind: bool) -> None:
         """A calm window joins the latencies' history; every learn_windows of them the latencies' baselines are
@@ -527,6 +530,13 @@ class Monitor:
         if tr.baseline is None or frac is None:
             return None
         return windows_to_find(tr.baseline, tr.cusum, frac)
+
+    def detectable_slowdown(self, windows: float = MAX_SLOWDOWN_WINDOWS) -> float | None:
+        """The smallest slowdown (a fraction of the ITL mean) its test is expected to find within `windows` windows
+        at its current baseline (detect.smallest_rise): what the latency noise lets the monitor see that soon (a
+        window whose CPU wait widens its scale sees less); None before a baseline."""
+        tr = self.tracks["itl_ms_mean"]
+        return None if tr.baseline is None else smallest_rise(tr.baseline, tr.cusum, windows)
 
     def _design(self, name: str, baseline: Baseline) -> tuple[float, float]:
         """A signal's CUSUM allowance k and threshold h on this baseline: MonitorConfig.k, and for a latency at

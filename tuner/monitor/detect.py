@@ -55,6 +55,25 @@ def windows_to_find(baseline: Baseline, cusum: Cusum, frac: float) -> float:
     return arl(cusum.h, drift) if drift > 0 else math.inf
 
 
+def smallest_rise(baseline: Baseline, cusum: Cusum, windows: float) -> float:
+    """The smallest rise of a signal's level (a fraction: x(1 + frac)) that its one-sided upward CUSUM takes at
+    most `windows` windows on average to find at this baseline (Siegmund; windows_to_find's inverse): what its
+    noise lets it see that soon. Past b^2 windows (b = h + 1.166, the run length as the shift nears the allowance)
+    every shift beyond the allowance k is found in time: the allowance's own rise."""
+    if baseline.scale <= 0 or windows <= 0:
+        return 0.0
+    lo = 1e-4  # arl(h, d) falls from b^2 (d -> 0, where its formula loses its digits) towards 0
+    if windows >= arl(cusum.h, lo):
+        drift = 0.0
+    else:  # the drift at which it is `windows`
+        hi = 1.0
+        while arl(cusum.h, hi) > windows:
+            hi *= 2
+        drift = float(brentq(lambda d: arl(cusum.h, d) - windows, lo, hi))
+    shift = (drift + cusum.k) * baseline.scale
+    return inverse(baseline.centre + shift, baseline.transform) / baseline.level - 1
+
+
 def arl0(h: float, k: float) -> float:
     """In-control average run length (windows) of a one-sided CUSUM on N(0, 1) residuals (Siegmund)."""
     return arl(h, -k)

@@ -79,6 +79,10 @@ def test_the_feed_records_events_triggers_a_cycle_on_drift_and_answers_an_anomal
     found_in = next(float(line.split()[-1]) for line in text.splitlines()
                     if line.startswith('tuner_monitor_slowdown_windows{agent="mon"}'))
     assert found_in == pytest.approx(feed.monitor.slowdown_windows()) and 0 < found_in < 12
+    # and the smallest slowdown it finds within 12 windows: less than the one it finds that soon
+    smallest = next(float(line.split()[-1]) for line in text.splitlines()
+                    if line.startswith('tuner_monitor_detectable_slowdown_frac{agent="mon"}'))
+    assert smallest == pytest.approx(feed.monitor.detectable_slowdown()) and 0 < smallest < 0.3
 
 
 def test_the_watch_hands_its_scrapes_to_the_monitor(tmp_path: Path) -> None:

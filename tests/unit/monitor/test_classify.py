@@ -16,6 +16,7 @@ from tuner.agent import load_agent
 from tuner.errors import ConfigError
 from tuner.monitor.classify import Event, Monitor
 from tuner.monitor.config import MonitorConfig
+from tuner.monitor.detect import windows_to_find
 
 NORMAL = {"rate_per_s": (4.0, 0.4), "prompt_tokens_mean": (100.0, 5.0), "output_tokens_mean": (16.0, 1.0),
           "itl_ms_mean": (8.0, 0.3), "itl_ms_p90": (9.5, 0.3), "ttft_ms_p50": (50.0, 3.0), "e2el_ms_p50": (200.0, 10.0),
@@ -535,6 +536,14 @@ def test_the_monitor_says_how_soon_its_latency_noise_lets_it_find_a_slowdown(cap
     assert not [r for r in caplog.records if "slowdown would" in r.getMessage()]
     found_in = quiet.slowdown_windows()
     assert found_in is not None and found_in < 3  # ITL 8 ms +- 4 %: +30 % is many of its scales
+    assert m.detectable_slowdown() is None
+    smallest = quiet.detectable_slowdown()  # what it finds within 12 windows: well under +30 %, and no less
+    assert smallest is not None and 0.0 < smallest < 0.3
+    tr = quiet.tracks["itl_ms_mean"]
+    assert tr.baseline is not None
+    assert windows_to_find(tr.baseline, tr.cusum, smallest * 1.01) <= 12 < windows_to_find(tr.baseline, tr.cusum,
+                                                                                           smallest * 0.99)
+    assert quiet.detectable_slowdown(2) > smallest  # sooner: only a larger one
     _, ev = stream(lambda w, i: w.update(itl_ms_mean=w["itl_ms_mean"] * 1.3), at=40, n=52)
     assert ev and ev[0][1].kind == "anomaly" and ev[0][0] - 40 + 1 <= 3  # and found that soon
 
@@ -543,7 +552,9 @@ def test_the_monitor_says_how_soon_its_latency_noise_lets_it_find_a_slowdown(cap
 
     loud, _ = stream(noisy, at=0, n=25)
     assert loud.slowdown_windows() == math.inf
-    assert any("slowdown would never be found" in r.getMessage() for r in caplog.records)
+    said = [r.getMessage() for r in caplog.records if "slowdown would never be found" in r.getMessage()]
+    assert said and f"within 12 windows is {100 * (loud.detectable_slowdown() or 0):+.0f} %" in said[-1]
+    assert (loud.detectable_slowdown() or 0) > 0.3  # what it does find, past the slowdown it was to find
 
 
 def test_learning_goes_on_past_a_turbulent_stretch_when_asked() -> None:

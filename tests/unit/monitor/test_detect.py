@@ -8,7 +8,17 @@ import statistics
 
 import pytest
 
-from tuner.monitor.detect import Baseline, Cusum, Transform, arl0, change_index, lag1, threshold, windows_to_find
+from tuner.monitor.detect import (
+    Baseline,
+    Cusum,
+    Transform,
+    arl0,
+    change_index,
+    lag1,
+    smallest_rise,
+    threshold,
+    windows_to_find,
+)
 
 
 def run_length(h: float, k: float, rng: random.Random, cap: int = 100_000) -> int:
@@ -135,3 +145,22 @@ def test_windows_to_find_a_slowdown_grow_with_the_noise_and_end_at_the_allowance
                 break
         runs.append(n)
     assert statistics.fmean(runs) == pytest.approx(found_in[1], rel=0.15)
+
+
+@pytest.mark.parametrize("transform", ["log", "identity", "sqrt"])
+def test_the_smallest_rise_found_in_time_is_the_inverse_of_windows_to_find(transform: Transform) -> None:
+    level = 8.0
+    baseline = Baseline(centre=math.log(level) if transform == "log" else math.sqrt(level) if transform == "sqrt"
+                        else level, scale=0.1, transform=transform)
+    cusum = Cusum(h=4.0, k=1.25, direction="up")
+    rises = [smallest_rise(baseline, cusum, w) for w in (1, 2, 3, 5, 12)]
+    assert all(a > b > 0 for a, b in zip(rises, rises[1:], strict=False))  # sooner: only a larger rise
+    for w, frac in zip((1, 2, 3, 5, 12), rises, strict=True):
+        assert windows_to_find(baseline, cusum, frac) == pytest.approx(w, rel=1e-6)
+    # given long enough, anything beyond the allowance: the allowance's own rise, found only by chance at it
+    slow = smallest_rise(baseline, cusum, 1000)
+    assert baseline.shift_of(slow, "up") == pytest.approx(cusum.k * baseline.scale)
+    assert math.isinf(windows_to_find(baseline, cusum, slow * 0.999))
+    # a noisier baseline sees only larger rises
+    noisy = Baseline(centre=baseline.centre, scale=0.2, transform=transform)
+    assert smallest_rise(noisy, cusum, 5) > rises[3]
