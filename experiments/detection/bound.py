@@ -47,6 +47,7 @@ from tuner.monitor.signals import LATENCIES  # noqa: E402
 
 Window = run.Window
 MAX_WINDOWS = 60
+MIN_STEADY = 8  # steady windows a spread and an autocorrelation are measured from
 
 
 def sum_sd(n: int, rho: float) -> float:
@@ -143,10 +144,47 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+Steady = tuple[str, dict[str, list[tuple[float, Window]]], MonitorConfig, ChampionExpectation | None,
+               list[Window]]
+
+
+def steady_states(args: argparse.Namespace, cuts: dict[str, int]) -> list[Steady]:
+    """Each stream's (label, phases, the monitor's config at its interval, the expectation, its steady state),
+    every file and phase checked before anything is printed."""
+    out: list[Steady] = []
+    for arg in args.streams:
+        label, _, path = arg.rpartition("=")
+        label = label or Path(path).name
+        if not Path(path).is_file():
+            raise SystemExit(f"bound.py: --streams {arg}: no such file")
+        phases, _ = run.load(Path(path), every=args.every)
+        if len(phases.get("stationary_b", [])) < MIN_STEADY + 2:
+            raise SystemExit(f"bound.py: {path}: the phase stationary_b needs at least {MIN_STEADY + 2} windows "
+                             f"(it has {len(phases.get('stationary_b', []))}; phases: {', '.join(phases) or 'none'})")
+        times = [t for t, _ in phases["stationary_b"]]
+        interval = round(statistics.median(b - a for a, b in zip(times, times[1:], strict=False)))
+        cfg = MonitorConfig(interval_s=interval, false_alarms_per_day=args.false_alarms_per_day)
+        expect = run.expectation(args.sim_model) if interval > 10 and args.sim_model else None
+        windows = [w for _, w in phases["stationary_b"]]
+        cut = (cuts[label] + args.every - 1) // args.every if label in cuts else run.warmup(windows, cfg, expect)
+        stat = windows[cut:]
+        if len(stat) < MIN_STEADY:
+            raise SystemExit(f"bound.py: {path}: {len(stat)} windows of stationary_b after a cut of {cut}; "
+                             f"the bound needs at least {MIN_STEADY}")
+        out.append((label, phases, cfg, expect, stat))
+    return out
+
+
 def main() -> None:
     args = parser().parse_args()
     logging.getLogger("tuner.monitor").setLevel(logging.ERROR)
-    cuts = {k: int(v) for k, _, v in (c.partition("=") for c in args.cut)}
+    cuts: dict[str, int] = {}
+    for item in args.cut:
+        name, _, n = item.partition("=")
+        if not n.isdigit():
+            raise SystemExit(f"bound.py: --cut {item}: LABEL=WINDOWS, a whole number of windows")
+        cuts[name] = int(n)
+    streams = steady_states(args, cuts)
     print(f"# What the noise allows ({time.strftime('%Y-%m-%d %H:%M')})\n")
     print("command: `python experiments/detection/bound.py " + " ".join(sys.argv[1:]) + "`\n")
     print("sigma, rho: the log ITL mean's spread and lag-1 autocorrelation over the steady state; delta: the "
@@ -165,17 +203,8 @@ def main() -> None:
           "(this test alone) | fewest windows, best combination (23 tests) | learnt scale / sigma | "
           "learnt: Siegmund windows | learnt: the smallest slowdown found within 12 windows |")
     print("|---|---:|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for arg in args.streams:
-        label, _, path = arg.rpartition("=")
-        label = label or Path(path).name
-        phases, _ = run.load(Path(path), every=args.every)
-        times = [t for t, _ in phases["stationary_b"]]
-        interval = round(statistics.median(b - a for a, b in zip(times, times[1:], strict=False)))
-        cfg = MonitorConfig(interval_s=interval, false_alarms_per_day=args.false_alarms_per_day)
-        expect = run.expectation(args.sim_model) if interval > 10 and args.sim_model else None
-        windows = [w for _, w in phases["stationary_b"]]
-        cut = (cuts[label] + args.every - 1) // args.every if label in cuts else run.warmup(windows, cfg, expect)
-        stat = windows[cut:]
+    for label, phases, cfg, expect, stat in streams:
+        interval = cfg.interval_s
         base = log_residuals(stat, cfg, expect)
         itl = finite(base["itl_ms_mean"])
         sigma, rho = statistics.stdev(itl), lag1(itl)

@@ -87,3 +87,10 @@ def test_bound_prints_each_streams_bound_and_what_the_monitor_learns() -> None:
     # a server twice as slow is more of the noise than one 1.3 times as slow, on each stream
     for s in ("quiet10", "h200r16"):
         assert float(rows[(s, "latencies x2 (model)")][8]) > float(rows[(s, "latencies x1.3 (model)")][8])
+
+
+def test_bound_names_the_file_and_the_rule_when_a_stream_cannot_be_used() -> None:
+    proc = subprocess.run([sys.executable, str(DETECTION / "bound.py"), "--streams",
+                           str(DETECTION / "recorded.jsonl.gz")], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode != 0 and not proc.stdout
+    assert "recorded.jsonl.gz: the phase stationary_b needs at least" in proc.stderr and "rate_x2" in proc.stderr
