@@ -90,9 +90,8 @@ class DaemonMetrics:
         self.monitor_detectable_slowdown = Gauge(
             "tuner_monitor_detectable_slowdown_frac", "The smallest slowdown (a fraction of the ITL mean: 0.3 is "
             "+30 %) the monitor's ITL-mean test is expected to find within 12 windows at its current baseline "
-            "(Siegmund's approximation; a window whose CPU wait widens its scale sees less; NaN: no baseline yet): what "
-            "its latency noise lets it see", ["agent"],
-            registry=self.registry)
+            "(Siegmund's approximation; a window whose CPU wait widens its scale sees less; NaN: no baseline "
+            "yet): what its latency noise lets it see", ["agent"], registry=self.registry)
         self.switches = Counter("tuner_scenario_switches", "Scenario champions put in service as traffic moved",
                                 ["agent", "scenario"], registry=self.registry)
 

@@ -59,8 +59,11 @@ def smallest_rise(baseline: Baseline, cusum: Cusum, windows: float) -> float:
     """The smallest rise of a signal's level (a fraction: x(1 + frac)) that its one-sided upward CUSUM takes at
     most `windows` windows on average to find at this baseline (Siegmund; windows_to_find's inverse): what its
     noise lets it see that soon. Past b^2 windows (b = h + 1.166, the run length as the shift nears the allowance)
-    every shift beyond the allowance k is found in time: the allowance's own rise."""
-    if baseline.scale <= 0 or windows <= 0:
+    every shift beyond the allowance k is found in time: the allowance's own rise. inf for a level of 0 or less
+    (no rise of it is a share of it) or no window to find it in."""
+    if baseline.level <= 0 or windows <= 0:
+        return math.inf
+    if baseline.scale <= 0:
         return 0.0
     lo = 1e-4  # arl(h, d) falls from b^2 (d -> 0, where its formula loses its digits) towards 0
     if windows >= arl(cusum.h, lo):

@@ -164,3 +164,5 @@ def test_the_smallest_rise_found_in_time_is_the_inverse_of_windows_to_find(trans
     # a noisier baseline sees only larger rises
     noisy = Baseline(centre=baseline.centre, scale=0.2, transform=transform)
     assert smallest_rise(noisy, cusum, 5) > rises[3]
+    assert math.isinf(smallest_rise(Baseline(centre=0.0, scale=1.0), cusum, 5))  # no level: no share of it
+    assert math.isinf(smallest_rise(baseline, cusum, 0))
