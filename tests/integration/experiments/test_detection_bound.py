@@ -40,6 +40,14 @@ def test_one_window_is_enough_only_past_the_budgets_quantile() -> None:
     assert bound.fewest_windows(2.0, 0.6, arl0) > bound.fewest_windows(2.0, 0.0, arl0)
 
 
+def test_a_test_of_the_innovations_sees_a_correlated_streams_first_changed_window_as_the_surprise() -> None:
+    arl0 = 5760 * TESTS
+    for shift in (0.5, 2.0, 3.5, 6.0):  # independent windows: the two tests are one
+        assert bound.fewest_windows_innovations(shift, 0.0, arl0) == bound.fewest_windows(shift, 0.0, arl0)
+    # a wandering stream (rho 0.65): its level test needs windows, its innovations see the step at once
+    assert bound.fewest_windows(3.6, 0.65, arl0) == 3 and bound.fewest_windows_innovations(3.6, 0.65, arl0) == 1
+
+
 def overall_median_delay(shift_sd: float, rho: float, trials: int, seed: int) -> float:
     """The shipped monitor's median delay (a miss counts as never) on log ITL means of a stationary Gaussian AR(1)
     series (sd 0.1) that moves up by shift_sd of its sds after 40 windows."""
