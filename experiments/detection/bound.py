@@ -184,6 +184,51 @@ def steady_states(args: argparse.Namespace, cuts: dict[str, int]) -> list[Steady
     return out
 
 
+def stream_rows(label: str, phases: dict[str, list[tuple[float, Window]]], cfg: MonitorConfig,
+                expect: ChampionExpectation | None, stat: list[Window], args: argparse.Namespace) -> list[str]:
+    """One stream's rows of the table: each change's shift and bounds, and what the shipped monitor learns."""
+    rows: list[str] = []
+    interval = cfg.interval_s
+    base = log_residuals(stat, cfg, expect)
+    itl = finite(base["itl_ms_mean"])
+    sigma, rho = statistics.stdev(itl), lag1(itl) or 0.0
+    sigmas = {n: statistics.stdev(finite(v)) for n, v in base.items() if len(finite(v)) > 2}
+    index = pooled(base, sigmas)
+    per_day = SECONDS_PER_DAY / interval
+    arl_shared = per_day * TESTS / args.false_alarms_per_day
+    arl_alone = per_day / args.false_alarms_per_day
+    # (name, each latency's shift on its log residual, the pooled index's shift in its own sds)
+    changes: list[tuple[str, dict[str, float], float]] = []
+    if "slowdown30" in phases:  # a recorded slowdown: its windows after the stationary ones (the same expectation)
+        after = log_residuals(stat[:cfg.learn_windows] + [w for _, w in phases["slowdown30"]], cfg, expect)
+        after = {n: v[cfg.learn_windows:] for n, v in after.items()}
+        shifts = {n: statistics.median(finite(after[n])) - statistics.median(finite(base[n])) for n in sigmas
+                  if finite(after[n])}
+        moved = statistics.median(pooled(after, sigmas)) - statistics.median(index)
+        changes.append(("slowdown30 (recorded)", shifts, moved / statistics.stdev(index)))
+    for x in (1.3, 2.0):
+        changes.append((f"latencies x{x:g} (model)", dict.fromkeys(sigmas, math.log(x)),
+                        statistics.fmean(math.log(x) / sd for sd in sigmas.values()) / statistics.stdev(index)))
+    fits = learnt(stat, cfg, expect, args.step)
+    ratio = statistics.median(s for s, _, _ in fits) / sigma if fits else math.nan
+    seen = statistics.median(smallest_rise(Baseline(0.0, s, "log"), Cusum(h, k), MAX_SLOWDOWN_WINDOWS)
+                             for s, k, h in fits) if fits else math.nan
+    for name, shifts, index_shift in changes:
+        delta = shifts["itl_ms_mean"]
+        shift = delta / sigma
+        other = max((n for n in shifts if n != "itl_ms_mean"), key=lambda n: shifts[n] / sigmas[n])
+        best = mahalanobis(base, shifts)
+        sieg = [windows_to_find(Baseline(0.0, s, "log"), Cusum(h, k), math.exp(delta) - 1)
+                for s, k, h in fits]
+        sieg_med = statistics.median(sieg) if sieg else math.nan
+        rows.append(f"| {label} | {interval} | {len(stat)} | {sigma:.3f} | {rho:+.2f} | {name} | {delta:+.3f} | "
+              f"{shift:.2f} | {other} {shifts[other] / sigmas[other]:.2f} | {index_shift:.2f} | {best:.2f} | "
+              f"{fewest_windows(shift, rho, arl_shared):g} | {fewest_windows(shift, rho, arl_alone):g} | "
+              f"{fewest_windows_innovations(shift, rho, arl_shared):g} | "
+              f"{fewest_windows(best, rho, arl_shared):g} | {ratio:.2f} | {sieg_med:.1f} | {100 * seen:+.0f} % |")
+    return rows
+
+
 def main() -> None:
     args = parser().parse_args()
     logging.getLogger("tuner.monitor").setLevel(logging.ERROR)
@@ -214,45 +259,9 @@ def main() -> None:
           "learnt scale / sigma | "
           "learnt: Siegmund windows | learnt: the smallest slowdown found within 12 windows |")
     print("|---|---:|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for label, phases, cfg, expect, stat in streams:
-        interval = cfg.interval_s
-        base = log_residuals(stat, cfg, expect)
-        itl = finite(base["itl_ms_mean"])
-        sigma, rho = statistics.stdev(itl), lag1(itl) or 0.0
-        sigmas = {n: statistics.stdev(finite(v)) for n, v in base.items() if len(finite(v)) > 2}
-        index = pooled(base, sigmas)
-        per_day = SECONDS_PER_DAY / interval
-        arl_shared = per_day * TESTS / args.false_alarms_per_day
-        arl_alone = per_day / args.false_alarms_per_day
-        # (name, each latency's shift on its log residual, the pooled index's shift in its own sds)
-        changes: list[tuple[str, dict[str, float], float]] = []
-        if "slowdown30" in phases:  # a recorded slowdown: its windows after the stationary ones (the same expectation)
-            after = log_residuals(stat[:cfg.learn_windows] + [w for _, w in phases["slowdown30"]], cfg, expect)
-            after = {n: v[cfg.learn_windows:] for n, v in after.items()}
-            shifts = {n: statistics.median(finite(after[n])) - statistics.median(finite(base[n])) for n in sigmas
-                      if finite(after[n])}
-            moved = statistics.median(pooled(after, sigmas)) - statistics.median(index)
-            changes.append(("slowdown30 (recorded)", shifts, moved / statistics.stdev(index)))
-        for x in (1.3, 2.0):
-            changes.append((f"latencies x{x:g} (model)", dict.fromkeys(sigmas, math.log(x)),
-                            statistics.fmean(math.log(x) / sd for sd in sigmas.values()) / statistics.stdev(index)))
-        fits = learnt(stat, cfg, expect, args.step)
-        ratio = statistics.median(s for s, _, _ in fits) / sigma if fits else math.nan
-        seen = statistics.median(smallest_rise(Baseline(0.0, s, "log"), Cusum(h, k), MAX_SLOWDOWN_WINDOWS)
-                                 for s, k, h in fits) if fits else math.nan
-        for name, shifts, index_shift in changes:
-            delta = shifts["itl_ms_mean"]
-            shift = delta / sigma
-            other = max((n for n in shifts if n != "itl_ms_mean"), key=lambda n: shifts[n] / sigmas[n])
-            best = mahalanobis(base, shifts)
-            sieg = [windows_to_find(Baseline(0.0, s, "log"), Cusum(h, k), math.exp(delta) - 1)
-                    for s, k, h in fits]
-            sieg_med = statistics.median(sieg) if sieg else math.nan
-            print(f"| {label} | {interval} | {len(stat)} | {sigma:.3f} | {rho:+.2f} | {name} | {delta:+.3f} | "
-                  f"{shift:.2f} | {other} {shifts[other] / sigmas[other]:.2f} | {index_shift:.2f} | {best:.2f} | "
-                  f"{fewest_windows(shift, rho, arl_shared):g} | {fewest_windows(shift, rho, arl_alone):g} | "
-                  f"{fewest_windows_innovations(shift, rho, arl_shared):g} | "
-                  f"{fewest_windows(best, rho, arl_shared):g} | {ratio:.2f} | {sieg_med:.1f} | {100 * seen:+.0f} % |")
+    for stream in streams:
+        print("\n".join(stream_rows(*stream, args)))
+
 
 if __name__ == "__main__":
     main()
