@@ -34,7 +34,9 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
+import numpy as np
 from scipy.stats import norm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -106,8 +108,6 @@ def mahalanobis(res: dict[str, list[float]], shifts: dict[str, float]) -> float:
     """The shift of the latencies together in sds of the best linear combination of them (sqrt(d' S^-1 d), S their
     windows' covariance, its inverse's upward bias (n - 1) / (n - p - 2) taken out): the most any test of the
     latencies' levels can see in one window, where the noise is Gaussian and S known."""
-    import numpy as np
-
     names = [n for n in shifts if n in res]
     rows = np.array([row for row in zip(*(res[n] for n in names), strict=True)
                      if all(math.isfinite(v) for v in row)])
@@ -153,8 +153,15 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-Steady = tuple[str, dict[str, list[tuple[float, Window]]], MonitorConfig, ChampionExpectation | None,
-               list[Window]]
+class Steady(NamedTuple):
+    """A stream bound.py reads: its label, phases, the monitor's config at its interval, the expectation and its
+    steady state (stationary_b after the warm-up cut)."""
+
+    label: str
+    phases: dict[str, list[tuple[float, Window]]]
+    cfg: MonitorConfig
+    expect: ChampionExpectation | None
+    stat: list[Window]
 
 
 def steady_states(args: argparse.Namespace, cuts: dict[str, int]) -> list[Steady]:
@@ -180,19 +187,20 @@ def steady_states(args: argparse.Namespace, cuts: dict[str, int]) -> list[Steady
         if len(stat) < MIN_STEADY:
             raise SystemExit(f"bound.py: {path}: {len(stat)} windows of stationary_b after a cut of {cut}; "
                              f"the bound needs at least {MIN_STEADY}")
-        out.append((label, phases, cfg, expect, stat))
+        out.append(Steady(label, phases, cfg, expect, stat))
     return out
 
 
-def stream_rows(label: str, phases: dict[str, list[tuple[float, Window]]], cfg: MonitorConfig,
-                expect: ChampionExpectation | None, stat: list[Window], args: argparse.Namespace) -> list[str]:
+def stream_rows(stream: Steady, args: argparse.Namespace) -> list[str]:
     """One stream's rows of the table: each change's shift and bounds, and what the shipped monitor learns."""
+    label, phases, cfg, expect, stat = stream
     rows: list[str] = []
     interval = cfg.interval_s
     base = log_residuals(stat, cfg, expect)
-    itl = finite(base["itl_ms_mean"])
+    read = {n: finite(v) for n, v in base.items()}
+    itl = read["itl_ms_mean"]
     sigma, rho = statistics.stdev(itl), lag1(itl) or 0.0
-    sigmas = {n: statistics.stdev(finite(v)) for n, v in base.items() if len(finite(v)) > 2}
+    sigmas = {n: statistics.stdev(v) for n, v in read.items() if len(v) > 2}
     index = pooled(base, sigmas)
     per_day = SECONDS_PER_DAY / interval
     arl_shared = per_day * TESTS / args.false_alarms_per_day
@@ -202,8 +210,8 @@ def stream_rows(label: str, phases: dict[str, list[tuple[float, Window]]], cfg: 
     if "slowdown30" in phases:  # a recorded slowdown: its windows after the stationary ones (the same expectation)
         after = log_residuals(stat[:cfg.learn_windows] + [w for _, w in phases["slowdown30"]], cfg, expect)
         after = {n: v[cfg.learn_windows:] for n, v in after.items()}
-        shifts = {n: statistics.median(finite(after[n])) - statistics.median(finite(base[n])) for n in sigmas
-                  if finite(after[n])}
+        shifts = {n: statistics.median(later) - statistics.median(read[n]) for n in sigmas
+                  if (later := finite(after[n]))}
         moved = statistics.median(pooled(after, sigmas)) - statistics.median(index)
         changes.append(("slowdown30 (recorded)", shifts, moved / statistics.stdev(index)))
     for x in (1.3, 2.0):
@@ -260,7 +268,7 @@ def main() -> None:
           "learnt: Siegmund windows | learnt: the smallest slowdown found within 12 windows |")
     print("|---|---:|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for stream in streams:
-        print("\n".join(stream_rows(*stream, args)))
+        print("\n".join(stream_rows(stream, args)))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ read covers.
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
 import time
 from collections.abc import Sequence
@@ -279,6 +280,18 @@ class GpuSampler:
         self.reasons.clear()
         return out
 
+    def _say_short_buffer(self, series: str, pos: int, since: int, stamps: list[int]) -> None:
+        """Log once per series where its buffered samples since the previous read (`stamps`, in us, ascending)
+        start later than that read by more than three of their usual gaps: the driver's buffer overflowed."""
+        if len(stamps) < 2:
+            return
+        usual_gap = statistics.median_high(b - a for a, b in zip(stamps, stamps[1:], strict=False))
+        if stamps[0] - since > 3 * usual_gap:
+            self._short_buffer.add(series)
+            log.info("NVML's %s buffer on GPU %d kept only the last %.1f s of the %.1f s since the previous read: "
+                     "a window's mean covers that much", series, self.indices[pos], (stamps[-1] - stamps[0]) / 1e6,
+                     (stamps[-1] - since) / 1e6)
+
     def _energy_power(self) -> float | None:
         """The GPUs' total power over the whole window, from their energy counters' rise since the previous read
         (the power buffer holds only the last ~2.4 s on an H200); None on the first read or without counters."""
@@ -332,13 +345,8 @@ class GpuSampler:
         self._last_ts[key] = int(fresh[-1].timeStamp)
         if since == 0:
             return None  # the first read: the buffer's older samples belong to no window
-        stamps = [int(s.timeStamp) for s in fresh]
-        gaps = sorted(b - a for a, b in zip(stamps, stamps[1:], strict=False))
-        if gaps and stamps[0] - since > 3 * gaps[len(gaps) // 2] and series not in self._short_buffer:
-            self._short_buffer.add(series)  # the driver's buffer overflowed between two reads
-            log.info("NVML's %s buffer on GPU %d kept only the last %.1f s of the %.1f s since the previous read: "
-                     "a window's mean covers that much", series, self.indices[pos], (stamps[-1] - stamps[0]) / 1e6,
-                     (stamps[-1] - since) / 1e6)
+        if series not in self._short_buffer:  # once said, not looked at again
+            self._say_short_buffer(series, pos, since, [int(s.timeStamp) for s in fresh])
         member = _VALUE_FIELDS.get(int(value_type), "uiVal")
         return [float(getattr(s.sampleValue, member)) for s in fresh]
 
