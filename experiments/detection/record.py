@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -99,14 +99,17 @@ def scrape_loop(url: str, interval_s: float, stop: threading.Event, row: Callabl
         stop.wait(max(0.0, nxt - time.monotonic()))
 
 
-def bench(url: str, workload_yaml: str, seconds: float, seed: str | None, stdout: Any = subprocess.DEVNULL) -> None:
+def bench(url: str, workload_yaml: str, seconds: float, seed: str | None, stdout: Any = subprocess.DEVNULL,
+          client: Sequence[str] = ("--tokenizer", "byte")) -> None:
     """One `tuner bench` run of `workload_yaml` against the server at `url` (its load's seed where given), its
-    output to `stdout`; a failed run records what the scrapes saw and the phase goes on."""
+    output to `stdout`; `client`: bench's options for the server (the reference engine's byte tokenizer by
+    default; a model name and its tokenizer's folder for another server); a failed run records what the scrapes
+    saw and the phase goes on."""
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         f.write(workload_yaml)
     try:
         subprocess.run([sys.executable, "-m", "tuner.cli", "bench", "--url", url, "--workload", f.name,
-                        "--duration-s", str(seconds), "--tokenizer", "byte", *(["--seed", seed] if seed else [])],
+                        "--duration-s", str(seconds), *client, *(["--seed", seed] if seed else [])],
                        stdout=stdout, stderr=subprocess.STDOUT if stdout is not subprocess.DEVNULL else None,
                        check=False)
     finally:
