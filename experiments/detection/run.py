@@ -71,7 +71,8 @@ MODELS = {"slowdown_model": 1.3, "slowdown_x2": 2.0}  # a modelled slowdown: the
 
 # MonitorConfig.wait_law's choices, as the table's header names them
 LAWS = {"window": "the window", "ready": "the time ready to run",
-        "auto": "the time ready to run where the window's is above its error, else the window"}
+        "auto": "the time ready to run where the window's is one and a half times its error or more, the window "
+                "where it is half its error or less, by degrees between"}
 STARVED = {True: ", beyond it against the starved windows' own baseline", False: ""}  # --starved-baseline
 
 

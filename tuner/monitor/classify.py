@@ -194,17 +194,19 @@ class Monitor:
     def _wait(self, law: str | None = None) -> float | None:
         """The share of the last window's work the server could not run (MonitorConfig.contention): its own wait
         for a CPU (the share MonitorConfig.wait_law, or `law`, names: of the window, or of the time it was ready
-        to run, where read; "auto": the latter only where the window's share is above its error) and the steal
-        of its host's CPUs, 1 - (1 - wait)(1 - steal); None where neither is read (or the correction is off)."""
-        law = law or self.config.wait_law
-        if law == "auto":  # the ready share where the server measurably waited (its window's share above its error)
-            law = "ready" if self.last_signals.get("cpu_wait_frac", 0.0) >= self.config.wait_error else "window"
-        wait = "cpu_ready_wait_frac" if law == "ready" else "cpu_wait_frac"
-        if wait not in self.last_signals:
-            wait = "cpu_wait_frac"
-        shares = [self.last_signals[n] for n in (wait, "cpu_steal_frac") if n in self.last_signals]
+        to run, where read; "auto": the latter by degrees, MonitorConfig.wait_law) and the steal of its host's
+        CPUs, 1 - (1 - wait)(1 - steal); None where neither is read (or the correction is off)."""
+        sig = self.last_signals
+        shares = [sig[n] for n in ("cpu_wait_frac", "cpu_steal_frac") if n in sig]
         if not self.config.contention or not shares:
             return None
+        law = law or self.config.wait_law
+        if "cpu_wait_frac" in sig and "cpu_ready_wait_frac" in sig and law != "window":
+            window, ready = sig["cpu_wait_frac"], sig["cpu_ready_wait_frac"]
+            # "auto": the ready share's weight rises from 0 where the window's share is half its error to 1 where
+            # it is one and a half times it
+            weight = 1.0 if law == "ready" else min(1.0, max(0.0, window / self.config.wait_error - 0.5))
+            shares[0] = window + (ready - window) * weight
         return min(MAX_WAIT_FRAC, 1.0 - math.prod(1.0 - min(v, MAX_WAIT_FRAC) for v in shares))
 
     def _z(self, name: str) -> float:

@@ -145,10 +145,13 @@ class MonitorConfig:
     # server waited (cpu_wait_frac: right for a thread never idle); "ready", the share of the time it was ready
     # to run that it waited (cpu_ready_wait_frac, read from a process's schedstat: its CPU work took
     # 1 / (1 - w) as long whatever the share of the window it slept; the window's share where it is not read);
-    # "auto", the ready share where the server measurably waited (the window's share at least wait_error), the
-    # window's elsewhere: on a quiet host the ready share is the wake-up wait (about 0.07 of the time ready,
-    # against 0.01 of the window) and its noise, not contention, and "ready" raised quiet hosts' false alarms
-    # (experiments/detection, thirteenth step)
+    # "auto", the ready share where the server measurably waited, the window's where it did not, by degrees
+    # around wait_error: none of the ready share where the window's share is half of wait_error, all of it at
+    # one and a half times it, in proportion between. On a quiet host the ready share is the wake-up wait (about
+    # 0.07 of the time ready, against 0.01 of the window) and its noise, not contention, and "ready" raised
+    # quiet hosts' false alarms (experiments/detection, thirteenth step); a switch at wait_error corrected the
+    # windows of a real vLLM whose share sits at it by x0.98 or x0.77 at random, a noise of its own that hid a
+    # +30 % slowdown (experiments/detection, eighteenth step)
     wait_law: Literal["window", "ready", "auto"] = "auto"
     # the law's error (wait_law_error) counted on the window's stretch 1 / (1 - w) away from the one usual in
     # the baseline's windows (their median), which the baseline already holds (True), or on all of it (False)

@@ -68,3 +68,19 @@ def test_run_finds_vllms_slowdown_as_an_anomaly_and_its_rate_as_drift() -> None:
     assert set(rows) == {"slowdown30", "rate_x2"}
     assert "anomaly/latency 10" in rows["slowdown30"][12] and "drift" not in rows["slowdown30"][12]
     assert "drift/inputs 10" in rows["rate_x2"][12]
+
+
+def test_a_vllm_at_the_wait_laws_line_is_found_slower() -> None:
+    """The 2-req/s stream, whose engine core waits about the wait's error (0.03) of each window: the ready share
+    taken by degrees finds its slowdown every time (the switch at the line found it 41/100 and its x1.3 model
+    51/100, experiments/detection, eighteenth step)."""
+    proc = subprocess.run([sys.executable, str(DETECTION / "run.py"), "--streams",
+                           f"vllm2={DETECTION / 'recorded-vllm-rate2.jsonl.gz'}", "--tuned", "none", "--held-out",
+                           "vllm2/stationary_b", "--cut", "vllm2/stationary_b=0", "--only-injected", "--trials", "10",
+                           "--changes", "slowdown30", "slowdown_model", "--sim-model",
+                           str(ROOT / "experiments" / "sim-calibration" / "model-cpu.json")],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r.split("|")[2].strip(): r.split("|") for r in proc.stdout.splitlines() if r.startswith("| held out")}
+    for change in ("slowdown30", "slowdown_model"):
+        assert rows[change][5].strip() == "10" and "anomaly/latency 10" in rows[change][12], rows[change]
