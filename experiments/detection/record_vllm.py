@@ -73,9 +73,10 @@ def descendants(pid: int, proc_root: Path = Path("/proc")) -> list[int]:
     return out
 
 
-def engine_core(pid: int) -> int:
-    """vLLM's engine-core process below the server `pid` (its process title names it), else the server itself."""
-    for c in descendants(pid):
+def engine_core(pid: int, below: list[int] | None = None) -> int:
+    """vLLM's engine-core process below the server `pid` (its process title names it), else the server itself;
+    `below`: the processes below it where already listed (descendants)."""
+    for c in descendants(pid) if below is None else below:
         try:
             if b"EngineCore" in Path(f"/proc/{c}/cmdline").read_bytes() + Path(f"/proc/{c}/comm").read_bytes():
                 return c
@@ -112,7 +113,8 @@ def main() -> None:
         with target.deploy({"enforce_eager": True, "cpu_kvcache_space_gib": 1}, ctx) as dep, \
                 gzip.open(args.out, "at", encoding="utf-8") as out:
             assert dep.pid is not None and dep.metrics_url is not None
-            core = engine_core(dep.pid)
+            below = descendants(dep.pid)  # vLLM starts no new processes while serving: listed once
+            core = engine_core(dep.pid, below)
             print(f"{time.strftime('%H:%M:%S')} vLLM ready: server {dep.pid}, engine core {core}", flush=True)
             state: dict[str, Any] = {"phase": "", "slowdown": 0.0, "seed": ""}
             lock = threading.Lock()
@@ -139,8 +141,7 @@ def main() -> None:
                                  seed="" if args.seed is None else str(args.seed + i))
                     print(f"{time.strftime('%H:%M:%S')} phase {name} ({seconds * args.scale:.0f} s, "
                           f"slowdown {slowdown:g})", flush=True)
-                    # the whole server slowed: its processes as they are now (vLLM starts no new ones while serving)
-                    with Freezer([dep.pid, *descendants(dep.pid)], slowdown) as fz:
+                    with Freezer([dep.pid, *below], slowdown) as fz:  # the whole server slowed
                         bench(dep.endpoint, wl, seconds * args.scale, state["seed"] or None,
                               client=("--model", dep.model, "--tokenizer", str(model)))
                     if slowdown:
