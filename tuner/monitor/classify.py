@@ -225,7 +225,11 @@ class Monitor:
             # on the stretch, or on its departure from the baseline's usual one (wait_law_relative)
             ref = usual_stretch if self.config.wait_law_relative else 0.0
             away = max(abs(-math.log1p(-min(v, MAX_WAIT_FRAC)) - ref) for v in self._waits)
-            extra = math.hypot(self.config.wait_error / (1.0 - w), self.config.wait_law_error * away)
+            share_err = self.config.wait_error / (1.0 - w)
+            if self.config.wait_error_relative:  # beyond the error at the baseline's usual stretch (the config)
+                usual_err = self.config.wait_error * math.exp(usual_stretch)
+                share_err = math.hypot(self.config.wait_error, math.sqrt(max(0.0, share_err ** 2 - usual_err ** 2)))
+            extra = math.hypot(share_err, self.config.wait_law_error * away)
         if name in LATENCIES and self.config.bucket_error:
             extra = math.hypot(extra, tr.bucket_error())
         if extra > 0:

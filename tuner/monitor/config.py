@@ -156,6 +156,14 @@ class MonitorConfig:
     # the law's error (wait_law_error) counted on the window's stretch 1 / (1 - w) away from the one usual in
     # the baseline's windows (their median), which the baseline already holds (True), or on all of it (False)
     wait_law_relative: bool = True
+    # the share's own error, wait_error / (1 - w), counted (True) only beyond the one the baseline's windows
+    # already hold (at their median stretch: a window's error of the measured share is in their spread, so in
+    # the learnt scale), never below wait_error itself: sqrt(wait_error^2 + max(0, err(w)^2 - err(usual)^2));
+    # False: in full on top of the scale. Where a neighbour keeps the server waiting 0.7 of its ready time the
+    # full error (0.1 on the log scale) counted again shrank a +30 % slowdown's z to near the CUSUM's allowance
+    # (found 37 of 100 times on the busy stationary_b; 66 counted once), while the windows near the usual wait
+    # spread 0.057 in all (experiments/detection, nineteenth step). On a quiet host both are wait_error.
+    wait_error_relative: bool = True
     wait_memory: int = 3  # windows whose CPU wait a latency's uncertainty takes (this one and those before)
     # a latency is not judged while the server waited more than this share of one of those windows (the
     # window's share): the neighbours, not the server, set it then (the windows are counted in `unjudged`).
