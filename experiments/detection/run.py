@@ -73,6 +73,8 @@ MODELS = {"slowdown_model": 1.3, "slowdown_x2": 2.0}  # a modelled slowdown: the
 LAWS = {"window": "the window", "ready": "the time ready to run",
         "auto": "the time ready to run where the window's is one and a half times its error or more, the window "
                 "where it is half its error or less, by degrees between"}
+BLEND = {"usual": ", the degree set by the median window share of the latest learning-length windows",
+         "window": ""}  # --wait-blend
 SHARE_ERROR = {True: ", counted beyond the one at the baseline's usual wait", False: ""}  # --wait-error-relative
 STARVED = {True: ", beyond it against the starved windows' own baseline", False: ""}  # --starved-baseline
 
@@ -437,6 +439,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--wait-law-relative", action=argparse.BooleanOptionalAction,
                     default=MonitorConfig.wait_law_relative,
                     help="the law's error on the stretch's departure from the baseline's (MonitorConfig)")
+    ap.add_argument("--wait-blend", choices=["window", "usual"], default=MonitorConfig.wait_blend,
+                    help="what sets the auto law's degree (MonitorConfig.wait_blend)")
     ap.add_argument("--wait-error-relative", action=argparse.BooleanOptionalAction,
                     default=MonitorConfig.wait_error_relative,
                     help="the share's error beyond the one at the baseline's usual stretch (MonitorConfig)")
@@ -524,7 +528,7 @@ def setup(args: argparse.Namespace) -> tuple[dict[str, list[tuple[float, Window]
                         wait_memory=args.wait_memory, robust=args.robust, max_wait_judged=args.max_wait_judged,
                         wait_law_error=args.wait_law_error, wait_law=args.wait_law,
                         wait_law_relative=args.wait_law_relative, wait_error_relative=args.wait_error_relative,
-                        starved_baseline=args.starved_baseline,
+                        wait_blend=args.wait_blend, starved_baseline=args.starved_baseline,
                         latency_rel_floor=args.latency_rel_floor,
                         corroborate=args.corroborate, confirm_windows=args.confirm_windows,
                         alone=tuple(args.alone), slowdown_to_find_frac=args.slowdown_to_find or None,
@@ -567,7 +571,7 @@ def main() -> None:
           f"z clipped at {cfg.clip:.2f}; settle {cfg.settle_windows} window(s) while an input's CUSUM is at "
           f">= {cfg.settle_evidence:g} h; latencies corrected for the CPU wait: {cfg.contention} (its error "
           f"{cfg.wait_error:g}{SHARE_ERROR[cfg.wait_error_relative]}, "
-          f"the share of {LAWS[cfg.wait_law]}, "
+          f"the share of {LAWS[cfg.wait_law]}{BLEND[cfg.wait_blend] if cfg.wait_law == 'auto' else ''}, "
           f"the law's error {cfg.wait_law_error:g} on "
           f"{'the stretch away from the baseline' if cfg.wait_law_relative else 'the stretch'}, judged up to a "
           f"wait of {cfg.max_wait_judged:g} of the window{STARVED[cfg.starved_baseline]}); "

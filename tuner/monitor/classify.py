@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import statistics
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -130,6 +131,7 @@ class Monitor:
         self._last: tuple[float, Snapshot] | None = None
         self.last_signals: dict[str, float] = {}
         self._waits: list[float] = []  # the shares of the latest wait_memory windows (_wait)
+        self._window_shares: deque[float] = deque(maxlen=self.config.learn_windows)  # (MonitorConfig.wait_blend)
         self._window_waits: list[float] = []  # the same, of the window (the limit max_wait_judged)
         self._stretch: dict[float, float] = {}  # window end -> log 1 / (1 - its share) (wait_law_relative)
         self._stretch_ref = 0.0  # the baseline's windows' median of it
@@ -205,7 +207,10 @@ class Monitor:
             window, ready = sig["cpu_wait_frac"], sig["cpu_ready_wait_frac"]
             # "auto": the ready share's weight rises from 0 where the window's share is half its error to 1 where
             # it is one and a half times it
-            weight = 1.0 if law == "ready" else min(1.0, max(0.0, window / self.config.wait_error - 0.5))
+            basis = window
+            if self.config.wait_blend == "usual" and self._window_shares and window < 1.5 * self.config.wait_error:
+                basis = statistics.median(self._window_shares)  # the usual share: a slower server waits longer
+            weight = 1.0 if law == "ready" else min(1.0, max(0.0, basis / self.config.wait_error - 0.5))
             shares[0] = window + (ready - window) * weight
         return min(MAX_WAIT_FRAC, 1.0 - math.prod(1.0 - min(v, MAX_WAIT_FRAC) for v in shares))
 
@@ -278,6 +283,8 @@ class Monitor:
         """One window's signal values (any subset of tuner.monitor.signals.SIGNALS) ending at time `t`."""
         self.windows += 1
         self.last_signals = {k: float(v) for k, v in signals.items() if k in self.tracks and math.isfinite(v)}
+        if "cpu_wait_frac" in self.last_signals:
+            self._window_shares.append(self.last_signals["cpu_wait_frac"])
         w = self._wait_now = self._wait()
         keep = self.config.wait_memory - 1
         self._waits = [*(self._waits[-keep:] if keep else []), w] if w is not None else []

@@ -153,6 +153,13 @@ class MonitorConfig:
     # windows of a real vLLM whose share sits at it by x0.98 or x0.77 at random, a noise of its own that hid a
     # +30 % slowdown (experiments/detection, eighteenth step)
     wait_law: Literal["window", "ready", "auto"] = "auto"
+    # what sets "auto"'s degree below one and a half times wait_error: the median share of the window over the
+    # latest learn_windows windows ("usual") or the window's own ("window"). At a steady contention a server 30 %
+    # slower is busy, and waits, 30 % longer in a window while its ready share stays: inside the band the window's
+    # own share moved the degree enough to explain part of a slowdown away, and its wander was a noise of its
+    # own (a real vLLM at 2 req/s: a +30 % slowdown found in a median of 6 windows, 4 by the usual share;
+    # experiments/detection, nineteenth step)
+    wait_blend: Literal["window", "usual"] = "usual"
     # the law's error (wait_law_error) counted on the window's stretch 1 / (1 - w) away from the one usual in
     # the baseline's windows (their median), which the baseline already holds (True), or on all of it (False)
     wait_law_relative: bool = True
