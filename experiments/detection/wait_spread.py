@@ -26,7 +26,7 @@ sys.path.insert(0, str(HERE))
 
 import run  # noqa: E402
 
-from tuner.monitor.classify import MAX_WAIT_FRAC, Monitor  # noqa: E402
+from tuner.monitor.classify import Monitor  # noqa: E402
 from tuner.monitor.config import MonitorConfig  # noqa: E402
 
 DEFAULT = ["busy=recorded2.jsonl.gz", "busy3=recorded-busy3.jsonl.gz",
@@ -35,19 +35,16 @@ DEFAULT = ["busy=recorded2.jsonl.gz", "busy3=recorded-busy3.jsonl.gz",
 BANDS = [(0.0, 0.1), (0.1, 0.2), (0.2, 0.4), (0.4, math.inf)]  # distance of the stretch from the usual one
 
 
-def stretch(w: float) -> float:
-    return -math.log1p(-min(w, MAX_WAIT_FRAC))
-
-
 def points(windows: list[run.Window], cfg: MonitorConfig,
            expect: run.ChampionExpectation | None) -> list[tuple[float, float]]:
     """(log ITL-mean residual, stretch) of each window the monitor corrected for a wait."""
     m = Monitor(cfg, expect)
     out = []
     for i, w in enumerate(windows):
-        m.observe(cfg.interval_s * i, w)
-        if m._wait_now is not None and "itl_ms_mean" in m.last_signals:
-            out.append((math.log(m.tracks["itl_ms_mean"].residuals[-1]), stretch(m._wait_now)))
+        t = cfg.interval_s * i
+        m.observe(t, w)
+        if t in m._stretch and "itl_ms_mean" in m.last_signals:  # the stretch the monitor kept for the window
+            out.append((math.log(m.tracks["itl_ms_mean"].residuals[-1]), m._stretch[t]))
     return out
 
 

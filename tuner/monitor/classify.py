@@ -33,7 +33,7 @@ from scipy.stats import kendalltau
 
 from tuner.measure.scrape import Snapshot
 from tuner.monitor.config import RULES, TESTS, MonitorConfig
-from tuner.monitor.contention import MAX_WAIT_FRAC
+from tuner.monitor.contention import MAX_WAIT_FRAC, stretch
 from tuner.monitor.detect import (
     SECONDS_PER_DAY,
     Baseline,
@@ -229,7 +229,7 @@ class Monitor:
             # the measured share's error, and the 1 / (1 - w) law's own (its exponent known to +- wait_law_error)
             # on the stretch, or on its departure from the baseline's usual one (wait_law_relative)
             ref = usual_stretch if self.config.wait_law_relative else 0.0
-            away = max(abs(-math.log1p(-min(v, MAX_WAIT_FRAC)) - ref) for v in self._waits)
+            away = max(abs(stretch(v) - ref) for v in self._waits)
             share_err = self.config.wait_error / (1.0 - w)
             if self.config.wait_error_relative:  # beyond the error at the baseline's usual stretch (the config)
                 usual_err = self.config.wait_error * math.exp(usual_stretch)
@@ -293,7 +293,7 @@ class Monitor:
         self._window_waits = [*(self._window_waits[-keep:] if keep else []), ww] if ww is not None else []
         self._blind = bool(self._window_waits) and max(self._window_waits) > self.config.max_wait_judged
         if w is not None:
-            self._stretch[t] = -math.log1p(-w)
+            self._stretch[t] = stretch(w)
             if len(self._stretch) > self.tracks["itl_ms_mean"].keep:
                 del self._stretch[next(iter(self._stretch))]
         if self._blind and self.learning:

@@ -32,6 +32,7 @@ the steal.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,6 +45,12 @@ log = logging.getLogger(__name__)
 # the first columns of /proc/stat's cpu lines (node_exporter's modes of node_cpu_seconds_total)
 PROC_STAT_COLUMNS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 MAX_WAIT_FRAC = 0.99  # a share above it says nothing more (the server barely ran)
+
+
+def stretch(w: float) -> float:
+    """log 1 / (1 - w): how much longer, on the log scale, a server's work takes when it lost a share w of it to
+    neighbours (capped at MAX_WAIT_FRAC)."""
+    return -math.log1p(-min(w, MAX_WAIT_FRAC))
 
 
 def psi_some_total_us(text: str) -> float | None:

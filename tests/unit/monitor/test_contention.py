@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import random
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -126,32 +127,48 @@ def test_steal_is_the_stolen_share_of_the_hosts_runnable_cpu_time(tmp_path: Path
     assert set(got) <= {"cpu_steal_frac"} and 0.0 <= got.get("cpu_steal_frac", 0.0) <= MAX_WAIT_FRAC
 
 
+Events = list[tuple[int, str, str]]
+
+
+def _window(rng: random.Random, f: float, *, rate: float = 4.0, rate_sd: float = 0.4, itl_ms: float = 8.0,
+            itl_sd: float = 0.05, ttft_ms: float = 50.0) -> dict[str, float]:
+    """One window's load (rate, prompt and output lengths) and latencies of a server `f` times as slow as its
+    own (the ITL mean with spread `itl_sd`, the TTFT median with 8 %), drawn in that order."""
+    return {"rate_per_s": rng.gauss(rate, rate_sd), "prompt_tokens_mean": rng.gauss(100, 5),
+            "output_tokens_mean": rng.gauss(16, 1), "itl_ms_mean": itl_ms * f * rng.lognormvariate(0, itl_sd),
+            "ttft_ms_p50": ttft_ms * f * rng.lognormvariate(0, 0.08)}
+
+
+def _watch(m: Monitor, windows: Iterable[dict[str, float]]) -> Events:
+    """(window, kind, cause) of every event `m` raises over 15-s `windows`."""
+    return [(i, e.kind, e.cause) for i, sig in enumerate(windows) for e in m.observe(15.0 * i, sig)]
+
+
 def _stream(latency_x: float, wait: float, *, seed: int, n: int = 80, at: int = 40, contention: bool = True,
             starve: tuple[int, ...] = (), signal: str = "cpu_wait_frac",
-            limit: float = MonitorConfig.max_wait_judged) -> tuple[Monitor, list[tuple[int, str, str]]]:
+            limit: float = MonitorConfig.max_wait_judged) -> tuple[Monitor, Events]:
     """Windows whose latencies the server's own work sets (x `latency_x` from `at` on), stretched by a
     neighbour who makes it wait a share of each window that wanders between 0.05 and 0.45 (from `at` on:
     `wait`; in the windows `starve`, 0.97 and latencies far off), read as `signal` (cpu_steal_frac: a
     hypervisor's other guests; "both": half of the share each way, 1 - (1 - w)(1 - s) = the share); `limit`:
     MonitorConfig.max_wait_judged."""
     rng = random.Random(seed)
+
+    def windows() -> Iterator[dict[str, float]]:
+        for i in range(n):
+            w = rng.uniform(0.05, 0.45) if i < at else wait
+            f = (latency_x if i >= at else 1.0) / (1 - w)
+            if i in starve:
+                w, f = 0.97, 80.0
+            sig = _window(rng, f)
+            if signal == "both":
+                half = 1 - (1 - w) ** 0.5
+                sig.update(cpu_wait_frac=half, cpu_steal_frac=half)
+            else:
+                sig[signal] = w
+            yield sig
     m = Monitor(MonitorConfig(interval_s=15.0, contention=contention, max_wait_judged=limit))
-    out = []
-    for i in range(n):
-        w = rng.uniform(0.05, 0.45) if i < at else wait
-        f = (latency_x if i >= at else 1.0) / (1 - w)
-        if i in starve:
-            w, f = 0.97, 80.0
-        sig = {"rate_per_s": rng.gauss(4.0, 0.4), "prompt_tokens_mean": rng.gauss(100, 5),
-               "output_tokens_mean": rng.gauss(16, 1), "itl_ms_mean": 8.0 * f * rng.lognormvariate(0, 0.05),
-               "ttft_ms_p50": 50.0 * f * rng.lognormvariate(0, 0.08)}
-        if signal == "both":
-            half = 1 - (1 - w) ** 0.5
-            sig.update(cpu_wait_frac=half, cpu_steal_frac=half)
-        else:
-            sig[signal] = w
-        out += [(i, e.kind, e.cause) for e in m.observe(15.0 * i, sig)]
-    return m, out
+    return m, _watch(m, windows())
 
 
 def test_a_noisy_neighbour_is_no_anomaly_and_a_slower_server_at_the_same_wait_is() -> None:
@@ -179,25 +196,22 @@ def test_a_hypervisors_steal_is_a_wait_too(signal: str) -> None:
         assert ev and ev[0][1:] == ("anomaly", "latency") and ev[0][0] - 40 <= 4
 
 
-def _sleeper(latency_x: float, *, law: str, seed: int, n: int = 80, at: int = 40) -> list[tuple[int, str, str]]:
+def _sleeper(latency_x: float, *, law: str, seed: int, n: int = 80, at: int = 40) -> Events:
     """A server whose engine thread sleeps most of each window (a GPU's work; a fixed step delay) and needs a
     CPU for the rest: a neighbour makes it wait a share r of its ready time, wandering between 0.1 and 0.8, so
     its CPU work, and its latencies (all CPU work here), take 1 / (1 - r) as long; its share of the window,
     the ready time's share times the wait, stays below 0.2. From `at` on it is `latency_x` times as slow."""
     rng = random.Random(seed)
-    m = Monitor(MonitorConfig(interval_s=15.0, wait_law=law, wait_law_relative=True))  # type: ignore[arg-type]
-    out = []
-    for i in range(n):
-        r = rng.uniform(0.1, 0.8)
-        run = 0.04
-        ready = run / (1 - r)
-        f = (latency_x if i >= at else 1.0) / (1 - r)
-        sig = {"rate_per_s": rng.gauss(4.0, 0.4), "prompt_tokens_mean": rng.gauss(100, 5),
-               "output_tokens_mean": rng.gauss(16, 1), "itl_ms_mean": 8.0 * f * rng.lognormvariate(0, 0.05),
-               "ttft_ms_p50": 50.0 * f * rng.lognormvariate(0, 0.08),
-               "cpu_wait_frac": ready - run, "cpu_ready_wait_frac": r}
-        out += [(i, e.kind, e.cause) for e in m.observe(15.0 * i, sig)]
-    return out
+
+    def windows() -> Iterator[dict[str, float]]:
+        for i in range(n):
+            r = rng.uniform(0.1, 0.8)
+            run = 0.04
+            ready = run / (1 - r)
+            f = (latency_x if i >= at else 1.0) / (1 - r)
+            yield {**_window(rng, f), "cpu_wait_frac": ready - run, "cpu_ready_wait_frac": r}
+    return _watch(Monitor(MonitorConfig(interval_s=15.0, wait_law=law,  # type: ignore[arg-type]
+                                        wait_law_relative=True)), windows())
 
 
 def test_the_ready_law_explains_a_sleeping_threads_wait_and_finds_it_twice_as_slow() -> None:
@@ -211,21 +225,14 @@ def test_the_ready_law_explains_a_sleeping_threads_wait_and_finds_it_twice_as_sl
     assert late == [True, True, True]
 
 
-def _quiet_host(latency_x: float, *, law: str, seed: int, n: int = 80, at: int = 40) -> list[tuple[int, str, str]]:
+def _quiet_host(latency_x: float, *, law: str, seed: int, n: int = 80, at: int = 40) -> Events:
     """A server on a quiet host: it waits for a CPU a share of the window below its error (0.002-0.01), but a
     large share of its short ready spells (0.05-0.5: the wake-up wait of a thread that sleeps most of the
     time), which does not move its latencies. From `at` on it is `latency_x` times as slow."""
     rng = random.Random(seed)
-    m = Monitor(MonitorConfig(interval_s=15.0, wait_law=law))  # type: ignore[arg-type]
-    out = []
-    for i in range(n):
-        f = latency_x if i >= at else 1.0
-        sig = {"rate_per_s": rng.gauss(4.0, 0.4), "prompt_tokens_mean": rng.gauss(100, 5),
-               "output_tokens_mean": rng.gauss(16, 1), "itl_ms_mean": 8.0 * f * rng.lognormvariate(0, 0.05),
-               "ttft_ms_p50": 50.0 * f * rng.lognormvariate(0, 0.08),
-               "cpu_wait_frac": rng.uniform(0.002, 0.01), "cpu_ready_wait_frac": rng.uniform(0.05, 0.5)}
-        out += [(i, e.kind, e.cause) for e in m.observe(15.0 * i, sig)]
-    return out
+    windows = ({**_window(rng, latency_x if i >= at else 1.0), "cpu_wait_frac": rng.uniform(0.002, 0.01),
+                "cpu_ready_wait_frac": rng.uniform(0.05, 0.5)} for i in range(n))
+    return _watch(Monitor(MonitorConfig(interval_s=15.0, wait_law=law)), windows)  # type: ignore[arg-type]
 
 
 def test_auto_takes_the_ready_share_only_where_the_server_measurably_waited() -> None:
@@ -242,23 +249,19 @@ def test_auto_takes_the_ready_share_only_where_the_server_measurably_waited() ->
         assert _quiet_host(1.3, law="ready", seed=seed) == []
 
 
-def _at_the_line(latency_x: float, *, seed: int, n: int = 80, at: int = 40) -> list[tuple[int, str, str]]:
+_VLLM_AT_2 = {"rate": 2.0, "rate_sd": 0.3, "itl_ms": 3.0, "itl_sd": 0.04, "ttft_ms": 14.0}  # a tiny Llama's
+
+
+def _at_the_line(latency_x: float, *, seed: int, n: int = 80, at: int = 40) -> Events:
     """A server at the line of the wait's error (vLLM's engine core at 2 req/s on a quiet 2-core host, its load's
     client beside it: experiments/detection, eighteenth step): it waits about 0.023 of each window for a CPU
     (0.013-0.06), around MonitorConfig.wait_error (0.03), and a steady 0.2-0.3 of its short ready spells (woken
     for each step), which do not move its latencies. From `at` on it is `latency_x` times as slow."""
     rng = random.Random(seed)
-    m = Monitor(MonitorConfig(interval_s=15.0, wait_law="auto"))
-    out = []
-    for i in range(n):
-        f = latency_x if i >= at else 1.0
-        sig = {"rate_per_s": rng.gauss(2.0, 0.3), "prompt_tokens_mean": rng.gauss(100, 5),
-               "output_tokens_mean": rng.gauss(16, 1), "itl_ms_mean": 3.0 * f * rng.lognormvariate(0, 0.04),
-               "ttft_ms_p50": 14.0 * f * rng.lognormvariate(0, 0.08),
-               "cpu_wait_frac": min(0.06, max(0.013, 0.023 * rng.lognormvariate(0, 0.3))),
-               "cpu_ready_wait_frac": rng.uniform(0.2, 0.3)}
-        out += [(i, e.kind, e.cause) for e in m.observe(15.0 * i, sig)]
-    return out
+    windows = ({**_window(rng, latency_x if i >= at else 1.0, **_VLLM_AT_2),
+                "cpu_wait_frac": min(0.06, max(0.013, 0.023 * rng.lognormvariate(0, 0.3))),
+                "cpu_ready_wait_frac": rng.uniform(0.2, 0.3)} for i in range(n))
+    return _watch(Monitor(MonitorConfig(interval_s=15.0, wait_law="auto")), windows)
 
 
 def test_auto_moves_to_the_ready_share_by_degrees_around_the_waits_error() -> None:
@@ -275,22 +278,19 @@ def test_auto_moves_to_the_ready_share_by_degrees_around_the_waits_error() -> No
 
 
 def _starved_host(latency_x: float, *, seed: int, waits: tuple[float, float], later: tuple[float, float] | None = None,
-                  own: bool = True, n: int = 80, at: int = 40) -> tuple[Monitor, list[tuple[int, str, str]]]:
+                  own: bool = True, n: int = 80, at: int = 40) -> tuple[Monitor, Events]:
     """A server whose share of the window spent waiting for a CPU wanders over `waits` (from `at` on over
     `later` where given), its latencies stretched by 1 / (1 - w) ** 1.3 (the law's exponent a little off, as
     measured hosts' are: 0.89-1.03 on experiments/detection's busy streams, and more where the host starves it);
     from `at` on it is `latency_x` times as slow. `own`: MonitorConfig.starved_baseline."""
     rng = random.Random(seed)
+
+    def windows() -> Iterator[dict[str, float]]:
+        for i in range(n):
+            w = rng.uniform(*(later if later and i >= at else waits))
+            yield {**_window(rng, (latency_x if i >= at else 1.0) / (1 - w) ** 1.3), "cpu_wait_frac": w}
     m = Monitor(MonitorConfig(interval_s=15.0, wait_law="window", starved_baseline=own))
-    out = []
-    for i in range(n):
-        w = rng.uniform(*(later if later and i >= at else waits))
-        f = (latency_x if i >= at else 1.0) / (1 - w) ** 1.3
-        sig = {"rate_per_s": rng.gauss(4.0, 0.4), "prompt_tokens_mean": rng.gauss(100, 5),
-               "output_tokens_mean": rng.gauss(16, 1), "itl_ms_mean": 8.0 * f * rng.lognormvariate(0, 0.05),
-               "ttft_ms_p50": 50.0 * f * rng.lognormvariate(0, 0.08), "cpu_wait_frac": w}
-        out += [(i, e.kind, e.cause) for e in m.observe(15.0 * i, sig)]
-    return m, out
+    return m, _watch(m, windows())
 
 
 def test_a_host_starved_all_along_is_judged_against_its_starved_windows() -> None:
@@ -313,22 +313,19 @@ def test_a_host_starved_all_along_is_judged_against_its_starved_windows() -> Non
 
 
 def _steady_neighbour(latency_x: float, *, relative: bool, seed: int, n: int = 80,
-                      at: int = 40) -> list[tuple[int, str, str]]:
+                      at: int = 40) -> Events:
     """A server a neighbour keeps waiting about 0.7 of its ready time (0.65-0.75, each window read as it was:
     experiments/detection's busy streams sit at 0.66-0.83), its latencies 1 / (1 - r) times its own with its own
     spread of 5 %; from `at` on it is `latency_x` times as slow. `relative`: MonitorConfig.wait_error_relative."""
     rng = random.Random(seed)
-    m = Monitor(MonitorConfig(interval_s=15.0, wait_error_relative=relative))
-    out = []
-    for i in range(n):
-        r = rng.uniform(0.65, 0.75)
-        f = (latency_x if i >= at else 1.0) / (1 - r)
-        sig = {"rate_per_s": rng.gauss(2.0, 0.2), "prompt_tokens_mean": rng.gauss(100, 5),
-               "output_tokens_mean": rng.gauss(16, 1), "itl_ms_mean": 8.0 * f * rng.lognormvariate(0, 0.05),
-               "ttft_ms_p50": 50.0 * f * rng.lognormvariate(0, 0.08),
-               "cpu_wait_frac": rng.uniform(0.2, 0.3), "cpu_ready_wait_frac": r}
-        out += [(i, e.kind, e.cause) for e in m.observe(15.0 * i, sig)]
-    return out
+
+    def windows() -> Iterator[dict[str, float]]:
+        for i in range(n):
+            r = rng.uniform(0.65, 0.75)
+            f = (latency_x if i >= at else 1.0) / (1 - r)
+            yield {**_window(rng, f, rate_sd=0.2, rate=2.0), "cpu_wait_frac": rng.uniform(0.2, 0.3),
+                   "cpu_ready_wait_frac": r}
+    return _watch(Monitor(MonitorConfig(interval_s=15.0, wait_error_relative=relative)), windows())
 
 
 def test_the_shares_error_the_baseline_holds_is_not_counted_again() -> None:
@@ -347,23 +344,20 @@ def test_the_shares_error_the_baseline_holds_is_not_counted_again() -> None:
     assert sorted(delays[False])[2] >= 5, delays
 
 
-def _in_the_band(latency_x: float, *, blend: str, seed: int, n: int = 80, at: int = 40) -> list[tuple[int, str, str]]:
+def _in_the_band(latency_x: float, *, blend: str, seed: int, n: int = 80, at: int = 40) -> Events:
     """A server in the auto law's band (vLLM's engine core at 2 req/s on a quiet 2-core host: experiments/detection,
     eighteenth step): it waits about 0.022 of each window for a CPU and a steady 0.2-0.3 of its ready spells. From
     `at` on it is `latency_x` times as slow at the same contention, so it is busy, and waits, `latency_x` times as
     long in a window: its window share rises with it, its ready share does not. `blend`: MonitorConfig.wait_blend."""
     rng = random.Random(seed)
-    m = Monitor(MonitorConfig(interval_s=15.0, wait_blend=blend))  # type: ignore[arg-type]
-    out = []
-    for i in range(n):
-        f = latency_x if i >= at else 1.0
-        sig = {"rate_per_s": rng.gauss(2.0, 0.3), "prompt_tokens_mean": rng.gauss(100, 5),
-               "output_tokens_mean": rng.gauss(16, 1), "itl_ms_mean": 3.0 * f * rng.lognormvariate(0, 0.04),
-               "ttft_ms_p50": 14.0 * f * rng.lognormvariate(0, 0.08),
-               "cpu_wait_frac": f * min(0.04, max(0.013, 0.022 * rng.lognormvariate(0, 0.25))),
-               "cpu_ready_wait_frac": rng.uniform(0.2, 0.3)}
-        out += [(i, e.kind, e.cause) for e in m.observe(15.0 * i, sig)]
-    return out
+
+    def windows() -> Iterator[dict[str, float]]:
+        for i in range(n):
+            f = latency_x if i >= at else 1.0
+            yield {**_window(rng, f, **_VLLM_AT_2),
+                   "cpu_wait_frac": f * min(0.04, max(0.013, 0.022 * rng.lognormvariate(0, 0.25))),
+                   "cpu_ready_wait_frac": rng.uniform(0.2, 0.3)}
+    return _watch(Monitor(MonitorConfig(interval_s=15.0, wait_blend=blend)), windows())  # type: ignore[arg-type]
 
 
 def test_the_auto_laws_degree_is_the_usual_waits_not_the_windows() -> None:
