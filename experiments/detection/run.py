@@ -9,7 +9,8 @@ tuner.monitor's Monitor at full speed.
   fresh engine's warm-up, cut by MSER-5 from the stream alone).
 - stationary, replayed: streams of --hours in all, made by a bootstrap of the steady-state windows, once window
   by window and once in blocks of --block windows (they keep the noise's autocorrelation, and put distant
-  stretches side by side at their seams), each stream `--stream-hours` long.
+  stretches side by side at their seams), each stream `--stream-hours` long; its first learn_windows windows, the
+  baseline's learning stretch, hold no window twice (a live monitor never learns from a window repeated).
 - injected: a steady-state stationary stretch (learning + --pre windows) followed by windows of a recorded
   changed phase: rate x2, prompt length x2, output length x4 (each a `tuner bench` load of its own), the
   engine's per-step delay raised (a real server slowdown at the same load), the stationary windows' latencies
@@ -179,10 +180,25 @@ def warmup(windows: list[Window], cfg: MonitorConfig, expect: ChampionExpectatio
     return batch * min(range(len(means) // 2 + 1), key=mse)
 
 
-def bootstrap(windows: list[Window], n: int, block: int, rng: random.Random) -> list[Window]:
+MAX_DRAWS = 10_000  # draws for a learning stretch of distinct windows before one may repeat (bootstrap)
+
+
+def bootstrap(windows: list[Window], n: int, block: int, rng: random.Random, distinct: int = 0) -> list[Window]:
+    """`n` windows in blocks of `block` consecutive ones drawn at random starts; the first `distinct` of them (the
+    learning stretch) from blocks that share no window, as a live monitor learns from windows that all differ (a
+    learning stretch of one block repeated learns the spread of fewer windows than it counts, then takes the
+    rest of the stream for anomalies: experiments/detection, twentieth step)."""
     out: list[Window] = []
+    used: set[int] = set()
+    tries = 0
     while len(out) < n:
         i = rng.randrange(0, len(windows) - block + 1)
+        if len(out) < distinct:
+            span = set(range(i, i + min(block, distinct - len(out))))
+            tries += 1
+            if span & used and tries < MAX_DRAWS:  # (a stream too short for it: a window may repeat)
+                continue
+            used |= span
         out.extend(windows[i:i + block])
     return out[:n]
 
@@ -215,8 +231,8 @@ def bootstrap_replays(label: str, stat: list[Window], block: int, cfg: MonitorCo
     rng = random.Random(f"{args.seed}/{label}/{block}")
     n = int(args.stream_hours * 3600 / cfg.interval_s)
     for s in range(max(1, round(args.hours / args.stream_hours))):
-        yield replay(bootstrap(stat, n + cfg.learn_windows, block, rng), cfg, Gpu(args.gpu_noise, 100 + s),
-                     expect, unjudged=unjudged)
+        windows = bootstrap(stat, n + cfg.learn_windows, block, rng, distinct=cfg.learn_windows)
+        yield replay(windows, cfg, Gpu(args.gpu_noise, 100 + s), expect, unjudged=unjudged)
 
 
 def event_key(kind: str, cause: str, reopened: bool) -> str:
