@@ -231,7 +231,8 @@ def bootstrap_replays(label: str, stat: list[Window], block: int, cfg: MonitorCo
     rng = random.Random(f"{args.seed}/{label}/{block}")
     n = int(args.stream_hours * 3600 / cfg.interval_s)
     for s in range(max(1, round(args.hours / args.stream_hours))):
-        windows = bootstrap(stat, n + cfg.learn_windows, block, rng, distinct=cfg.learn_windows)
+        windows = bootstrap(stat, n + cfg.learn_windows, block, rng,
+                            distinct=0 if args.learning_repeats else cfg.learn_windows)
         yield replay(windows, cfg, Gpu(args.gpu_noise, 100 + s), expect, unjudged=unjudged)
 
 
@@ -509,6 +510,9 @@ def parser() -> argparse.ArgumentParser:
                          "streams recorded from 2026-12-04 on; one read before) or one read at the window's end")
     ap.add_argument("--false-alarms-per-day", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--learning-repeats", action="store_true",
+                    help="the former replays: a stream's learning stretch drawn like the rest, so a window may come "
+                         "twice in it (before the twentieth step)")
     ap.add_argument("--learn-windows", type=int, default=20)
     ap.add_argument("--z-clip", type=float, default=None)
     ap.add_argument("--settle-windows", type=int, default=1)
