@@ -531,7 +531,8 @@ class Monitor:
         """A signal's baseline learnt from `vals` (Baseline.learn with the signal's rule and floors)."""
         rule, latency = RULES[name], name in LATENCIES
         floor = self.config.latency_rel_floor if latency else self.config.rel_floor
-        return Baseline.learn(vals, rule.floor_abs, transform=rule.transform, rel_floor=floor,
+        confidence = self.config.input_confidence if name in INPUTS else 0.9
+        return Baseline.learn(vals, rule.floor_abs, confidence, transform=rule.transform, rel_floor=floor,
                               rho=self._rho if latency else 0.0, robust=latency and self.config.robust,
                               centre=centre)
 
