@@ -468,6 +468,9 @@ def parser() -> argparse.ArgumentParser:
                     help="an input's CUSUM allowance at least half this drift (a fraction; 0: k alone)")
     ap.add_argument("--input-confidence", type=float, default=MonitorConfig.input_confidence,
                     help="the upper confidence bound of an input's learnt spread (MonitorConfig.input_confidence)")
+    ap.add_argument("--rate-poisson-floor", action=argparse.BooleanOptionalAction,
+                    default=MonitorConfig.rate_poisson_floor,
+                    help="the rate's spread at least a Poisson count's (MonitorConfig.rate_poisson_floor)")
     ap.add_argument("--history-windows", type=int, default=MonitorConfig.history_windows,
                     help="latency baselines learnt again from up to this many calm windows (default: never)")
     ap.add_argument("--input-history-windows", type=int, default=MonitorConfig.input_history_windows,
@@ -555,6 +558,7 @@ def setup(args: argparse.Namespace) -> tuple[dict[str, list[tuple[float, Window]
                         corroborate=args.corroborate, confirm_windows=args.confirm_windows,
                         alone=tuple(args.alone), slowdown_to_find_frac=args.slowdown_to_find or None,
                         drift_to_find_frac=args.drift_to_find or None, input_confidence=args.input_confidence,
+                        rate_poisson_floor=args.rate_poisson_floor,
                         history_windows=args.history_windows, bucket_error=not args.no_bucket_error,
                         input_history_windows=args.input_history_windows or None,
                         learn_until_sensitive=args.learn_until_sensitive,
@@ -603,7 +607,7 @@ def main() -> None:
           f"a latency's allowance at least half of a slowdown of {cfg.slowdown_to_find_frac or 0:g} (log); "
           f"an input's at least half of a drift of {cfg.drift_to_find_frac or 0:g} "
           f"({', '.join(f'{k}: {RULES[k].transform}' for k in INPUTS)}), its spread at its upper "
-          f"{cfg.input_confidence:g} bound; "
+          f"{cfg.input_confidence:g} bound, the rate's at least a Poisson count's: {cfg.rate_poisson_floor}; "
           f"quantiles widened in another bucket than their baseline's: {cfg.bucket_error}; "
           f"input scales learnt again from up to {cfg.input_history_windows or 0} windows; "
           f"learning goes on while the ITL mean's baseline is too noisy for the slowdown: {cfg.learn_until_sensitive}; "

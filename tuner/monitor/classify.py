@@ -532,7 +532,10 @@ class Monitor:
         rule, latency = RULES[name], name in LATENCIES
         floor = self.config.latency_rel_floor if latency else self.config.rel_floor
         confidence = self.config.input_confidence if name in INPUTS else 0.9
-        return Baseline.learn(vals, rule.floor_abs, confidence, transform=rule.transform, rel_floor=floor,
+        floor_abs = rule.floor_abs
+        if name == "rate_per_s" and self.config.rate_poisson_floor:  # a Poisson count's spread at the median rate
+            floor_abs = max(floor_abs, math.sqrt(max(statistics.median(vals), 0.0) / self.config.interval_s))
+        return Baseline.learn(vals, floor_abs, confidence, transform=rule.transform, rel_floor=floor,
                               rho=self._rho if latency else 0.0, robust=latency and self.config.robust,
                               centre=centre)
 

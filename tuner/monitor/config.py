@@ -78,12 +78,19 @@ class MonitorConfig:
     # normal, or 1 / (1 + frac) of it) on its scale: the inputs' windows have heavy tails, and moderate
     # residuals summed over several windows made most of their false alarms (experiments/detection). None: k
     drift_to_find_frac: float | None = 0.5
-    # the upper confidence bound of an input's spread learnt from its baseline's windows (Baseline.learn; a
-    # latency's stays at 0.9, its scale widened by what judges it): a 20-window spread is too small in 1 baseline
-    # in 10 at 0.9, and a CUSUM run on a scale too small alarms far more often than its design (its centre's error
-    # is a bias every window sums). On Poisson arrivals the rate's test alone alarmed 0.16-0.34 times a day at 0.9,
-    # 4-8 times its share of the budget (1 / 23 a day), 0-0.06 at 0.99 (experiments/detection/poisson_rate.py)
-    input_confidence: float = 0.99
+    # the request rate's learnt spread at least a Poisson count's at its median rate, sqrt(rate / interval_s) (the
+    # arrivals of many independent users are Poisson or burstier): a spread learnt from 20 windows is below the
+    # true one in about 1 baseline in 10, and a CUSUM on a scale too small alarms more often than its design (its
+    # centre's error is a bias every window sums). On Poisson arrivals the rate's test alone alarmed 0.16-0.34
+    # times a day without it, 4-8 times its share of the budget (1 / 23 a day), 0.06-0.16 with it
+    # (experiments/detection/poisson_rate.py). Off by default: on the recorded streams it took few false alarms
+    # away (every total already within one a day) and found the quiet stream's recorded rate doubling in a median
+    # of 3 windows instead of 2 (experiments/detection, twentieth step)
+    rate_poisson_floor: bool = False
+    # the upper confidence bound of an input's spread learnt from its baseline's windows (Baseline.learn). 0.99
+    # held the rate's test to its share on Poisson arrivals (0-0.06 a day), but widened every input's baseline and
+    # found the recorded rate doublings later (quiet8 in a median of 3 -> 5 windows, quiet and quiet9 2 -> 3)
+    input_confidence: float = 0.9
     # residuals clipped to +-z_clip; by default (None) to h/2 + k + 0.25 (the signal's own h and k), where one
     # window, however far out, cannot alarm alone and two at the clip do: a burst of one window is no change
     z_clip: float | None = None
