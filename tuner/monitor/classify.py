@@ -35,6 +35,7 @@ from tuner.measure.scrape import Snapshot
 from tuner.monitor.config import RULES, TESTS, MonitorConfig
 from tuner.monitor.contention import MAX_WAIT_FRAC, stretch
 from tuner.monitor.detect import (
+    CONFIDENCE,
     SECONDS_PER_DAY,
     Baseline,
     Cusum,
@@ -531,7 +532,7 @@ class Monitor:
         """A signal's baseline learnt from `vals` (Baseline.learn with the signal's rule and floors)."""
         rule, latency = RULES[name], name in LATENCIES
         floor = self.config.latency_rel_floor if latency else self.config.rel_floor
-        confidence = self.config.input_confidence if name in INPUTS else 0.9
+        confidence = self.config.input_confidence if name in INPUTS else CONFIDENCE
         floor_abs = rule.floor_abs
         if name == "rate_per_s" and self.config.rate_poisson_floor:  # a Poisson count's spread at the median rate
             floor_abs = max(floor_abs, math.sqrt(max(statistics.median(vals), 0.0) / self.config.interval_s))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from tuner.monitor.detect import Direction, Transform, threshold
+from tuner.monitor.detect import CONFIDENCE, Direction, Transform, threshold
 from tuner.monitor.signals import SIGNALS
 from tuner.spec import MonitorSpec
 
@@ -90,7 +90,7 @@ class MonitorConfig:
     # the upper confidence bound of an input's spread learnt from its baseline's windows (Baseline.learn). 0.99
     # held the rate's test to its share on Poisson arrivals (0-0.06 a day), but widened every input's baseline and
     # found the recorded rate doublings later (quiet8 in a median of 3 -> 5 windows, quiet and quiet9 2 -> 3)
-    input_confidence: float = 0.9
+    input_confidence: float = CONFIDENCE
     # residuals clipped to +-z_clip; by default (None) to h/2 + k + 0.25 (the signal's own h and k), where one
     # window, however far out, cannot alarm alone and two at the clip do: a burst of one window is no change
     z_clip: float | None = None

@@ -128,6 +128,9 @@ def inverse(y: float, transform: Transform) -> float:
     return y
 
 
+CONFIDENCE = 0.9  # the upper confidence bound a baseline's spread is taken at (Baseline.learn)
+
+
 @dataclass(frozen=True)
 class Baseline:
     """A signal's normal value and the spread of one window around it, on its watched scale (Transform)."""
@@ -142,8 +145,8 @@ class Baseline:
         return inverse(self.centre, self.transform)
 
     @classmethod
-    def learn(cls, values: Sequence[float], floor: float, confidence: float = 0.9, *, transform: Transform = "identity",
-              rel_floor: float = 0.0, rho: float = 0.0, robust: bool = False,
+    def learn(cls, values: Sequence[float], floor: float, confidence: float = CONFIDENCE, *,
+              transform: Transform = "identity", rel_floor: float = 0.0, rho: float = 0.0, robust: bool = False,
               centre: tuple[float, int] | None = None) -> Baseline:
         """The median, and as scale the larger of the MAD's normal-consistent scale and the upper `confidence`
         bound of the standard deviation (chi-square), times sqrt(1 + 1/n) for the centre's own error: a
