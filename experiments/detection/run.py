@@ -406,6 +406,23 @@ def injected(label: str, name: str, phases: dict[str, list[tuple[float, Window]]
               f"{had_early} |")
 
 
+def recorded_offsets(phases: dict[str, list[tuple[float, Window]]], names: list[str],
+                     args: argparse.Namespace) -> str:
+    """A line naming, for each recorded changed phase the trials above drew from, its windows and the offsets its
+    trials' --post changed windows can start at: a phase of --post + 1 windows or fewer gives every trial the same
+    windows, so its row is one recorded realisation watched after many baselines."""
+    groups = {name.rpartition("/")[0] for name in names}
+    cells = []
+    for phase, ws in phases.items():
+        group, _, change = phase.rpartition("/")
+        if group in groups and change in EXPECT and change in args.changes:
+            offsets = max(1, len(ws) - args.post)
+            cells.append(f"`{phase}` {len(ws)} windows, {offsets} offset{'s' if offsets > 1 else ''}"
+                         f"{' (every trial the same windows)' if offsets == 1 else ''}")
+    return (f"\nRecorded changes: the windows of each phase and the offsets its trials' {args.post} changed windows "
+            f"start at: {'; '.join(cells) or 'none'}.") if cells else ""
+
+
 def after_start(label: str, recorded: list[Window], x: float, cfg: MonitorConfig,
                 expect: ChampionExpectation | None, args: argparse.Namespace) -> None:
     """A row per stationary stream watched from its engine's start (its warm-up in the learning windows): the
@@ -666,6 +683,7 @@ def main() -> None:
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|")
     for name, label in sets:
         injected(row_label(name, label), name, phases, cuts[name], cfg, expect, args)
+    print(recorded_offsets(phases, [name for name, _ in sets], args))
 
     if args.only_injected:
         return
