@@ -43,26 +43,26 @@ VARIANTS = (("20 windows' spread, upper 0.9 bound (shipped)", False, 0.9),
 
 
 def poisson_false_alarms(rate: float, window_s: float, hours: float, stream_hours: float, seed: int,
-                         floor: bool, confidence: float) -> tuple[int, int]:
-    """(drift events, streams) over `hours` of Poisson arrivals at `rate` in windows of `window_s`, the rate's
-    spread learnt at its upper `confidence` bound, at least the Poisson one where `floor`."""
+                         floor: bool, confidence: float) -> int:
+    """The drift events over `hours` of Poisson arrivals at `rate` in windows of `window_s`, in streams of
+    `stream_hours` each learning its own baseline, the rate's spread learnt at its upper `confidence` bound, at
+    least the Poisson one where `floor`."""
     cfg = MonitorConfig(interval_s=window_s, input_confidence=confidence, rate_poisson_floor=floor)
     rng = np.random.default_rng(seed)
     n = int(stream_hours * 3600 / window_s) + cfg.learn_windows
-    streams = max(1, round(hours / stream_hours))
     events = 0
-    for _ in range(streams):
+    for _ in range(max(1, round(hours / stream_hours))):
         m = Monitor(cfg)
         for i, count in enumerate(rng.poisson(rate * window_s, n)):
             events += sum(e.kind == "drift" for e in m.observe(window_s * i, {"rate_per_s": count / window_s}))
-    return events, streams
+    return events
 
 
 def recorded_tails(path: Path, cut: int) -> tuple[int, float, float, float, float]:
     """(steady windows, median rate, the largest window's rate, its Poisson tail per day at the window length,
     the bootstrap's draws of it per day) of a recorded stream's stationary_b."""
     phases, _ = run.load(path)
-    steady = [(t, w) for t, w in phases["stationary_b"]][cut:]
+    steady = phases["stationary_b"][cut:]
     ts = [t for t, _ in steady]
     rates = [w["rate_per_s"] for _, w in steady if "rate_per_s" in w]
     window_s = statistics.median(b - a for a, b in zip(ts, ts[1:], strict=False))
@@ -92,8 +92,7 @@ def main() -> None:
     print("|---:|---:|---|---:|---:|---:|")
     for rate, window_s in CASES:
         for label, floor, confidence in VARIANTS:
-            events, _ = poisson_false_alarms(rate, window_s, args.hours, args.stream_hours, args.seed, floor,
-                                             confidence)
+            events = poisson_false_alarms(rate, window_s, args.hours, args.stream_hours, args.seed, floor, confidence)
             print(f"| {rate:g} | {window_s:g} | {label} | {events} | {24 * events / args.hours:.2f} | "
                   f"{1 / TESTS:.3f} |")
     here = Path(__file__).resolve().parent

@@ -364,7 +364,7 @@ def injected(label: str, name: str, phases: dict[str, list[tuple[float, Window]]
             hook = None
             rise = 0
             if change in mine:
-                j = rng.randrange(0, max(1, len(src) - args.post))
+                j = rng.randrange(0, offsets(len(src), args.post))
                 after = src[j:j + args.post]
                 rise = rises - j
                 source = f"recorded phase `{group + '/' if group else ''}{change}`"
@@ -406,6 +406,12 @@ def injected(label: str, name: str, phases: dict[str, list[tuple[float, Window]]
               f"{had_early} |")
 
 
+def offsets(phase_windows: int, post: int) -> int:
+    """The starts a trial's `post` changed windows can take in a recorded phase of `phase_windows` windows (at least
+    one: a phase too short gives every trial its windows from the first)."""
+    return max(1, phase_windows - post)
+
+
 def recorded_offsets(phases: dict[str, list[tuple[float, Window]]], names: list[str],
                      args: argparse.Namespace) -> str:
     """A line naming, for each recorded changed phase the trials above drew from, its windows and the offsets its
@@ -416,9 +422,9 @@ def recorded_offsets(phases: dict[str, list[tuple[float, Window]]], names: list[
     for phase, ws in phases.items():
         group, _, change = phase.rpartition("/")
         if group in groups and change in EXPECT and change in args.changes:
-            offsets = max(1, len(ws) - args.post)
-            cells.append(f"`{phase}` {len(ws)} windows, {offsets} offset{'s' if offsets > 1 else ''}"
-                         f"{' (every trial the same windows)' if offsets == 1 else ''}")
+            starts = offsets(len(ws), args.post)
+            cells.append(f"`{phase}` {len(ws)} windows, {starts} offset{'s' if starts > 1 else ''}"
+                         f"{' (every trial the same windows)' if starts == 1 else ''}")
     return (f"\nRecorded changes: the windows of each phase and the offsets its trials' {args.post} changed windows "
             f"start at: {'; '.join(cells) or 'none'}.") if cells else ""
 
