@@ -423,6 +423,13 @@ class MonitorSpec(_Strict):
                                              "rate, prompt or output length) the monitor is to find fastest (0.5: "
                                              "1.5 times or 1 / 1.5 of normal); its input CUSUMs take half of it as "
                                              "their allowance; null: the CUSUM's own k alone")
+    history_windows: int | None = Field(default=None, ge=3, le=MAX_WINDOWS, description="the latencies' "
+                                        "baselines learnt again, every learn_windows calm windows, from up to this "
+                                        "many of them at the server's usual CPU wait: a host whose speed wanders "
+                                        "over the hours is judged against its longer normal (fewer false alarms; "
+                                        "a slowdown found a window later where the speed wanders, a slow one "
+                                        "partly learnt); at least learn_windows; null: the first baseline kept "
+                                        "until a drift (experiments/detection)")
     kv_full_frac: float = Field(default=0.95, gt=0, le=1)
     dram_limit_frac: float = Field(default=0.85, gt=0, le=1, description="DRAM active above it is saturation")
     gpus: list[int] = Field(default_factory=list, description="this host's GPU indices to read through NVML "
@@ -452,6 +459,13 @@ class MonitorSpec(_Strict):
 
     _u = field_validator("dcgm_prometheus_url")(classmethod(lambda cls, v: _no_password(v, "dcgm_prometheus_url")))
     _s = field_validator("cpu_steal_source")(classmethod(lambda cls, v: _no_password(v, "cpu_steal_source")))
+
+    @model_validator(mode="after")
+    def _history_holds_a_baseline(self) -> MonitorSpec:
+        if self.history_windows is not None and self.history_windows < self.learn_windows:
+            raise ValueError(f"history_windows ({self.history_windows}) must be at least learn_windows "
+                             f"({self.learn_windows}): a baseline is learnt from learn_windows windows")
+        return self
 
     @field_validator("cpu_wait_source")
     @classmethod

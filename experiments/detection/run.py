@@ -496,6 +496,9 @@ def parser() -> argparse.ArgumentParser:
                     help="the rate's spread at least a Poisson count's (MonitorConfig.rate_poisson_floor)")
     ap.add_argument("--history-windows", type=int, default=MonitorConfig.history_windows,
                     help="latency baselines learnt again from up to this many calm windows (default: never)")
+    ap.add_argument("--history-usual-wait", action=argparse.BooleanOptionalAction,
+                    default=MonitorConfig.history_usual_wait,
+                    help="with --history-windows: a window joins the history only at its baseline's usual CPU wait")
     ap.add_argument("--input-history-windows", type=int, default=MonitorConfig.input_history_windows,
                     help="input scales learnt again from up to this many windows since their baseline (0: never)")
     ap.add_argument("--learn-until-sensitive", action="store_true",
@@ -582,7 +585,8 @@ def setup(args: argparse.Namespace) -> tuple[dict[str, list[tuple[float, Window]
                         alone=tuple(args.alone), slowdown_to_find_frac=args.slowdown_to_find or None,
                         drift_to_find_frac=args.drift_to_find or None, input_confidence=args.input_confidence,
                         rate_poisson_floor=args.rate_poisson_floor,
-                        history_windows=args.history_windows, bucket_error=not args.no_bucket_error,
+                        history_windows=args.history_windows, history_usual_wait=args.history_usual_wait,
+                        bucket_error=not args.no_bucket_error,
                         input_history_windows=args.input_history_windows or None,
                         learn_until_sensitive=args.learn_until_sensitive,
                         relearn_insensitive=args.relearn_insensitive,
@@ -632,6 +636,8 @@ def main() -> None:
           f"({', '.join(f'{k}: {RULES[k].transform}' for k in INPUTS)}), its spread at its upper "
           f"{cfg.input_confidence:g} bound, the rate's at least a Poisson count's: {cfg.rate_poisson_floor}; "
           f"quantiles widened in another bucket than their baseline's: {cfg.bucket_error}; "
+          f"latency baselines learnt again from up to {cfg.history_windows or 0} calm windows"
+          f"{' at the usual CPU wait' if cfg.history_windows and cfg.history_usual_wait else ''}; "
           f"input scales learnt again from up to {cfg.input_history_windows or 0} windows; "
           f"learning goes on while the ITL mean's baseline is too noisy for the slowdown: {cfg.learn_until_sensitive}; "
           f"the latencies' baselines learnt again while too noisy: {cfg.relearn_insensitive}; "

@@ -426,7 +426,7 @@ class Monitor:
         """A calm window joins the latencies' history; every learn_windows of them the latencies' baselines are
         learnt again from it (MonitorConfig.history_windows), their CUSUMs going on."""
         c = self.config
-        if c.history_windows is None or not self._calm_window(blind):
+        if c.history_windows is None or not self._calm_window(blind) or not self._usual_wait():
             return
         self._calm = [*self._calm[-(c.history_windows - 1):], t]
         self._calm_new += 1
@@ -434,6 +434,15 @@ class Monitor:
             return
         self._calm_new = 0
         self._relearn_latencies(set(self._calm), c.learn_windows, reset=False)
+
+    def _usual_wait(self) -> bool:
+        """Whether the latest windows' waits (the wait memory) are all within wait_error of the baseline's usual
+        share (MonitorConfig.history_usual_wait; always where it is off or no wait is read)."""
+        c = self.config
+        if not c.history_usual_wait or not self._waits:
+            return True
+        usual = -math.expm1(-self._stretch_ref)  # the share whose stretch is the usual one
+        return all(abs(w - usual) <= c.wait_error for w in self._waits)
 
     def _calm_window(self, blind: bool) -> bool:
         """Whether this window's latencies may join a baseline: judged, no latency alarm pending, no anomaly open."""

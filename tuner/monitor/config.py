@@ -210,6 +210,10 @@ class MonitorConfig:
     # minutes is judged against its longer normal, not the first minutes' (None: the first baseline kept
     # until a drift). The cost: a slowdown slower than the CUSUM finds is partly learnt as normal
     history_windows: int | None = None
+    # with history_windows: a calm window joins that history only while the server's wait for a CPU (over the
+    # wait memory) is within wait_error of its baseline's usual share, so a busy host's history holds the windows
+    # its baseline was learnt at, not every contention the wait law corrects for (experiments/detection)
+    history_usual_wait: bool = True
     # the inputs' scales learnt again, every learn_windows windows after their baseline, from up to this many of
     # their windows since it, their centres kept (a slow drift still adds up to an alarm): a 20-window baseline's
     # spread is known only to within its chi-square bound (its upper 90 % one, x1.28), which a longer history
@@ -257,7 +261,7 @@ class MonitorConfig:
                    recovery_windows=spec.recovery_windows, reopen_gap_s=spec.reopen_gap_s,
                    slowdown_to_find_frac=spec.slowdown_to_find_frac,
                    drift_to_find_frac=spec.drift_to_find_frac,
-                   kv_full_frac=spec.kv_full_frac,
+                   history_windows=spec.history_windows, kv_full_frac=spec.kv_full_frac,
                    dram_limit_frac=spec.dram_limit_frac)
 
 

@@ -1,0 +1,75 @@
+"""The detection experiment's scoreboard (experiments/detection/scoreboard.py): issue 24's goals judged per stream
+from run.py's and bound.py's tables, on tables written here in their format, and on the committed ones."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+DETECTION = ROOT / "experiments" / "detection"
+sys.path.insert(0, str(DETECTION))
+
+import scoreboard  # noqa: E402
+
+FA_HEADER = ("| set | stream | hours watched | events | per 24 h | episodes | per 24 h | kinds | windows whose "
+             "latencies were not judged |\n|---|---|---:|---:|---:|---:|---:|---|---:|\n")
+INJ_HEADER = ("| before the change | change | source | trials | found | missed | median delay (windows) | p90 delay | "
+              "median delay from the input's rise | ITL mean: windows | classified as expected | first events | "
+              "with a saturation event | with a false alarm before |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
+              "---:|---|---:|---:|\n")
+
+
+def _fa(stream: str, kind: str, hours: float, events: float, episodes: float) -> str:
+    return (f"| held out (`{stream}/stationary_b`) | {kind} | {hours:g} | 0 | {events:.2f} | 0 | {episodes:.2f} "
+            "| - | 0% |\n")
+
+
+def _inj(stream: str, change: str, found: int, median: float, expected: int, rise: str = "-") -> str:
+    return (f"| held out (`{stream}/stationary_b`) | {change} | recorded | 100 | {found} | {100 - found} "
+            f"| {median:g} | 9 | {rise} | - | {expected}/100 | x | 0 | 0 |\n")
+
+
+def _board(tmp_path: Path, *tables: str, bound: str | None = None) -> dict[str, scoreboard.Stream]:
+    streams: dict[str, scoreboard.Stream] = {}
+    for i, text in enumerate(tables):
+        (tmp_path / f"t{i}.md").write_text(text)
+        scoreboard.read_table(tmp_path / f"t{i}.md", streams)
+    if bound is not None:
+        (tmp_path / "bound.md").write_text(bound)
+        scoreboard.read_bound(tmp_path / "bound.md", streams)
+    return streams
+
+
+def test_each_goal_is_judged_from_the_rows_that_say_it(tmp_path: Path) -> None:
+    window, blocks = "bootstrap, window by window", "bootstrap, blocks of 8 windows"
+    starts = "as recorded, from each of 30 starts after a warm-up of 0 windows (alarms at windows 3)"
+    t240 = FA_HEADER + _fa("a", window, 240, 2.0, 2.0) + _fa("b", blocks, 240, 1.2, 0.8) \
+        + _fa("c", window, 240, 0.3, 0.3)
+    t1200 = FA_HEADER + _fa("a", window, 1200, 0.5, 0.5) + _fa("c", starts, 10, 1.5, 1.5)
+    inj = INJ_HEADER + _inj("a", "rate_x2", 100, 3, 100, rise="2") + _inj("a", "slowdown30", 40, 7, 35) \
+        + _inj("b", "slowdown_x2", 62, 7, 62) + _inj("c", "prompt_x2", 100, 2, 100, rise="2")
+    bound = ("| stream | window s | change | fewest windows, ITL mean (23 tests) | (this test alone) |\n"
+             "|---|---:|---|---:|---:|\n| a | 15 | slowdown30 (recorded) | 4 | 3 |\n"
+             "| z | 15 | slowdown30 (recorded) | 1 | 1 |\n")
+    s = _board(tmp_path, t240, t1200, inj, bound=bound)
+    assert set(s) == {"a", "b", "c"}  # the bound's stream z, in no table given, is not a stream
+    assert s["a"].false_alarms["window"].hours == 1200  # the longest replay of a kind stands
+    a, b, c = (scoreboard.verdict(s[n]) for n in "abc")
+    assert a.false_alarms == "met"
+    assert a.delay == "not met: rate_x2 3 (2 from the input's rise); slowdown30 7, bound 4"
+    assert a.slowdowns == "not met: slowdown30 35/40" and a.x2 == "met"
+    assert b.false_alarms == "met as episodes (1.20 events a day)" and b.x2 == "not met: slowdown_x2 62/100"
+    assert c.false_alarms == "not met (1.50 episodes a day)" and c.delay == "met" and c.slowdowns == "no rows"
+    text = scoreboard.render(s, [tmp_path / "t0.md"], None)
+    assert "(false alarms, delay, x2, slowdowns an anomaly): 2/3, 1/3, 2/3, 1/2." in text
+
+
+def test_the_committed_tables_give_a_row_per_stream() -> None:
+    out = subprocess.run([sys.executable, "scoreboard.py", "--tables", "table.md", "table-vllm-share-error.md",
+                          "--bound", "table-bound.md"], cwd=DETECTION, capture_output=True, text=True, check=True,
+                         timeout=60).stdout
+    rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| stream")]
+    assert {line.split(" | ")[0][2:] for line in rows} >= {"quiet", "quiet5", "busy3", "vllm", "vllm2"}
+    assert all(line.count(" | ") == 14 for line in rows)
