@@ -94,6 +94,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=None,
                     help="the load's seed: phase i runs `tuner bench --seed SEED + i`")
     ap.add_argument("--base-rate", type=float, default=BASE_RATE, help=f"requests/s (default {BASE_RATE})")
+    ap.add_argument("--seconds", nargs="+", default=[], metavar="PHASE=S",
+                    help="a phase's duration in seconds instead of the plan's (e.g. slowdown30=900: more windows "
+                         "of the slowdown, so run.py's trials start at more offsets in it)")
     args = ap.parse_args()
     if not VLLM_PYTHON.exists():
         ap.error(f"{VLLM_PYTHON} is missing: build vLLM's CPU environment with `make vllm-venv`")
@@ -101,9 +104,20 @@ def main() -> None:
         ap.error(f"--base-rate must be > 0 requests/s, got {args.base_rate}")
     only = {p for p in args.only.split(",") if p}
     phases = plan(args.base_rate)
-    unknown = only - {name for name, *_ in phases}
+    names = [name for name, *_ in phases]
+    unknown = only - set(names)
     if unknown:
-        ap.error(f"--only: unknown phases {', '.join(sorted(unknown))}; valid: {', '.join(n for n, *_ in phases)}")
+        ap.error(f"--only: unknown phases {', '.join(sorted(unknown))}; valid: {', '.join(names)}")
+    durations: dict[str, float] = {}
+    for item in args.seconds:
+        name, _, value = item.partition("=")
+        try:
+            durations[name] = float(value)
+        except ValueError:
+            durations[name] = float("nan")
+        if name not in names or not durations[name] > 0:
+            ap.error(f"--seconds {item}: PHASE=S with PHASE one of {', '.join(names)} and S > 0 seconds")
+    phases = [(name, durations.get(name, seconds), slowdown, wl) for name, seconds, slowdown, wl in phases]
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         model = write_checkpoint(tmp / "tiny", "tiny", max_model_len=MAX_MODEL_LEN)
@@ -112,7 +126,7 @@ def main() -> None:
         ctx = TrialContext(trial_number=0, state_dir=tmp / "state", label="record-vllm")
         with target.deploy({"enforce_eager": True, "cpu_kvcache_space_gib": 1}, ctx) as dep, \
                 gzip.open(args.out, "at", encoding="utf-8") as out:
-            assert dep.pid is not None and dep.metrics_url is not None
+            assert dep.pid is not None and dep.metrics_url is not None and dep.endpoint is not None
             below = descendants(dep.pid)  # vLLM starts no new processes while serving: listed once
             core = engine_core(dep.pid, below)
             print(f"{time.strftime('%H:%M:%S')} vLLM ready: server {dep.pid}, engine core {core}", flush=True)
