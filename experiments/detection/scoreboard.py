@@ -1,6 +1,6 @@
 """Issue 24's goals, stream by stream, read from the detection tables run.py and bound.py printed.
 
-    python experiments/detection/scoreboard.py --tables table.md table-busy.md ... --bound table-bound.md
+    python experiments/detection/scoreboard.py --tables table.md table-busy.md ... --bound table-bound.md ...
 
 Goals: at most one false alarm per 24 h of stationary traffic; a median delay of at most two scrape windows; no
 miss of any x2 change; every injected slowdown classified as an anomaly. Nothing is measured here: every figure is
@@ -173,10 +173,10 @@ def _found_cell(s: Stream, change: str) -> str:
     return "-" if r is None else f"{r.found}/{r.trials}, {r.median:g}"
 
 
-def render(streams: dict[str, Stream], tables: list[Path], bound: Path | None) -> str:
+def render(streams: dict[str, Stream], tables: list[Path], bounds: list[Path]) -> str:
     out = ["# Issue 24's goals, stream by stream", "",
-           "command: `python experiments/detection/scoreboard.py --tables "
-           + " ".join(p.name for p in tables) + (f" --bound {bound.name}`" if bound else "`"), "",
+           "command: `python experiments/detection/scoreboard.py --tables " + " ".join(p.name for p in tables)
+           + (" --bound " + " ".join(p.name for p in bounds) if bounds else "") + "`", "",
            "False alarms: events / episodes a day (hours replayed), the row with the most hours of each replay; "
            "found: found / trials, median delay (windows); the verdicts: the goals (at most one false alarm a "
            "day, as events or else as episodes; a median delay of at most 2 windows for every injected change, "
@@ -206,13 +206,13 @@ def render(streams: dict[str, Stream], tables: list[Path], bound: Path | None) -
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tables", nargs="+", type=Path, required=True, help="run.py tables, oldest first")
-    ap.add_argument("--bound", type=Path, default=None, help="bound.py's table")
+    ap.add_argument("--bound", type=Path, nargs="+", default=[], help="bound.py's tables")
     args = ap.parse_args()
     streams: dict[str, Stream] = {}
     for path in args.tables:
         read_table(path, streams)
-    if args.bound is not None:
-        read_bound(args.bound, streams)
+    for path in args.bound:
+        read_bound(path, streams)
     print(render(streams, args.tables, args.bound), end="")
 
 

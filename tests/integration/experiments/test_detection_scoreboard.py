@@ -62,7 +62,7 @@ def test_each_goal_is_judged_from_the_rows_that_say_it(tmp_path: Path) -> None:
     assert a.slowdowns == "not met: slowdown30 35/40" and a.x2 == "met"
     assert b.false_alarms == "met as episodes (1.20 events a day)" and b.x2 == "not met: slowdown_x2 62/100"
     assert c.false_alarms == "not met (1.50 episodes a day)" and c.delay == "met" and c.slowdowns == "no rows"
-    text = scoreboard.render(s, [tmp_path / "t0.md"], None)
+    text = scoreboard.render(s, [tmp_path / "t0.md"], [])
     assert "(false alarms, delay, x2, slowdowns an anomaly): 2/3, 1/3, 2/3, 1/2." in text
 
 
