@@ -77,7 +77,8 @@ def test_a_busy_hosts_history_holds_only_the_windows_at_its_usual_wait() -> None
         assert b_pooled is not None and b_usual is not None
         # at the usual wait only: learnt from the 40 windows at about 0.1 (ending before t = 600 s); pooled: from
         # 160 windows at three or four times that wait, its normal moved by the law's error there (+0.2 x their
-        # stretch of 0.36-0.6 over the usual 0.1: +6 %), which then hides as much of a slowdown at the usual wait
+        # stretch of 0.36-0.6 over the usual 0.1: +5-10 %, +7 % on seed 0), which then hides as much of a
+        # slowdown at the usual wait
         assert max(usual._calm) < 600.0 and len(pooled._calm) == 160
         assert abs(b_usual.centre - math.log(8.0 / 0.9 ** 0.2)) < 0.03, b_usual
         assert b_pooled.centre - b_usual.centre > 0.04, (b_usual, b_pooled)
