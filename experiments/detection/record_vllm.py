@@ -112,11 +112,12 @@ def main() -> None:
     for item in args.seconds:
         name, _, value = item.partition("=")
         try:
-            durations[name] = float(value)
+            seconds = float(value)
         except ValueError:
-            durations[name] = float("nan")
-        if name not in names or not durations[name] > 0:
+            seconds = float("nan")
+        if name not in names or not seconds > 0:
             ap.error(f"--seconds {item}: PHASE=S with PHASE one of {', '.join(names)} and S > 0 seconds")
+        durations[name] = seconds
     phases = [(name, durations.get(name, seconds), slowdown, wl) for name, seconds, slowdown, wl in phases]
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)

@@ -426,7 +426,7 @@ def recorded_offsets(phases: dict[str, list[tuple[float, Window]]], names: list[
             cells.append(f"`{phase}` {len(ws)} windows, {starts} offset{'s' if starts > 1 else ''}"
                          f"{' (every trial the same windows)' if starts == 1 else ''}")
     return (f"\nRecorded changes: the windows of each phase and the offsets its trials' {args.post} changed windows "
-            f"start at: {'; '.join(cells) or 'none'}.") if cells else ""
+            f"start at: {'; '.join(cells)}.") if cells else ""
 
 
 def after_start(label: str, recorded: list[Window], x: float, cfg: MonitorConfig,

@@ -17,9 +17,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# the stream labels run.py gives the recorded2 stream's phases, as bound.py names them
-BOUND_NAME = {"stationary_b": "busy"}
-TABLE_NAME = {v: k for k, v in BOUND_NAME.items()}
+# bound.py's names of streams run.py labels otherwise (the recorded2 stream's held-out phase)
+TABLE_NAME = {"busy": "stationary_b"}
 DRIFTS = ("rate_x2", "prompt_x2", "output_x4")
 X2 = ("rate_x2", "prompt_x2", "output_x4", "slowdown_x2")  # the goal's "no miss of any x2 change" (x4: more)
 SLOWDOWNS = ("slowdown30", "slowdown_model", "slowdown_x2")

@@ -33,7 +33,7 @@ from scipy.stats import kendalltau
 
 from tuner.measure.scrape import Snapshot
 from tuner.monitor.config import RULES, TESTS, MonitorConfig
-from tuner.monitor.contention import MAX_WAIT_FRAC, stretch
+from tuner.monitor.contention import MAX_WAIT_FRAC, share_of, stretch
 from tuner.monitor.detect import (
     CONFIDENCE,
     SECONDS_PER_DAY,
@@ -441,7 +441,7 @@ class Monitor:
         c = self.config
         if not c.history_usual_wait or not self._waits:
             return True
-        usual = -math.expm1(-self._stretch_ref)  # the share whose stretch is the usual one
+        usual = share_of(self._stretch_ref)
         return all(abs(w - usual) <= c.wait_error for w in self._waits)
 
     def _calm_window(self, blind: bool) -> bool:

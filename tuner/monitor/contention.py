@@ -53,6 +53,11 @@ def stretch(w: float) -> float:
     return -math.log1p(-min(w, MAX_WAIT_FRAC))
 
 
+def share_of(s: float) -> float:
+    """The share w whose stretch log 1 / (1 - w) is `s` (stretch's inverse below MAX_WAIT_FRAC)."""
+    return -math.expm1(-s)
+
+
 def psi_some_total_us(text: str) -> float | None:
     """The `some` line's total (microseconds) of a PSI file's text; None when it has none."""
     for line in text.splitlines():
