@@ -11,6 +11,13 @@ and each row holds the vLLM engine-core process's schedstat (the monitor's CPU w
         --seed 12000
 
 `--scale 0.05` runs every phase a twentieth as long (a smoke run, a few minutes with vLLM's start).
+
+`--interleave N` records instead one load that never stops (one `tuner bench` run at the base rate) while the server
+is slowed N times in its own life: a lead stationary stretch (`--lead-s`, its warm-up and a baseline), then N times a
+slowdown (slowdown30, 240 s) and a stationary stretch (stationary_b, 300 s); `--seconds` sets those two. Each switch
+comes right after a scrape, and the next row says `starts_phase`: the window ending there was all in its phase
+(run.py keeps it, and replays the whole stream in its recorded order: the slowdowns found against a baseline the
+same server, under the same load, set minutes before).
 """
 
 from __future__ import annotations
@@ -21,8 +28,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -49,6 +57,18 @@ def plan(rate: float) -> list[tuple[str, float, float, str]]:
         ("slowdown30", 300, SLOWDOWN_FRAC, workload(rate)),
         ("stationary_b", 1800, 0.0, workload(rate)),
     ]
+
+
+INTERLEAVED = {"slowdown30": 240.0, "stationary_b": 300.0}  # --interleave's stretches, seconds (--seconds)
+
+
+def interleaved(episodes: int, lead_s: float, seconds: dict[str, float]) -> list[tuple[str, float, float]]:
+    """(phase, seconds, the server's slowdown), in order: the lead stationary stretch, then `episodes` times a
+    slowdown and a stationary stretch (their lengths from `seconds`, else INTERLEAVED)."""
+    slow, calm = (seconds.get(name, INTERLEAVED[name]) for name in ("slowdown30", "stationary_b"))
+    return [("stationary_b", lead_s, 0.0)] + [seg for _ in range(episodes)
+                                               for seg in (("slowdown30", slow, SLOWDOWN_FRAC),
+                                                           ("stationary_b", calm, 0.0))]
 
 
 def descendants(pid: int, proc_root: Path = Path("/proc")) -> list[int]:
@@ -85,6 +105,21 @@ def engine_core(pid: int, below: list[int] | None = None) -> int:
     return pid
 
 
+def parse_seconds(items: list[str], names: list[str], error: Callable[[str], NoReturn]) -> dict[str, float]:
+    """--seconds PHASE=S items as {phase: seconds}; `error` (the parser's) on a phase not in `names` or S not > 0."""
+    durations: dict[str, float] = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = float("nan")
+        if name not in names or not seconds > 0:
+            error(f"--seconds {item}: PHASE=S with PHASE one of {', '.join(names)} and S > 0 seconds")
+        durations[name] = seconds
+    return durations
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -92,33 +127,34 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every phase's duration (a smoke run)")
     ap.add_argument("--only", default="", help="comma-separated phases to run (default: all)")
     ap.add_argument("--seed", type=int, default=None,
-                    help="the load's seed: phase i runs `tuner bench --seed SEED + i`")
+                    help="the load's seed: phase i runs `tuner bench --seed SEED + i` (--interleave: the one load's)")
     ap.add_argument("--base-rate", type=float, default=BASE_RATE, help=f"requests/s (default {BASE_RATE})")
     ap.add_argument("--seconds", nargs="+", default=[], metavar="PHASE=S",
                     help="a phase's duration in seconds instead of the plan's (e.g. slowdown30=900: more windows "
-                         "of the slowdown, so run.py's trials start at more offsets in it)")
+                         "of the slowdown, so run.py's trials start at more offsets in it); with --interleave, "
+                         "each slowdown30 and stationary_b stretch's after the lead")
+    ap.add_argument("--interleave", type=int, default=0, metavar="N",
+                    help="one load that never stops, the server slowed N times in it (see above; default 0: the plan)")
+    ap.add_argument("--lead-s", type=float, default=600.0,
+                    help="--interleave: the stationary stretch before the first slowdown, seconds (default 600)")
     args = ap.parse_args()
     if not VLLM_PYTHON.exists():
         ap.error(f"{VLLM_PYTHON} is missing: build vLLM's CPU environment with `make vllm-venv`")
     if not args.base_rate > 0:
         ap.error(f"--base-rate must be > 0 requests/s, got {args.base_rate}")
+    if args.interleave < 0 or not args.lead_s > 0:
+        ap.error(f"--interleave must be >= 0 (got {args.interleave}) and --lead-s > 0 seconds (got {args.lead_s})")
     only = {p for p in args.only.split(",") if p}
     phases = plan(args.base_rate)
     names = [name for name, *_ in phases]
+    if args.interleave and only:
+        ap.error("--only is for the plan's phases; --interleave records slowdown30 and stationary_b only")
     unknown = only - set(names)
     if unknown:
         ap.error(f"--only: unknown phases {', '.join(sorted(unknown))}; valid: {', '.join(names)}")
-    durations: dict[str, float] = {}
-    for item in args.seconds:
-        name, _, value = item.partition("=")
-        try:
-            seconds = float(value)
-        except ValueError:
-            seconds = float("nan")
-        if name not in names or not seconds > 0:
-            ap.error(f"--seconds {item}: PHASE=S with PHASE one of {', '.join(names)} and S > 0 seconds")
-        durations[name] = seconds
-    phases = [(name, durations.get(name, seconds), slowdown, wl) for name, seconds, slowdown, wl in phases]
+    durations = parse_seconds(args.seconds, list(INTERLEAVED) if args.interleave else names, ap.error)
+    phases = [(name, durations.get(name, seconds), slowdown, wl) for name, seconds, slowdown, wl in phases
+              if not only or name in only]
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         model = write_checkpoint(tmp / "tiny", "tiny", max_model_len=MAX_MODEL_LEN)
@@ -131,41 +167,81 @@ def main() -> None:
             below = descendants(dep.pid)  # vLLM starts no new processes while serving: listed once
             core = engine_core(dep.pid, below)
             print(f"{time.strftime('%H:%M:%S')} vLLM ready: server {dep.pid}, engine core {core}", flush=True)
-            state: dict[str, Any] = {"phase": "", "slowdown": 0.0, "seed": ""}
+            state: dict[str, Any] = {"phase": "", "slowdown": 0.0, "seed": "", "starts": False}
             lock = threading.Lock()
+            scraped = threading.Condition(lock)
 
             def row(text: str) -> dict[str, Any]:
-                return {"t": time.time(), "phase": state["phase"], "step_delay_ms": 0.0,
-                        "step_slowdown_frac": state["slowdown"], "base_rate": args.base_rate,
-                        "load_seed": state["seed"], "server": "vllm", "text": text, "cpu": cpu_readings(core)}
+                with lock:
+                    r = {"t": time.time(), "phase": state["phase"], "step_delay_ms": 0.0,
+                         "step_slowdown_frac": state["slowdown"], "base_rate": args.base_rate,
+                         "load_seed": state["seed"], "server": "vllm", "text": text, "cpu": cpu_readings(core)}
+                    if state["starts"]:  # the window ending here was all in this phase (a switch after a scrape)
+                        r["starts_phase"] = True
+                        state["starts"] = False
+                    return r
 
             def write(line: str) -> None:
-                with lock:
+                with scraped:
                     out.write(line)
                     out.flush()
+                    scraped.notify_all()
 
             stop = threading.Event()
             base_url = dep.metrics_url.removesuffix("/metrics")
             th = threading.Thread(target=scrape_loop, args=(base_url, args.interval_s, stop, row, write), daemon=True)
             th.start()
+            client = ("--model", dep.model, "--tokenizer", str(model))
+            pids = [dep.pid, *below]  # the whole server slowed
             try:
-                for i, (name, seconds, slowdown, wl) in enumerate(phases):
-                    if only and name not in only:
-                        continue
-                    state.update(phase=name, slowdown=slowdown,
-                                 seed="" if args.seed is None else str(args.seed + i))
-                    print(f"{time.strftime('%H:%M:%S')} phase {name} ({seconds * args.scale:.0f} s, "
-                          f"slowdown {slowdown:g})", flush=True)
-                    with Freezer([dep.pid, *below], slowdown) as fz:  # the whole server slowed
-                        bench(dep.endpoint, wl, seconds * args.scale, state["seed"] or None,
-                              client=("--model", dep.model, "--tokenizer", str(model)))
-                    if slowdown:
-                        print(f"  held stopped {fz.share_held():.3f} of the time (target {fz.share:.3f})",
-                              flush=True)
-                state["phase"] = ""
+                if args.interleave:
+                    segments = interleaved(args.interleave, args.lead_s, durations)
+                    record_interleaved(segments, args, dep.endpoint, client, pids, state, scraped)
+                else:
+                    for name, seconds, slowdown, wl in phases:
+                        with lock:
+                            state.update(phase=name, slowdown=slowdown,
+                                         seed="" if args.seed is None else str(args.seed + names.index(name)))
+                        print(f"{time.strftime('%H:%M:%S')} phase {name} ({seconds * args.scale:.0f} s, "
+                              f"slowdown {slowdown:g})", flush=True)
+                        with Freezer(pids, slowdown) as fz:
+                            bench(dep.endpoint, wl, seconds * args.scale, state["seed"] or None, client=client)
+                        if slowdown:
+                            print(f"  held stopped {fz.share_held():.3f} of the time (target {fz.share:.3f})",
+                                  flush=True)
+                with lock:
+                    state["phase"] = ""
             finally:
                 stop.set()
                 th.join(args.interval_s + 10)
+
+
+def record_interleaved(segments: list[tuple[str, float, float]], args: argparse.Namespace, endpoint: str,
+                       client: tuple[str, ...], pids: list[int], state: dict[str, Any],
+                       scraped: threading.Condition) -> None:
+    """One bench load for all `segments` (a thread of its own) while the server is slowed in its slowdown ones;
+    each switch of phase (and of the freezer) waits for the scrape after the segment's time is up and follows it
+    at once, the next row marked `starts_phase`."""
+    total_s = sum(seconds for _, seconds, _ in segments) * args.scale
+    seed = "" if args.seed is None else str(args.seed)
+    load = threading.Thread(target=bench, args=(endpoint, workload(args.base_rate), total_s + 4 * args.interval_s,
+                                                seed or None), kwargs={"client": client}, daemon=True)
+    load.start()
+    end = time.monotonic()
+    for k, (name, seconds, slowdown) in enumerate(segments):
+        end += seconds * args.scale
+        with scraped:
+            if k:  # the first segment starts with the load; each later one right after a scrape
+                scraped.wait()
+            state.update(phase=name, slowdown=slowdown, seed=seed, starts=k > 0)
+        print(f"{time.strftime('%H:%M:%S')} {name} ({seconds * args.scale:.0f} s, slowdown {slowdown:g})", flush=True)
+        with Freezer(pids, slowdown) as fz:
+            time.sleep(max(0.0, end - time.monotonic()))
+        if slowdown:
+            print(f"  held stopped {fz.share_held():.3f} of the time (target {fz.share:.3f})", flush=True)
+    with scraped:  # the last segment's last window
+        scraped.wait()
+    load.join(8 * args.interval_s)
 
 
 if __name__ == "__main__":
