@@ -98,21 +98,21 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return [r for r in rows if r["phase"] and r["text"]]
 
 
-def load(path: Path, gpu_readings: str = "gpu", every: int = 1) -> tuple[dict[str, list[tuple[float, Window]]],
-                                                                        dict[str, dict[str, float]]]:
-    """Phase -> its windows (end time, signals), from consecutive scrapes of one phase, with cpu_wait_frac
-    from the engine's schedstat through the monitor's own CpuWait (streams recorded before it have none) and
-    cpu_steal_frac from the host's /proc/stat line through its CpuSteal (where recorded), and a GPU's readings
-    (the row's `gpu_readings`: "gpu", the monitor's, or "gpu_instant", one read at the window's end, where
-    recorded; else "gpu"); and each phase's settings and median load average. `every`: a window spans that many
-    scrape intervals (every n-th scrape kept: a slower scrape of the same traffic; a GPU reading then is of the
-    last interval only)."""
+Row = dict[str, Any]
+
+
+def windows(path: Path, gpu_readings: str = "gpu", every: int = 1) -> Iterator[tuple[str, float, Window, Row, Row]]:
+    """(phase, end time, signals, the start and end rows) of each window of a recorded stream in order: consecutive
+    scrapes of one phase, or a scrape and the next that starts a phase (`starts_phase`: record_vllm.py --interleave
+    switched right after the first, so the window was all in the second's phase), with cpu_wait_frac from the
+    engine's schedstat through the monitor's own CpuWait (streams recorded before it have none) and cpu_steal_frac
+    from the host's /proc/stat line through its CpuSteal (where recorded), and a GPU's readings (the row's
+    `gpu_readings`: "gpu", the monitor's, or "gpu_instant", one read at the window's end, where recorded; else
+    "gpu"). `every`: a window spans that many scrape intervals (every n-th scrape kept: a slower scrape of the same
+    traffic; a GPU reading then is of the last interval only)."""
     rows = read_rows(path)[::every]
-    out: dict[str, list[tuple[float, Window]]] = {}
-    info: dict[str, dict[str, float]] = {}
-    loads: dict[str, list[float]] = {}
     for a, b in zip(rows, rows[1:], strict=False):
-        if a["phase"] != b["phase"]:
+        if a["phase"] != b["phase"] and not (every == 1 and b.get("starts_phase")):
             continue
         sig = window_signals(parse(a["text"]), parse(b["text"]), b["t"] - a["t"])
         if sig is None:
@@ -125,12 +125,31 @@ def load(path: Path, gpu_readings: str = "gpu", every: int = 1) -> tuple[dict[st
                 steal = CpuSteal()
                 steal.update(proc_stat_steal(a["cpu"]["stat"]))
                 sig.update(steal.update(proc_stat_steal(b["cpu"]["stat"])))
-            loads.setdefault(b["phase"], []).append(float(b["cpu"]["loadavg"].split()[0]))
         sig.update(b.get(gpu_readings, b.get("gpu")) or {})  # a GPU's readings of the window (record_gpu.py)
-        out.setdefault(b["phase"], []).append((b["t"], sig))
-        info[b["phase"]] = {"step_delay_ms": b["step_delay_ms"], "slowdown": b.get("step_slowdown_frac", 0.0),
-                            "load": statistics.median(loads[b["phase"]]) if b["phase"] in loads else math.nan}
+        yield b["phase"], b["t"], sig, a, b
+
+
+def load(path: Path, gpu_readings: str = "gpu", every: int = 1) -> tuple[dict[str, list[tuple[float, Window]]],
+                                                                        dict[str, dict[str, float]]]:
+    """Phase -> its windows (end time, signals; windows()), and each phase's settings and median load average."""
+    out: dict[str, list[tuple[float, Window]]] = {}
+    info: dict[str, dict[str, float]] = {}
+    loads: dict[str, list[float]] = {}
+    for phase, t, sig, a, b in windows(path, gpu_readings, every):
+        if "cpu" in a and "cpu" in b:
+            loads.setdefault(phase, []).append(float(b["cpu"]["loadavg"].split()[0]))
+        out.setdefault(phase, []).append((t, sig))
+        info[phase] = {"step_delay_ms": b["step_delay_ms"], "slowdown": b.get("step_slowdown_frac", 0.0),
+                       "load": statistics.median(loads[phase]) if phase in loads else math.nan}
     return out, info
+
+
+def interleaved(path: Path, gpu_readings: str = "gpu") -> list[tuple[str, Window]] | None:
+    """The (phase, signals) of every window of a stream recorded by record_vllm.py --interleave, in its recorded
+    order; None for a stream of phases recorded apart."""
+    if not any(r.get("starts_phase") for r in read_rows(path)):
+        return None
+    return [(phase, sig) for phase, _, sig, _, _ in windows(path, gpu_readings)]
 
 
 def expectation(model_path: Path | None) -> ChampionExpectation | None:
@@ -453,6 +472,78 @@ def after_start(label: str, recorded: list[Window], x: float, cfg: MonitorConfig
     print(f"| {label} | x{x:g} | {' | '.join(cells)} |")
 
 
+SLOW, CALM = "slowdown30", "stationary_b"  # an interleaved stream's phases (record_vllm.py --interleave)
+GRACE_WINDOWS = 4  # windows after a slowdown's end in which an event is still its own (its queue drains)
+
+
+def episodes_of(seq: list[tuple[str, Window]]) -> list[tuple[int, int]]:
+    """The (first, end) window indices of each run of slowdown windows in an interleaved stream (end exclusive)."""
+    runs: list[tuple[int, int]] = []
+    for i, (phase, _) in enumerate(seq):
+        if phase == SLOW and (not runs or runs[-1][1] != i):
+            runs.append((i, i + 1))
+        elif phase == SLOW:
+            runs[-1] = (runs[-1][0], i + 1)
+    return runs
+
+
+def own_life(label: str, seq: list[tuple[str, Window]], cfg: MonitorConfig, expect: ChampionExpectation | None,
+             args: argparse.Namespace, lives: list[str]) -> None:
+    """The rows of a stream recorded with its server slowed several times in its own life (record_vllm.py
+    --interleave), replayed in its recorded order from every start in its lead stretch that learns its baseline
+    before the first slowdown (the fresh server's first window among them: the monitor's own warm-up rule, as it
+    would start with its server): per slowdown, from how many starts an event came
+    within --post windows of its first window, how many of those an anomaly, the delays from its first window, and
+    the starts at whose slowdown an anomaly was still open (no new event to find); then every event outside the
+    slowdowns (and GRACE_WINDOWS after each) as a false alarm, per 24 h of the stationary windows watched: the
+    stream's summary row appended to `lives`."""
+    ws = [w for _, w in seq]
+    runs = episodes_of(seq)
+    if not runs or runs[0][0] < cfg.learn_windows + 1:
+        print(f"| {label} | (none) | {len(runs)} slowdowns, the first at window {runs[0][0] if runs else '-'}: "
+              f"too few windows before it for a baseline | | | | | | |")
+        return
+    found: list[list[tuple[int, str]]] = [[] for _ in runs]  # per slowdown: (delay, kind) of each start's event
+    still_open = [0] * len(runs)
+    kinds: dict[str, int] = {}
+    at: set[int] = set()
+    starts = list(range(runs[0][0] - cfg.learn_windows))
+    watched = events = episodes = 0
+    outside = [all(not a <= i < b + GRACE_WINDOWS for a, b in runs) for i in range(len(ws))]
+    for s in starts:
+        ev = replay(ws[s:], cfg, Gpu(args.gpu_noise, 400 + s), expect)
+        ev = [(i + s, k, c, again) for i, k, c, again in ev]
+        watched += sum(outside[s + cfg.learn_windows:])
+        for n, (a, _) in enumerate(runs):
+            opened = sum((k == "anomaly") - (k == "recovery" and c == "anomaly") for i, k, c, _ in ev if i < a)
+            hit = next(((i - a + 1, k) for i, k, _, _ in ev if a <= i < a + args.post
+                        and k not in ("recovery", "saturation")), None)
+            if hit is not None:
+                found[n].append(hit)
+            elif opened > 0:
+                still_open[n] += 1
+        stray = [e for e in ev if outside[e[0]] and e[1] != "recovery"]
+        e, p = tally(stray, kinds)
+        events, episodes = events + e, episodes + p
+        at.update(i for i, *_ in stray)
+    for n, (a, b) in enumerate(runs):
+        right = sum(k == "anomaly" for _, k in found[n])
+        print(f"| {label} | {n + 1} | {a} | {b - a} | {len(found[n])}/{len(starts)} | {right} | "
+              f"{_median_p90(sorted(d for d, _ in found[n]))} | {still_open[n]} |")
+    lives.append(f"| {label} | {len(starts)} ({starts[0]}-{starts[-1]}) | {len(starts) * len(runs)} | "
+                 f"{sum(map(len, found))} | {sum(k == 'anomaly' for got in found for _, k in got)} | "
+                 f"{_median_p90(sorted(d for got in found for d, _ in got))} | {watched * cfg.interval_s / 3600:.1f} | "
+                 f"{rate_cells(events, episodes, watched * cfg.interval_s / 3600)} | {kinds_cell(kinds)} | "
+                 f"{', '.join(map(str, sorted(at))) or 'none'} |")
+
+
+def _median_p90(delays: list[int]) -> str:
+    """Two table cells: the median and the 90th percentile of sorted delays ('-' where none)."""
+    if not delays:
+        return "- | -"
+    return f"{statistics.median(delays):g} | {delays[int(0.9 * (len(delays) - 1))]:g}"
+
+
 def parser() -> argparse.ArgumentParser:
     """The experiment's options (episodes.py takes the same)."""
     ap = argparse.ArgumentParser()
@@ -696,6 +787,31 @@ def main() -> None:
     for name, label in sets:
         injected(row_label(name, label), name, phases, cuts[name], cfg, expect, args)
     print(recorded_offsets(phases, [name for name, _ in sets], args))
+    lives = {tag: seq for tag, _, path in (arg.rpartition("=") for arg in args.streams)
+             if (seq := interleaved(Path(path), args.gpu_readings)) is not None}
+    mine = [(name, label) for name, label in sets
+            if name.rpartition("/")[0] in lives and name.rpartition("/")[2] == CALM]
+    if mine:
+        print("\n## Slowdowns in the server's own life\n")
+        print(f"Streams recorded with one load that never stopped and the server slowed several times in it "
+              f"(record_vllm.py --interleave), replayed in their recorded order from every start in the lead "
+              f"stationary stretch that learns its baseline before the first slowdown (from the fresh server's first "
+              f"window on: the monitor's own warm-up rule): per "
+              f"slowdown, the starts with an event within {args.post} windows of its first window, those an anomaly, "
+              f"the delay from its first window (1: found at the end of it), and the starts at whose slowdown an "
+              f"anomaly was still open.\n")
+        print("| stream | slowdown | first window | windows | found | as anomaly | median delay | p90 delay | "
+              "open from before |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        summary: list[str] = []
+        for name, label in mine:
+            own_life(row_label(name, label), lives[name.rpartition("/")[0]], cfg, expect, args, summary)
+        print(f"\nEvery slowdown from every start, and the events outside the slowdowns (and {GRACE_WINDOWS} windows "
+              f"after each: its queue drains) as false alarms:\n")
+        print("| stream | starts (windows) | slowdowns watched | found | as anomaly | median delay | p90 delay | "
+              "hours watched outside them | events | per 24 h | episodes | per 24 h | kinds | at windows |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+        print("\n".join(summary))
 
     if args.only_injected:
         return

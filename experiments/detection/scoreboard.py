@@ -21,10 +21,13 @@ from pathlib import Path
 TABLE_NAME = {"busy": "stationary_b"}
 DRIFTS = ("rate_x2", "prompt_x2", "output_x4")
 X2 = ("rate_x2", "prompt_x2", "output_x4", "slowdown_x2")  # the goal's "no miss of any x2 change" (x4: more)
-SLOWDOWNS = ("slowdown30", "slowdown_model", "slowdown_x2")
+# slowdown_life: the +30 % slowdowns of a server slowed in its own life (run.py's "Slowdowns in the server's own
+# life", a stream recorded by record_vllm.py --interleave), found in its recorded order
+SLOWDOWNS = ("slowdown30", "slowdown_model", "slowdown_x2", "slowdown_life")
 BOUND_CHANGE = {"slowdown30": "slowdown30 (recorded)", "slowdown_model": "latencies x1.3 (model)",
                 "slowdown_x2": "latencies x2 (model)"}
 REPLAYS = {"bootstrap, window by window": "window", "bootstrap, blocks of 8 windows": "blocks"}
+LIFE_HEADER = ["stream", "starts (windows)", "slowdowns watched"]  # run.py's own-life summary table
 GOAL_FA_PER_DAY, GOAL_DELAY = 1.0, 2.0
 
 
@@ -49,7 +52,8 @@ class Injected:
 @dataclass
 class Stream:
     name: str
-    false_alarms: dict[str, FalseAlarms] = field(default_factory=dict)  # "window", "blocks", "real order"
+    # "window", "blocks", "real order", "life" (an interleaved stream's windows outside its slowdowns)
+    false_alarms: dict[str, FalseAlarms] = field(default_factory=dict)
     injected: dict[str, Injected] = field(default_factory=dict)
     bound: dict[str, float] = field(default_factory=dict)  # change -> fewest windows (23 tests)
 
@@ -100,6 +104,14 @@ def read_table(path: Path, streams: dict[str, Stream]) -> None:
             s = streams.setdefault(name, Stream(name))
             if kind not in s.false_alarms or fa.hours >= s.false_alarms[kind].hours:
                 s.false_alarms[kind] = fa
+        elif header[:3] == LIFE_HEADER and len(cells) >= 12:
+            name = _stream_name(cells[0])
+            if name is None:
+                continue
+            s = streams.setdefault(name, Stream(name))
+            s.false_alarms["life"] = FalseAlarms(_number(cells[7]), _number(cells[9]), _number(cells[11]), path.name)
+            s.injected["slowdown_life"] = Injected(int(cells[2]), int(cells[3]), _number(cells[5]), float("nan"),
+                                                   int(cells[4]), path.name)
         elif header[:2] == ["before the change", "change"] and len(cells) >= 11 and cells[3].isdigit():
             name = _stream_name(cells[0])
             if name is None or int(cells[3]) == 0:
@@ -179,16 +191,18 @@ def render(streams: dict[str, Stream], tables: list[Path], bounds: list[Path]) -
            "found: found / trials, median delay (windows); the verdicts: the goals (at most one false alarm a "
            "day, as events or else as episodes; a median delay of at most 2 windows for every injected change, "
            "with bound.py's fewest windows for a slowdown where it has one; no x2 missed; every slowdown found "
-           "an anomaly, classified / found).", "",
-           "| stream | bootstrap, window by window | blocks of 8 | real order from every start | rate x2 | "
-           "prompt x2 | output x4 | +30 % recorded | x1.3 model | x2 model | throttle | false alarms | delay | "
-           "x2 | slowdowns an anomaly |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "an anomaly, classified / found). A stream recorded with its server slowed several times in its own "
+           "life (record_vllm.py --interleave): its real order outside the slowdowns, and its slowdowns found from "
+           "every start in its lead (found / slowdowns watched, median delay).", "",
+           "| stream | bootstrap, window by window | blocks of 8 | real order from every start | real order of its "
+           "life, outside its slowdowns | rate x2 | prompt x2 | output x4 | +30 % recorded | x1.3 model | x2 model | "
+           "+30 % in its life | throttle | false alarms | delay | x2 | slowdowns an anomaly |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     verdicts = {name: verdict(s) for name, s in streams.items()}
     for s in streams.values():
         v = verdicts[s.name]
         out.append("| " + " | ".join([
-            s.name, _fa_cell(s, "window"), _fa_cell(s, "blocks"), _fa_cell(s, "real order"),
+            s.name, _fa_cell(s, "window"), _fa_cell(s, "blocks"), _fa_cell(s, "real order"), _fa_cell(s, "life"),
             *(_found_cell(s, c) for c in (*DRIFTS, *SLOWDOWNS, "gpu_throttle")),
             v.false_alarms, v.delay, v.x2, v.slowdowns]) + " |")
     goals = ("false_alarms", "delay", "x2", "slowdowns")

@@ -72,4 +72,20 @@ def test_the_committed_tables_give_a_row_per_stream() -> None:
                          timeout=60).stdout
     rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| stream")]
     assert {line.split(" | ")[0][2:] for line in rows} >= {"quiet", "quiet5", "busy3", "vllm", "vllm2"}
-    assert all(line.count(" | ") == 14 for line in rows)
+    assert all(line.count(" | ") == 16 for line in rows)
+
+
+def test_a_server_slowed_in_its_own_life_counts_toward_each_goal(tmp_path: Path) -> None:
+    life = ("| stream | starts (windows) | slowdowns watched | found | as anomaly | median delay | p90 delay | hours "
+            "watched outside them | events | per 24 h | episodes | per 24 h | kinds | at windows |\n"
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n"
+            "| held out (`v/stationary_b`) | 10 (5-14) | 40 | 38 | 36 | 3 | 5 | 12.0 | 1 | 2.00 | 1 | 2.00 | "
+            "anomaly/latency 1 | 90 |\n")
+    s = _board(tmp_path, FA_HEADER + _fa("v", "bootstrap, window by window", 240, 0.1, 0.1), life)
+    v = scoreboard.verdict(s["v"])
+    assert s["v"].false_alarms["life"].hours == 12.0
+    assert v.false_alarms == "not met (2.00 episodes a day)"
+    assert v.delay == "not met: slowdown_life 3" and v.slowdowns == "not met: slowdown_life 36/38"
+    assert v.x2 == "no rows"
+    row = next(line for line in scoreboard.render(s, [], []).splitlines() if line.startswith("| v |"))
+    assert "2.00 / 2.00 (12 h)" in row and "38/40, 3" in row
