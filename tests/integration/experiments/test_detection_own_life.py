@@ -1,0 +1,105 @@
+"""The detection experiment's slowdowns in a server's own life: record_vllm.py --interleave's plan and checks (one
+load, the server slowed several times in it, each switch right after a scrape; against a real vLLM in
+test_detection_vllm_stream.py), run.py's windows across a switch, and its replay of the committed interleaved
+stream in recorded order."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[3]
+DETECTION = ROOT / "experiments" / "detection"
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+STREAM = DETECTION / "recorded-vllm-interleaved.jsonl.gz"
+MODEL = ROOT / "experiments" / "sim-calibration" / "model-cpu.json"
+sys.path.insert(0, str(DETECTION))
+
+import record_vllm  # noqa: E402
+import run  # noqa: E402
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in gzip.open(path, "rt", encoding="utf-8")]
+
+
+def _write(path: Path, rows: list[dict[str, Any]]) -> Path:
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    return path
+
+
+def test_the_interleaved_plan_leads_then_alternates_slowdown_and_calm() -> None:
+    segs = record_vllm.interleaved(3, 600.0, {"slowdown30": 120.0})
+    assert segs[0] == ("stationary_b", 600.0, 0.0)
+    assert segs[1:] == [("slowdown30", 120.0, 0.3), ("stationary_b", 300.0, 0.0)] * 3
+
+
+def test_a_window_across_a_switch_is_kept_only_where_the_next_row_starts_its_phase(tmp_path: Path) -> None:
+    rows = [r for r in _rows(STREAM) if r["phase"] and r["text"]]
+    first = next(i for i, r in enumerate(rows) if r.get("starts_phase"))
+    part = rows[first - 3:first + 3]
+    kept = [phase for phase, *_ in run.windows(_write(tmp_path / "a.jsonl.gz", part))]
+    assert kept == ["stationary_b", "stationary_b", "slowdown30", "slowdown30", "slowdown30"]
+    unmarked = [{k: v for k, v in r.items() if k != "starts_phase"} for r in part]
+    dropped = [p for p, *_ in run.windows(_write(tmp_path / "b.jsonl.gz", unmarked))]
+    assert dropped == ["stationary_b", "stationary_b", "slowdown30", "slowdown30"]  # the window across: gone
+    assert run.interleaved(tmp_path / "b.jsonl.gz") is None  # phases recorded apart
+    seq = run.interleaved(tmp_path / "a.jsonl.gz")
+    assert seq is not None and run.episodes_of(seq) == [(2, 5)]
+
+
+def test_the_committed_stream_is_one_servers_life_with_four_slowdowns() -> None:
+    rows = [r for r in _rows(STREAM) if r["phase"]]
+    assert {r["server"] for r in rows} == {"vllm"} and {r["load_seed"] for r in rows} == {"15000"}
+    seq = run.interleaved(STREAM)
+    assert seq is not None
+    runs = run.episodes_of(seq)
+    assert len(runs) == 4 and all(b - a >= 14 for a, b in runs)  # 240 s each in 15-s windows
+    # a 600-s lead, then 300 s of calm between slowdowns: 40 and 20 windows
+    assert runs[0][0] >= 38 and all(a2 - b1 >= 18 for (_, b1), (a2, _) in zip(runs, runs[1:], strict=False))
+    slow = {r["step_slowdown_frac"] for r in rows if r["phase"] == "slowdown30"}
+    assert slow == {0.3}
+
+
+def test_run_reports_each_slowdown_of_the_interleaved_stream_in_its_recorded_order() -> None:
+    proc = subprocess.run([sys.executable, str(DETECTION / "run.py"), "--streams", f"vllm5={STREAM}", "--tuned",
+                           "none", "--held-out", "vllm5/stationary_b", "--only-injected", "--trials", "5",
+                           "--changes", "slowdown30", "--sim-model", str(MODEL)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    section = out[out.index("## Slowdowns in the server's own life"):]
+    rows = [r.split("|") for r in section.splitlines() if r.startswith("| held out (`vllm5/stationary_b`)")]
+    seq = run.interleaved(STREAM)
+    assert seq is not None
+    runs = run.episodes_of(seq)
+    assert [(int(r[3]), int(r[4])) for r in rows[:len(runs)]] == [(a, b - a) for a, b in runs]
+    for r in rows[:len(runs)]:
+        found, starts = map(int, r[5].split("/"))
+        assert 0 < starts and found <= starts and int(r[6]) <= found and int(r[9]) <= starts - found
+    summary = rows[len(runs):]
+    assert len(summary) == 1
+    starts = int(summary[0][2].split()[0])
+    watched, found, anomalies = (int(summary[0][i]) for i in (3, 4, 5))
+    assert watched == starts * len(runs) and anomalies <= found <= watched
+    assert float(summary[0][8]) > 0  # the stationary hours watched outside the slowdowns
+
+
+def test_record_vllm_refuses_only_with_interleave_and_a_bad_duration(tmp_path: Path) -> None:
+    for extra, said in ((["--interleave", "2", "--only", "base"], "--only is for the plan's phases"),
+                        (["--interleave", "2", "--seconds", "base=60"], "--seconds base=60: PHASE=S with PHASE one "
+                                                                         "of slowdown30, stationary_b"),
+                        (["--interleave", "-1"], "--interleave must be >= 0")):
+        proc = subprocess.run([sys.executable, str(DETECTION / "record_vllm.py"), "--out",
+                               str(tmp_path / "x.jsonl.gz"), *extra], capture_output=True, text=True, timeout=60,
+                              cwd=ROOT)
+        if not VLLM_PYTHON.exists():
+            assert ".venv-vllm" in proc.stderr
+            continue
+        assert proc.returncode == 2 and said in proc.stderr, proc.stderr
+        assert not (tmp_path / "x.jsonl.gz").exists()
