@@ -220,8 +220,10 @@ def record_interleaved(segments: list[tuple[str, float, float]], args: argparse.
                        client: tuple[str, ...], pids: list[int], state: dict[str, Any],
                        scraped: threading.Condition) -> None:
     """One bench load for all `segments` (a thread of its own) while the server is slowed in its slowdown ones;
-    each switch of phase (and of the freezer) waits for the scrape after the segment's time is up and follows it
-    at once, the next row marked `starts_phase`."""
+    each segment ends at the first scrape after its time is up, and the next (its phase and its freezer) follows
+    that scrape at once, the next row marked `starts_phase`: every window is all in the phase its end row names.
+    (The two interleaved streams of 2026-12-05 were recorded before this: each slowdown's last window ran
+    unslowed after its time was up until that scrape, a part of one window.)"""
     total_s = sum(seconds for _, seconds, _ in segments) * args.scale
     seed = "" if args.seed is None else str(args.seed)
     load = threading.Thread(target=bench, args=(endpoint, workload(args.base_rate), total_s + 4 * args.interval_s,
@@ -230,17 +232,18 @@ def record_interleaved(segments: list[tuple[str, float, float]], args: argparse.
     end = time.monotonic()
     for k, (name, seconds, slowdown) in enumerate(segments):
         end += seconds * args.scale
-        with scraped:
-            if k:  # the first segment starts with the load; each later one right after a scrape
-                scraped.wait()
-            state.update(phase=name, slowdown=slowdown, seed=seed, starts=k > 0)
-        print(f"{time.strftime('%H:%M:%S')} {name} ({seconds * args.scale:.0f} s, slowdown {slowdown:g})", flush=True)
-        with Freezer(pids, slowdown) as fz:
+        with Freezer(pids, slowdown) as fz:  # slowed (or not) from the switch to the scrape that ends the segment
+            with scraped:
+                state.update(phase=name, slowdown=slowdown, seed=seed, starts=k > 0)
+            print(f"{time.strftime('%H:%M:%S')} {name} ({seconds * args.scale:.0f} s, slowdown {slowdown:g})",
+                  flush=True)
             time.sleep(max(0.0, end - time.monotonic()))
+            with scraped:  # the segment's last window ends at the next scrape; the next segment follows it at once
+                if not scraped.wait(timeout=2 * args.interval_s + 10):
+                    raise SystemExit(f"no scrape of the server's /metrics in {2 * args.interval_s + 10:g} s: the "
+                                     f"scrape thread stopped")
         if slowdown:
             print(f"  held stopped {fz.share_held():.3f} of the time (target {fz.share:.3f})", flush=True)
-    with scraped:  # the last segment's last window
-        scraped.wait()
     load.join(8 * args.interval_s)
 
 
