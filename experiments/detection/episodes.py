@@ -27,7 +27,7 @@ GAPS = (20, 60, 240)
 
 def main() -> None:
     args = run.parser().parse_args()
-    phases, _, sets, cfg, expect = run.setup(args)
+    phases, _, sets, cfg, expect, _ = run.setup(args)
     for name, label in sets:
         recorded = [w for _, w in phases[name]]
         stat = recorded[run.warmup(recorded, cfg, expect):]

@@ -105,6 +105,12 @@ def engine_core(pid: int, below: list[int] | None = None) -> int:
     return pid
 
 
+def held(fz: Freezer) -> None:
+    """Say how much of the time a slowdown's freezer held the server stopped (nothing for a phase not slowed)."""
+    if fz.share:
+        print(f"  held stopped {fz.share_held():.3f} of the time (target {fz.share:.3f})", flush=True)
+
+
 def parse_seconds(items: list[str], names: list[str], error: Callable[[str], NoReturn]) -> dict[str, float]:
     """--seconds PHASE=S items as {phase: seconds}; `error` (the parser's) on a phase not in `names` or S not > 0."""
     durations: dict[str, float] = {}
@@ -206,9 +212,7 @@ def main() -> None:
                               f"slowdown {slowdown:g})", flush=True)
                         with Freezer(pids, slowdown) as fz:
                             bench(dep.endpoint, wl, seconds * args.scale, state["seed"] or None, client=client)
-                        if slowdown:
-                            print(f"  held stopped {fz.share_held():.3f} of the time (target {fz.share:.3f})",
-                                  flush=True)
+                        held(fz)
                 with lock:
                     state["phase"] = ""
             finally:
@@ -242,8 +246,7 @@ def record_interleaved(segments: list[tuple[str, float, float]], args: argparse.
                 if not scraped.wait(timeout=2 * args.interval_s + 10):
                     raise SystemExit(f"no scrape of the server's /metrics in {2 * args.interval_s + 10:g} s: the "
                                      f"scrape thread stopped")
-        if slowdown:
-            print(f"  held stopped {fz.share_held():.3f} of the time (target {fz.share:.3f})", flush=True)
+        held(fz)
     load.join(8 * args.interval_s)
 
 

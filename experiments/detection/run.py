@@ -129,27 +129,41 @@ def windows(path: Path, gpu_readings: str = "gpu", every: int = 1) -> Iterator[t
         yield b["phase"], b["t"], sig, a, b
 
 
-def load(path: Path, gpu_readings: str = "gpu", every: int = 1) -> tuple[dict[str, list[tuple[float, Window]]],
-                                                                        dict[str, dict[str, float]]]:
-    """Phase -> its windows (end time, signals; windows()), and each phase's settings and median load average."""
-    out: dict[str, list[tuple[float, Window]]] = {}
+Phases = dict[str, list[tuple[float, Window]]]
+Order = list[tuple[str, Window]]  # (phase, signals) of every window in recorded order
+
+
+def load_stream(path: Path, gpu_readings: str = "gpu",
+                every: int = 1) -> tuple[Phases, dict[str, dict[str, float]], Order | None]:
+    """One read of a stream: phase -> its windows (end time, signals; windows()), each phase's settings and median
+    load average, and, for a stream recorded by record_vllm.py --interleave (a window that starts its phase), the
+    same windows in recorded order (None for a stream of phases recorded apart)."""
+    out: Phases = {}
     info: dict[str, dict[str, float]] = {}
     loads: dict[str, list[float]] = {}
+    order: Order = []
+    marked = False
     for phase, t, sig, a, b in windows(path, gpu_readings, every):
         if "cpu" in a and "cpu" in b:
             loads.setdefault(phase, []).append(float(b["cpu"]["loadavg"].split()[0]))
         out.setdefault(phase, []).append((t, sig))
+        order.append((phase, sig))
+        marked = marked or bool(b.get("starts_phase"))
         info[phase] = {"step_delay_ms": b["step_delay_ms"], "slowdown": b.get("step_slowdown_frac", 0.0),
                        "load": statistics.median(loads[phase]) if phase in loads else math.nan}
-    return out, info
+    return out, info, order if marked else None
 
 
-def interleaved(path: Path, gpu_readings: str = "gpu") -> list[tuple[str, Window]] | None:
-    """The (phase, signals) of every window of a stream recorded by record_vllm.py --interleave, in its recorded
-    order; None for a stream of phases recorded apart."""
-    if not any(r.get("starts_phase") for r in read_rows(path)):
-        return None
-    return [(phase, sig) for phase, _, sig, _, _ in windows(path, gpu_readings)]
+def load(path: Path, gpu_readings: str = "gpu", every: int = 1) -> tuple[Phases, dict[str, dict[str, float]]]:
+    """Phase -> its windows, and each phase's settings and median load average (load_stream())."""
+    phases, info, _ = load_stream(path, gpu_readings, every)
+    return phases, info
+
+
+def interleaved(path: Path, gpu_readings: str = "gpu") -> Order | None:
+    """The windows of a stream recorded by record_vllm.py --interleave in recorded order; None for a stream of phases
+    recorded apart (load_stream())."""
+    return load_stream(path, gpu_readings)[2]
 
 
 def expectation(model_path: Path | None) -> ChampionExpectation | None:
@@ -414,7 +428,7 @@ def injected(label: str, name: str, phases: dict[str, list[tuple[float, Window]]
             right += k[1] == EXPECT[change]
             firsts[f"{k[1]}/{k[2]}"] = firsts.get(f"{k[1]}/{k[2]}", 0) + 1
         med = statistics.median(delays_w) if delays_w else float("nan")
-        p90 = sorted(delays_w)[int(0.9 * (len(delays_w) - 1))] if delays_w else float("nan")
+        p90 = p90_of(sorted(delays_w)) if delays_w else float("nan")
         rise_med = f"{statistics.median(from_rise):g}" if from_rise and EXPECT[change] == "drift" else "-"
         never = sum(1 for b in bound if math.isinf(b))  # the shift within the allowance: expected never found
         est_med = (f"{statistics.median(bound):.1f} ({never}/{len(bound)} never)"
@@ -476,7 +490,7 @@ SLOW, CALM = "slowdown30", "stationary_b"  # an interleaved stream's phases (rec
 GRACE_WINDOWS = 4  # windows after a slowdown's end in which an event is still its own (its queue drains)
 
 
-def episodes_of(seq: list[tuple[str, Window]]) -> list[tuple[int, int]]:
+def episodes_of(seq: Order) -> list[tuple[int, int]]:
     """The (first, end) window indices of each run of slowdown windows in an interleaved stream (end exclusive)."""
     runs: list[tuple[int, int]] = []
     for i, (phase, _) in enumerate(seq):
@@ -487,7 +501,7 @@ def episodes_of(seq: list[tuple[str, Window]]) -> list[tuple[int, int]]:
     return runs
 
 
-def own_life(label: str, seq: list[tuple[str, Window]], cfg: MonitorConfig, expect: ChampionExpectation | None,
+def own_life(label: str, seq: Order, cfg: MonitorConfig, expect: ChampionExpectation | None,
              args: argparse.Namespace, lives: list[str]) -> None:
     """The rows of a stream recorded with its server slowed several times in its own life (record_vllm.py
     --interleave), replayed in its recorded order from every start in its lead stretch that learns its baseline
@@ -537,11 +551,16 @@ def own_life(label: str, seq: list[tuple[str, Window]], cfg: MonitorConfig, expe
                  f"{', '.join(map(str, sorted(at))) or 'none'} |")
 
 
+def p90_of(delays: list[int]) -> int:
+    """The tables' p90 of sorted delays: the value at 0.9 of the way from the first to the last."""
+    return delays[int(0.9 * (len(delays) - 1))]
+
+
 def _median_p90(delays: list[int]) -> str:
-    """Two table cells: the median and the 90th percentile of sorted delays ('-' where none)."""
+    """Two table cells: the median and the p90 (p90_of) of sorted delays ('-' where none)."""
     if not delays:
         return "- | -"
-    return f"{statistics.median(delays):g} | {delays[int(0.9 * (len(delays) - 1))]:g}"
+    return f"{statistics.median(delays):g} | {p90_of(delays):g}"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -644,17 +663,20 @@ def parser() -> argparse.ArgumentParser:
 Sets = list[tuple[str, str]]  # (stationary phase, "tuned" or "held out")
 
 
-def setup(args: argparse.Namespace) -> tuple[dict[str, list[tuple[float, Window]]], dict[str, dict[str, float]],
-                                             Sets, MonitorConfig, ChampionExpectation | None]:
+def setup(args: argparse.Namespace) -> tuple[Phases, dict[str, dict[str, float]], Sets, MonitorConfig,
+                                             ChampionExpectation | None, dict[str, Order]]:
     """The recorded phases and their settings, the stationary sets found among them, the monitor's config at
-    their scrape interval and the expectation."""
-    phases: dict[str, list[tuple[float, Window]]] = {}
+    their scrape interval, the expectation, and each interleaved stream's windows in recorded order (by label)."""
+    phases: Phases = {}
     info: dict[str, dict[str, float]] = {}
+    lives: dict[str, Order] = {}
     for arg in args.streams:
         tag, _, path = arg.rpartition("=")
-        p, d = load(Path(path), args.gpu_readings)
+        p, d, order = load_stream(Path(path), args.gpu_readings)
         phases.update({f"{tag}/{k}" if tag else k: v for k, v in p.items()})
         info.update({f"{tag}/{k}" if tag else k: v for k, v in d.items()})
+        if order is not None:
+            lives[tag] = order
     if args.no_steal:
         for ws in phases.values():
             for _, w in ws:
@@ -682,7 +704,7 @@ def setup(args: argparse.Namespace) -> tuple[dict[str, list[tuple[float, Window]
                         learn_until_sensitive=args.learn_until_sensitive,
                         relearn_insensitive=args.relearn_insensitive,
                         warmup_judged=args.warmup_judged)
-    return phases, info, sets, cfg, expectation(args.sim_model)
+    return phases, info, sets, cfg, expectation(args.sim_model), lives
 
 
 def row_label(name: str, label: str) -> str:
@@ -708,7 +730,7 @@ def false_alarm_rows(args: argparse.Namespace, phases: dict[str, list[tuple[floa
 def main() -> None:
     args = parser().parse_args()
     logging.getLogger("tuner.monitor").setLevel(logging.ERROR)  # a warning per replayed baseline says nothing here
-    phases, info, sets, cfg, expect = setup(args)
+    phases, info, sets, cfg, expect, lives = setup(args)
     print(f"# detection experiment ({time.strftime('%Y-%m-%d %H:%M')})\n")
     print(f"windows of {cfg.interval_s:g} s; {TESTS} one-sided tests; CUSUM k = {cfg.k}, h = {cfg.h:.3f} "
           f"(for {cfg.false_alarms_per_day:g} false alarm a day); baseline from {cfg.learn_windows} windows; "
@@ -787,8 +809,6 @@ def main() -> None:
     for name, label in sets:
         injected(row_label(name, label), name, phases, cuts[name], cfg, expect, args)
     print(recorded_offsets(phases, [name for name, _ in sets], args))
-    lives = {tag: seq for tag, _, path in (arg.rpartition("=") for arg in args.streams)
-             if (seq := interleaved(Path(path), args.gpu_readings)) is not None}
     mine = [(name, label) for name, label in sets
             if name.rpartition("/")[0] in lives and name.rpartition("/")[2] == CALM]
     if mine:
