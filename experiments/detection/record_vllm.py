@@ -14,10 +14,13 @@ and each row holds the vLLM engine-core process's schedstat (the monitor's CPU w
 
 `--interleave N` records instead one load that never stops (one `tuner bench` run at the base rate) while the server
 is slowed N times in its own life: a lead stationary stretch (`--lead-s`, its warm-up and a baseline), then N times a
-slowdown (slowdown30, 240 s) and a stationary stretch (stationary_b, 300 s); `--seconds` sets those two. Each switch
+slowdown (slowdown30, 240 s) and a stationary stretch (stationary_b, 300 s); `--seconds` sets those. Each switch
 comes right after a scrape, and the next row says `starts_phase`: the window ending there was all in its phase
 (run.py keeps it, and replays the whole stream in its recorded order: the slowdowns found against a baseline the
-same server, under the same load, set minutes before).
+same server, under the same load, set minutes before). `--life slowdown30,rate_x2,slowdown30` names the changes of
+that life in order instead: a rate_x2 (480 s) is a second load at the base rate beside the first (prepared before,
+started at the switch, stopped at the scrape that ends it), and the stationary stretch after it lasts as long as it
+(the return to the base rate is a drift too: found, then a baseline learnt again before the next change).
 """
 
 from __future__ import annotations
@@ -29,8 +32,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
+
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -39,6 +45,10 @@ from freeze import Freezer  # noqa: E402
 from record import BASE_RATE, SLOWDOWN_FRAC, bench, cpu_readings, scrape_loop, workload  # noqa: E402
 
 from tuner.engine.checkpoint import write_checkpoint  # noqa: E402
+from tuner.measure.datasets import plans_for  # noqa: E402
+from tuner.measure.loadgen import config_for, run_sync  # noqa: E402
+from tuner.measure.tokenize import load_tokenizer  # noqa: E402
+from tuner.spec import WorkloadSpec  # noqa: E402
 from tuner.targets.base import TrialContext  # noqa: E402
 from tuner.targets.vllm import VllmOptions, VllmTarget  # noqa: E402
 
@@ -59,16 +69,26 @@ def plan(rate: float) -> list[tuple[str, float, float, str]]:
     ]
 
 
-INTERLEAVED = {"slowdown30": 240.0, "stationary_b": 300.0}  # --interleave's stretches, seconds (--seconds)
+# --interleave's and --life's stretches, seconds (--seconds); the changes a life may hold: the server slowed
+# (slowdown30), a second load at the base rate beside the first (rate_x2)
+INTERLEAVED = {"slowdown30": 240.0, "rate_x2": 480.0, "stationary_b": 300.0}
+CHANGES = ("slowdown30", "rate_x2")
+Segment = tuple[str, float, float, float]  # (phase, seconds, the server's slowdown, the extra load's rate factor)
 
 
-def interleaved(episodes: int, lead_s: float, seconds: dict[str, float]) -> list[tuple[str, float, float]]:
-    """(phase, seconds, the server's slowdown), in order: the lead stationary stretch, then `episodes` times a
-    slowdown and a stationary stretch (their lengths from `seconds`, else INTERLEAVED)."""
-    slow, calm = (seconds.get(name, INTERLEAVED[name]) for name in ("slowdown30", "stationary_b"))
-    return [("stationary_b", lead_s, 0.0)] + [seg for _ in range(episodes)
-                                               for seg in (("slowdown30", slow, SLOWDOWN_FRAC),
-                                                           ("stationary_b", calm, 0.0))]
+def interleaved(changes: list[str], lead_s: float, seconds: dict[str, float]) -> list[Segment]:
+    """The segments of one life, in order: the lead stationary stretch, then each change (slowdown30: the server
+    slowed; rate_x2: a second load at the base rate) and a stationary stretch after it (its length from
+    `seconds`, else INTERLEAVED; after a rate_x2 at least as long as the rate_x2: its return is a drift too)."""
+    unknown = [c for c in changes if c not in CHANGES]
+    if unknown:
+        raise ValueError(f"changes {', '.join(unknown)}: each must be one of {', '.join(CHANGES)}")
+    length = {name: seconds.get(name, default) for name, default in INTERLEAVED.items()}
+    out: list[Segment] = [("stationary_b", lead_s, 0.0, 0.0)]
+    for c in changes:
+        out.append((c, length[c], SLOWDOWN_FRAC if c == "slowdown30" else 0.0, 1.0 if c == "rate_x2" else 0.0))
+        out.append(("stationary_b", max(length["stationary_b"], length[c] if c == "rate_x2" else 0.0), 0.0, 0.0))
+    return out
 
 
 def descendants(pid: int, proc_root: Path = Path("/proc")) -> list[int]:
@@ -141,8 +161,11 @@ def main() -> None:
                          "each slowdown30 and stationary_b stretch's after the lead")
     ap.add_argument("--interleave", type=int, default=0, metavar="N",
                     help="one load that never stops, the server slowed N times in it (see above; default 0: the plan)")
+    ap.add_argument("--life", default="", metavar="CHANGES",
+                    help="instead of --interleave N: the changes of one life in order, comma-separated, each "
+                         f"followed by a stationary stretch ({', '.join(CHANGES)}; e.g. slowdown30,rate_x2,slowdown30)")
     ap.add_argument("--lead-s", type=float, default=600.0,
-                    help="--interleave: the stationary stretch before the first slowdown, seconds (default 600)")
+                    help="--interleave, --life: the stationary stretch before the first change, seconds (default 600)")
     args = ap.parse_args()
     if not VLLM_PYTHON.exists():
         ap.error(f"{VLLM_PYTHON} is missing: build vLLM's CPU environment with `make vllm-venv`")
@@ -153,12 +176,17 @@ def main() -> None:
     only = {p for p in args.only.split(",") if p}
     phases = plan(args.base_rate)
     names = [name for name, *_ in phases]
-    if args.interleave and only:
-        ap.error("--only is for the plan's phases; --interleave records slowdown30 and stationary_b only")
+    life = [c for c in args.life.split(",") if c] or ["slowdown30"] * args.interleave
+    if args.life and args.interleave:
+        ap.error("--interleave N and --life CHANGES both name the changes of one life: give one of them")
+    if life and only:
+        ap.error("--only is for the plan's phases; --interleave and --life record a life of changes instead")
+    if any(c not in CHANGES for c in life):
+        ap.error(f"--life {args.life}: each change must be one of {', '.join(CHANGES)}")
     unknown = only - set(names)
     if unknown:
         ap.error(f"--only: unknown phases {', '.join(sorted(unknown))}; valid: {', '.join(names)}")
-    durations = parse_seconds(args.seconds, list(INTERLEAVED) if args.interleave else names, ap.error)
+    durations = parse_seconds(args.seconds, list(INTERLEAVED) if life else names, ap.error)
     phases = [(name, durations.get(name, seconds), slowdown, wl) for name, seconds, slowdown, wl in phases
               if not only or name in only]
     with tempfile.TemporaryDirectory() as tmp_dir:
@@ -200,8 +228,8 @@ def main() -> None:
             client = ("--model", dep.model, "--tokenizer", str(model))
             pids = [dep.pid, *below]  # the whole server slowed
             try:
-                if args.interleave:
-                    segments = interleaved(args.interleave, args.lead_s, durations)
+                if life:
+                    segments = interleaved(life, args.lead_s, durations)
                     record_interleaved(segments, args, dep.endpoint, client, pids, state, scraped)
                 else:
                     for name, seconds, slowdown, wl in phases:
@@ -220,32 +248,76 @@ def main() -> None:
                 th.join(args.interval_s + 10)
 
 
-def record_interleaved(segments: list[tuple[str, float, float]], args: argparse.Namespace, endpoint: str,
+class ExtraLoad:
+    """A second open-loop load beside the recorder's (a rate_x2 in a server's life): its requests planned before
+    it starts, so the first goes out at the switch; stopped at the scrape that ends the change (the one or two
+    requests then in flight abandoned)."""
+
+    def __init__(self, endpoint: str, client: tuple[str, ...], rate: float, seconds: float, seed: int) -> None:
+        opts = dict(zip(client[::2], client[1::2], strict=True))  # bench's --model NAME --tokenizer DIR
+        spec = WorkloadSpec.model_validate({**yaml.safe_load(workload(rate)), "duration_s": seconds, "seed": seed})
+        self.tok = load_tokenizer(opts.get("--tokenizer"), seed=seed)
+        self.plans, _ = plans_for(spec, seed=seed, tok=self.tok)
+        self.cfg = replace(config_for(spec, endpoint, opts["--model"]), seed=seed)
+        self.stop_event = threading.Event()
+        self.sent = 0
+        self.first_s = float("nan")  # the first request's send, seconds after start()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._t0 = 0.0
+
+    def _run(self) -> None:
+        result = run_sync(self.cfg, self.plans, tok=self.tok, stop_event=self.stop_event)
+        self.sent = len(result.records)
+        if result.records:
+            self.first_s = result.clock_origin_s + min(r.sent_s for r in result.records) - self._t0
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self._thread.join(30)
+        print(f"  extra load: {self.sent} requests answered, the first sent {self.first_s:.2f} s after the switch",
+              flush=True)
+
+
+def record_interleaved(segments: list[Segment], args: argparse.Namespace, endpoint: str,
                        client: tuple[str, ...], pids: list[int], state: dict[str, Any],
                        scraped: threading.Condition) -> None:
-    """One bench load for all `segments` (a thread of its own) while the server is slowed in its slowdown ones;
-    each segment ends at the first scrape after its time is up, and the next (its phase and its freezer) follows
-    that scrape at once, the next row marked `starts_phase`: every window is all in the phase its end row names.
-    (The two interleaved streams of 2026-12-05 were recorded before this: each slowdown's last window ran
-    unslowed after its time was up until that scrape, a part of one window.)"""
-    total_s = sum(seconds for _, seconds, _ in segments) * args.scale
+    """One bench load for all `segments` (a thread of its own) while the server is slowed in its slowdown ones and a
+    second load (ExtraLoad) runs beside it in its rate_x2 ones; each segment ends at the first scrape after its time
+    is up, and the next (its phase, its freezer, its extra load) follows that scrape at once, the next row marked
+    `starts_phase`: every window is all in the phase its end row names.
+    (The two interleaved streams of 2026-12-05 were recorded before the freezer held to that scrape: each slowdown's
+    last window ran unslowed after its time was up until it, a part of one window.)"""
+    total_s = sum(seconds for _, seconds, _, _ in segments) * args.scale
     seed = "" if args.seed is None else str(args.seed)
     load = threading.Thread(target=bench, args=(endpoint, workload(args.base_rate), total_s + 4 * args.interval_s,
                                                 seed or None), kwargs={"client": client}, daemon=True)
+    extra = [ExtraLoad(endpoint, client, args.base_rate * factor, seconds * args.scale + 4 * args.interval_s,
+                       (args.seed or 0) + 1 + k) if factor else None
+             for k, (_, seconds, _, factor) in enumerate(segments)]
     load.start()
     end = time.monotonic()
-    for k, (name, seconds, slowdown) in enumerate(segments):
+    for (name, seconds, slowdown, _), more in zip(segments, extra, strict=True):
         end += seconds * args.scale
         with Freezer(pids, slowdown) as fz:  # slowed (or not) from the switch to the scrape that ends the segment
             with scraped:
-                state.update(phase=name, slowdown=slowdown, seed=seed, starts=k > 0)
-            print(f"{time.strftime('%H:%M:%S')} {name} ({seconds * args.scale:.0f} s, slowdown {slowdown:g})",
-                  flush=True)
+                state.update(phase=name, slowdown=slowdown, seed=seed, starts=state["phase"] != "")
+                if more is not None:
+                    more.start()
+            print(f"{time.strftime('%H:%M:%S')} {name} ({seconds * args.scale:.0f} s, slowdown {slowdown:g}"
+                  f"{', a second load' if more is not None else ''})", flush=True)
             time.sleep(max(0.0, end - time.monotonic()))
             with scraped:  # the segment's last window ends at the next scrape; the next segment follows it at once
                 if not scraped.wait(timeout=2 * args.interval_s + 10):
                     raise SystemExit(f"no scrape of the server's /metrics in {2 * args.interval_s + 10:g} s: the "
                                      f"scrape thread stopped")
+                if more is not None:
+                    more.stop_event.set()
+        if more is not None:
+            more.stop()
         held(fz)
     load.join(8 * args.interval_s)
 

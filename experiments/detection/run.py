@@ -486,49 +486,61 @@ def after_start(label: str, recorded: list[Window], x: float, cfg: MonitorConfig
     print(f"| {label} | x{x:g} | {' | '.join(cells)} |")
 
 
-SLOW, CALM = "slowdown30", "stationary_b"  # an interleaved stream's phases (record_vllm.py --interleave)
-GRACE_WINDOWS = 4  # windows after a slowdown's end in which an event is still its own (its queue drains)
+SLOW, CALM, DRIFT = "slowdown30", "stationary_b", "rate_x2"  # a life's phases (record_vllm.py --interleave, --life)
+RETURN = "rate back"  # a life's return to its base rate after a rate_x2: a drift too
+EXPECTED = {SLOW: "anomaly", DRIFT: "drift", RETURN: "drift"}  # what each change in a life should be called
+GRACE_WINDOWS = 4  # windows after a change's horizon in which an event is still its own (its queue drains)
+
+
+def changes_of(seq: Order) -> list[tuple[int, int, str]]:
+    """The (first, end, change) window indices (end exclusive) of each change in a life: each run of windows of a
+    changed phase (slowdown30, rate_x2), and after a rate_x2 the return to the base rate (RETURN: the first window
+    of the stationary stretch that follows it, one window long)."""
+    runs: list[tuple[int, int, str]] = []
+    for i, (phase, _) in enumerate(seq):
+        if phase in (SLOW, DRIFT) and runs and runs[-1][1] == i and runs[-1][2] == phase:
+            runs[-1] = (runs[-1][0], i + 1, phase)
+        elif phase in (SLOW, DRIFT):
+            runs.append((i, i + 1, phase))
+        elif runs and runs[-1][1] == i and runs[-1][2] == DRIFT:
+            runs.append((i, i + 1, RETURN))
+    return runs
 
 
 def episodes_of(seq: Order) -> list[tuple[int, int]]:
     """The (first, end) window indices of each run of slowdown windows in an interleaved stream (end exclusive)."""
-    runs: list[tuple[int, int]] = []
-    for i, (phase, _) in enumerate(seq):
-        if phase == SLOW and (not runs or runs[-1][1] != i):
-            runs.append((i, i + 1))
-        elif phase == SLOW:
-            runs[-1] = (runs[-1][0], i + 1)
-    return runs
+    return [(a, b) for a, b, change in changes_of(seq) if change == SLOW]
 
 
 def own_life(label: str, seq: Order, cfg: MonitorConfig, expect: ChampionExpectation | None,
-             args: argparse.Namespace, lives: list[str]) -> None:
+             args: argparse.Namespace, lives: list[str], drifts: list[str]) -> None:
     """The rows of a stream recorded with its server slowed several times in its own life (record_vllm.py
-    --interleave), replayed in its recorded order from every start in its lead stretch that learns its baseline
-    before the first slowdown (the fresh server's first window among them: the monitor's own warm-up rule, as it
-    would start with its server): per slowdown, from how many starts an event came
-    within --post windows of its first window, how many of those an anomaly, the delays from its first window, and
-    the starts at whose slowdown an anomaly was still open (no new event to find); then every event outside the
-    slowdowns (and GRACE_WINDOWS after each) as a false alarm, per 24 h of the stationary windows watched: the
-    stream's summary row appended to `lives`."""
+    --interleave), and its traffic changed in it (--life: a rate_x2 and its return), replayed in its recorded order
+    from every start in its lead stretch that learns its baseline before the first change (the fresh server's first
+    window among them: the monitor's own warm-up rule, as it would start with its server): per change, from how
+    many starts an event came within --post windows of its first window, how many of those what it should be
+    (EXPECTED), the delays from its first window, and the starts at whose change an anomaly was still open (no new
+    event to find); then every event outside the changes (each up to --post windows from its first, or its end
+    where later, and GRACE_WINDOWS after) as a false alarm, per 24 h of the stationary windows watched: the stream's
+    summary row appended to `lives`, its traffic's changes' rows to `drifts`."""
     ws = [w for _, w in seq]
-    runs = episodes_of(seq)
+    runs = changes_of(seq)
     if not runs or runs[0][0] < cfg.learn_windows + 1:
-        print(f"| {label} | (none) | {len(runs)} slowdowns, the first at window {runs[0][0] if runs else '-'}: "
+        print(f"| {label} | (none) | {len(runs)} changes, the first at window {runs[0][0] if runs else '-'}: "
               f"too few windows before it for a baseline | | | | | | |")
         return
-    found: list[list[tuple[int, str]]] = [[] for _ in runs]  # per slowdown: (delay, kind) of each start's event
+    found: list[list[tuple[int, str]]] = [[] for _ in runs]  # per change: (delay, kind) of each start's event
     still_open = [0] * len(runs)
     kinds: dict[str, int] = {}
     at: set[int] = set()
     starts = list(range(runs[0][0] - cfg.learn_windows))
     watched = events = episodes = 0
-    outside = [all(not a <= i < b + GRACE_WINDOWS for a, b in runs) for i in range(len(ws))]
+    outside = [all(not a <= i < max(b, a + args.post) + GRACE_WINDOWS for a, b, _ in runs) for i in range(len(ws))]
     for s in starts:
         ev = replay(ws[s:], cfg, Gpu(args.gpu_noise, 400 + s), expect)
         ev = [(i + s, k, c, again) for i, k, c, again in ev]
         watched += sum(outside[s + cfg.learn_windows:])
-        for n, (a, _) in enumerate(runs):
+        for n, (a, _, _) in enumerate(runs):
             opened = sum((k == "anomaly") - (k == "recovery" and c == "anomaly") for i, k, c, _ in ev if i < a)
             hit = next(((i - a + 1, k) for i, k, _, _ in ev if a <= i < a + args.post
                         and k not in ("recovery", "saturation")), None)
@@ -540,13 +552,21 @@ def own_life(label: str, seq: Order, cfg: MonitorConfig, expect: ChampionExpecta
         e, p = tally(stray, kinds)
         events, episodes = events + e, episodes + p
         at.update(i for i, *_ in stray)
-    for n, (a, b) in enumerate(runs):
+    slow = [n for n, (_, _, change) in enumerate(runs) if change == SLOW]
+    for m, n in enumerate(slow):
+        a, b, _ = runs[n]
         right = sum(k == "anomaly" for _, k in found[n])
-        print(f"| {label} | {n + 1} | {a} | {b - a} | {len(found[n])}/{len(starts)} | {right} | "
+        print(f"| {label} | {m + 1} | {a} | {b - a} | {len(found[n])}/{len(starts)} | {right} | "
               f"{_median_p90(sorted(d for d, _ in found[n]))} | {still_open[n]} |")
-    lives.append(f"| {label} | {len(starts)} ({starts[0]}-{starts[-1]}) | {len(starts) * len(runs)} | "
-                 f"{sum(map(len, found))} | {sum(k == 'anomaly' for got in found for _, k in got)} | "
-                 f"{_median_p90(sorted(d for got in found for d, _ in got))} | {watched * cfg.interval_s / 3600:.1f} | "
+    for n, (a, b, change) in enumerate(runs):
+        if change != SLOW:
+            right = sum(k == EXPECTED[change] for _, k in found[n])
+            drifts.append(f"| {label} | {change} | {a} | {b - a} | {len(found[n])}/{len(starts)} | {right} | "
+                          f"{_median_p90(sorted(d for d, _ in found[n]))} | {still_open[n]} |")
+    on = [found[n] for n in slow]
+    lives.append(f"| {label} | {len(starts)} ({starts[0]}-{starts[-1]}) | {len(starts) * len(slow)} | "
+                 f"{sum(map(len, on))} | {sum(k == 'anomaly' for got in on for _, k in got)} | "
+                 f"{_median_p90(sorted(d for got in on for d, _ in got))} | {watched * cfg.interval_s / 3600:.1f} | "
                  f"{rate_cells(events, episodes, watched * cfg.interval_s / 3600)} | {kinds_cell(kinds)} | "
                  f"{', '.join(map(str, sorted(at))) or 'none'} |")
 
@@ -824,10 +844,20 @@ def main() -> None:
               "open from before |")
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         summary: list[str] = []
+        drifts: list[str] = []
         for name, label in mine:
-            own_life(row_label(name, label), lives[name.rpartition("/")[0]], cfg, expect, args, summary)
-        print(f"\nEvery slowdown from every start, and the events outside the slowdowns (and {GRACE_WINDOWS} windows "
-              f"after each: its queue drains) as false alarms:\n")
+            own_life(row_label(name, label), lives[name.rpartition("/")[0]], cfg, expect, args, summary, drifts)
+        if drifts:
+            print(f"\nThe traffic's changes in the same life (record_vllm.py --life): a second load at the base rate "
+                  f"beside the first ({DRIFT}), and the return to the base rate after it ({RETURN}), each to be "
+                  f"found as a drift; found: an event within {args.post} windows of its first window.\n")
+            print("| stream | change | first window | windows | found | as drift | median delay | p90 delay | "
+                  "open from before |")
+            print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+            print("\n".join(drifts))
+        print(f"\nEvery slowdown from every start, and the events outside the changes (each up to {args.post} "
+              f"windows from its first or to its end, and {GRACE_WINDOWS} windows after: its queue drains) as false "
+              f"alarms:\n")
         print("| stream | starts (windows) | slowdowns watched | found | as anomaly | median delay | p90 delay | "
               "hours watched outside them | events | per 24 h | episodes | per 24 h | kinds | at windows |")
         print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")

@@ -20,14 +20,20 @@ from pathlib import Path
 # bound.py's names of streams run.py labels otherwise (the recorded2 stream's held-out phase)
 TABLE_NAME = {"busy": "stationary_b"}
 DRIFTS = ("rate_x2", "prompt_x2", "output_x4")
-X2 = ("rate_x2", "prompt_x2", "output_x4", "slowdown_x2")  # the goal's "no miss of any x2 change" (x4: more)
+# the goal's "no miss of any x2 change" (x4: more)
+X2 = ("rate_x2", "prompt_x2", "output_x4", "slowdown_x2", "rate_x2_life")
 # slowdown_life: the +30 % slowdowns of a server slowed in its own life (run.py's "Slowdowns in the server's own
 # life", a stream recorded by record_vllm.py --interleave), found in its recorded order
 SLOWDOWNS = ("slowdown30", "slowdown_model", "slowdown_x2", "slowdown_life")
+# rate_x2_life: a second load beside the first in a server's own life and the return to the base rate after it
+# (run.py's "The traffic's changes in the same life", record_vllm.py --life): found as the rows' sum, the later
+# median of the two (run.py gives no delays, only each row's median)
+LIFE_DRIFTS = ("rate_x2", "rate back")
 BOUND_CHANGE = {"slowdown30": "slowdown30 (recorded)", "slowdown_model": "latencies x1.3 (model)",
                 "slowdown_x2": "latencies x2 (model)"}
 REPLAYS = {"bootstrap, window by window": "window", "bootstrap, blocks of 8 windows": "blocks"}
 LIFE_HEADER = ["stream", "starts (windows)", "slowdowns watched"]  # run.py's own-life summary table
+LIFE_DRIFT_HEADER = ["stream", "change", "first window", "windows", "found", "as drift"]  # its traffic's changes
 GOAL_FA_PER_DAY, GOAL_DELAY = 1.0, 2.0
 
 
@@ -112,6 +118,20 @@ def read_table(path: Path, streams: dict[str, Stream]) -> None:
             s.false_alarms["life"] = FalseAlarms(_number(cells[7]), _number(cells[9]), _number(cells[11]), path.name)
             s.injected["slowdown_life"] = Injected(int(cells[2]), int(cells[3]), _number(cells[5]), float("nan"),
                                                    int(cells[4]), path.name)
+        elif header[:6] == LIFE_DRIFT_HEADER and len(cells) >= 8 and cells[1] in LIFE_DRIFTS:
+            name = _stream_name(cells[0])
+            if name is None:
+                continue
+            s = streams.setdefault(name, Stream(name))
+            found, starts = map(int, cells[4].split("/"))
+            was = s.injected.get("rate_x2_life")
+            if was is not None and was.source == path.name:  # the stream's other change in this table
+                s.injected["rate_x2_life"] = Injected(was.trials + starts, was.found + found,
+                                                      max(was.median, _number(cells[6])), float("nan"),
+                                                      was.expected + int(cells[5]), path.name)
+            else:
+                s.injected["rate_x2_life"] = Injected(starts, found, _number(cells[6]), float("nan"), int(cells[5]),
+                                                      path.name)
         elif header[:2] == ["before the change", "change"] and len(cells) >= 11 and cells[3].isdigit():
             name = _stream_name(cells[0])
             if name is None or int(cells[3]) == 0:
@@ -155,7 +175,7 @@ def verdict(s: Stream) -> Verdict:
     else:
         fa_text = f"not met ({worst_episodes:.2f} episodes a day)"
     late = []
-    for change in (*DRIFTS, *SLOWDOWNS, "gpu_throttle"):
+    for change in (*DRIFTS, *SLOWDOWNS, "rate_x2_life", "gpu_throttle"):
         row = s.injected.get(change)
         if row is None or row.median <= GOAL_DELAY:  # nan (none found) is late
             continue
@@ -193,17 +213,19 @@ def render(streams: dict[str, Stream], tables: list[Path], bounds: list[Path]) -
            "with bound.py's fewest windows for a slowdown where it has one; no x2 missed; every slowdown found "
            "an anomaly, classified / found). A stream recorded with its server slowed several times in its own "
            "life (record_vllm.py --interleave): its real order outside the slowdowns, and its slowdowns found from "
-           "every start in its lead (found / slowdowns watched, median delay).", "",
+           "every start in its lead (found / slowdowns watched, median delay); its traffic doubled and back in the "
+           "same life (record_vllm.py --life: found / changes watched, the later of the two median delays).", "",
            "| stream | bootstrap, window by window | blocks of 8 | real order from every start | real order of its "
            "life, outside its slowdowns | rate x2 | prompt x2 | output x4 | +30 % recorded | x1.3 model | x2 model | "
-           "+30 % in its life | throttle | false alarms | delay | x2 | slowdowns an anomaly |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "+30 % in its life | rate x2 and back in its life | throttle | false alarms | delay | x2 | slowdowns an "
+           "anomaly |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     verdicts = {name: verdict(s) for name, s in streams.items()}
     for s in streams.values():
         v = verdicts[s.name]
         out.append("| " + " | ".join([
             s.name, _fa_cell(s, "window"), _fa_cell(s, "blocks"), _fa_cell(s, "real order"), _fa_cell(s, "life"),
-            *(_found_cell(s, c) for c in (*DRIFTS, *SLOWDOWNS, "gpu_throttle")),
+            *(_found_cell(s, c) for c in (*DRIFTS, *SLOWDOWNS, "rate_x2_life", "gpu_throttle")),
             v.false_alarms, v.delay, v.x2, v.slowdowns]) + " |")
     goals = ("false_alarms", "delay", "x2", "slowdowns")
     said = {g: [getattr(v, g) for v in verdicts.values() if getattr(v, g) != "no rows"] for g in goals}

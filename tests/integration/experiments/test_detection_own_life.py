@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[3]
 DETECTION = ROOT / "experiments" / "detection"
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -34,9 +36,27 @@ def _write(path: Path, rows: list[dict[str, Any]]) -> Path:
 
 
 def test_the_interleaved_plan_leads_then_alternates_slowdown_and_calm() -> None:
-    segs = record_vllm.interleaved(3, 600.0, {"slowdown30": 120.0})
-    assert segs[0] == ("stationary_b", 600.0, 0.0)
-    assert segs[1:] == [("slowdown30", 120.0, 0.3), ("stationary_b", 300.0, 0.0)] * 3
+    segs = record_vllm.interleaved(["slowdown30"] * 3, 600.0, {"slowdown30": 120.0})
+    assert segs[0] == ("stationary_b", 600.0, 0.0, 0.0)
+    assert segs[1:] == [("slowdown30", 120.0, 0.3, 0.0), ("stationary_b", 300.0, 0.0, 0.0)] * 3
+
+
+def test_a_life_with_a_rate_x2_adds_a_second_load_and_a_calm_as_long_after_it() -> None:
+    segs = record_vllm.interleaved(["slowdown30", "rate_x2", "slowdown30"], 600.0, {"rate_x2": 420.0})
+    assert segs == [("stationary_b", 600.0, 0.0, 0.0), ("slowdown30", 240.0, 0.3, 0.0),
+                    ("stationary_b", 300.0, 0.0, 0.0), ("rate_x2", 420.0, 0.0, 1.0),
+                    ("stationary_b", 420.0, 0.0, 0.0), ("slowdown30", 240.0, 0.3, 0.0),
+                    ("stationary_b", 300.0, 0.0, 0.0)]
+    with pytest.raises(ValueError, match="prompt_x2: each must be one of slowdown30, rate_x2"):
+        record_vllm.interleaved(["prompt_x2"], 600.0, {})
+
+
+def test_a_lifes_changes_are_its_changed_runs_and_the_return_after_a_rate_x2() -> None:
+    phases = ["stationary_b"] * 3 + ["slowdown30"] * 2 + ["stationary_b"] * 2 + ["rate_x2"] * 3 + ["stationary_b"] * 2
+    seq: run.Order = [(p, {}) for p in phases]
+    assert run.changes_of(seq) == [(3, 5, "slowdown30"), (7, 10, "rate_x2"), (10, 11, run.RETURN)]
+    assert run.episodes_of(seq) == [(3, 5)]
+    assert run.changes_of([(p, {}) for p in ["stationary_b", "rate_x2"]]) == [(1, 2, "rate_x2")]  # no return yet
 
 
 def test_a_window_across_a_switch_is_kept_only_where_the_next_row_starts_its_phase(tmp_path: Path) -> None:
@@ -90,11 +110,15 @@ def test_run_reports_each_slowdown_of_the_interleaved_stream_in_its_recorded_ord
     assert float(summary[0][8]) > 0  # the stationary hours watched outside the slowdowns
 
 
-def test_record_vllm_refuses_only_with_interleave_and_a_bad_duration(tmp_path: Path) -> None:
+def test_record_vllm_refuses_only_with_a_life_and_a_bad_duration_or_change(tmp_path: Path) -> None:
     for extra, said in ((["--interleave", "2", "--only", "base"], "--only is for the plan's phases"),
                         (["--interleave", "2", "--seconds", "base=60"], "--seconds base=60: PHASE=S with PHASE one "
-                                                                         "of slowdown30, stationary_b"),
-                        (["--interleave", "-1"], "--interleave must be >= 0")):
+                                                                         "of slowdown30, rate_x2, stationary_b"),
+                        (["--interleave", "-1"], "--interleave must be >= 0"),
+                        (["--life", "slowdown30,output_x4"], "--life slowdown30,output_x4: each change must be one "
+                                                             "of slowdown30, rate_x2"),
+                        (["--life", "rate_x2", "--interleave", "1"], "--interleave N and --life CHANGES both name"),
+                        (["--life", "rate_x2", "--only", "base"], "--only is for the plan's phases")):
         proc = subprocess.run([sys.executable, str(DETECTION / "record_vllm.py"), "--out",
                                str(tmp_path / "x.jsonl.gz"), *extra], capture_output=True, text=True, timeout=60,
                               cwd=ROOT)

@@ -72,7 +72,7 @@ def test_the_committed_tables_give_a_row_per_stream() -> None:
                          timeout=60).stdout
     rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| stream")]
     assert {line.split(" | ")[0][2:] for line in rows} >= {"quiet", "quiet5", "busy3", "vllm", "vllm2"}
-    assert all(line.count(" | ") == 16 for line in rows)
+    assert all(line.count(" | ") == 17 for line in rows)
 
 
 def test_a_server_slowed_in_its_own_life_counts_toward_each_goal(tmp_path: Path) -> None:
@@ -89,3 +89,18 @@ def test_a_server_slowed_in_its_own_life_counts_toward_each_goal(tmp_path: Path)
     assert v.x2 == "no rows"
     row = next(line for line in scoreboard.render(s, [], []).splitlines() if line.startswith("| v |"))
     assert "2.00 / 2.00 (12 h)" in row and "38/40, 3" in row
+
+
+def test_a_lifes_rate_x2_and_its_return_count_toward_the_delay_and_x2_goals(tmp_path: Path) -> None:
+    drifts = ("| stream | change | first window | windows | found | as drift | median delay | p90 delay | open from "
+              "before |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n"
+              "| held out (`v/stationary_b`) | rate_x2 | 76 | 32 | 20/20 | 20 | 2 | 3 | 0 |\n"
+              "| held out (`v/stationary_b`) | rate back | 108 | 1 | 19/20 | 18 | 3 | 4 | 0 |\n")
+    s = _board(tmp_path, FA_HEADER + _fa("v", "bootstrap, window by window", 240, 0.1, 0.1), drifts)
+    row = s["v"].injected["rate_x2_life"]
+    assert (row.trials, row.found, row.median, row.expected) == (40, 39, 3.0, 38)
+    v = scoreboard.verdict(s["v"])
+    assert v.delay == "not met: rate_x2_life 3" and v.x2 == "not met: rate_x2_life 39/40"
+    assert v.slowdowns == "no rows"  # a drift is no slowdown
+    line = next(x for x in scoreboard.render(s, [], []).splitlines() if x.startswith("| v |"))
+    assert "39/40, 3" in line and line.count(" | ") == 17

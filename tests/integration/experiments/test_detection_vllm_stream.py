@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -95,17 +96,22 @@ def test_a_vllm_at_the_wait_laws_line_is_found_slower() -> None:
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_record_vllm_interleave_switches_a_real_vllm_right_after_a_scrape(tmp_path: Path) -> None:
-    """record_vllm.py --interleave: one load, the server slowed once in it, each switch right after a scrape."""
+def test_record_vllm_life_switches_a_real_vllm_right_after_a_scrape(tmp_path: Path) -> None:
+    """record_vllm.py --life: one load, the server slowed once in it, then a second load beside it (a rate x2),
+    each switch right after a scrape, the second load's first request sent at its switch."""
     out = tmp_path / "v.jsonl.gz"
-    proc = _record_vllm(out, "--interleave", "1", "--lead-s", "12", "--seconds", "slowdown30=8", "stationary_b=8",
-                        "--interval-s", "2", "--seed", "3", "--base-rate", "2")
+    proc = _record_vllm(out, "--life", "slowdown30,rate_x2", "--lead-s", "12", "--seconds", "slowdown30=8",
+                        "rate_x2=8", "stationary_b=8", "--interval-s", "2", "--seed", "3", "--base-rate", "2")
     rows = [r for line in gzip.open(out, "rt", encoding="utf-8") if (r := json.loads(line))["phase"]]
     phases = [r["phase"] for r in rows]
-    assert list(dict.fromkeys(phases)) == ["stationary_b", "slowdown30"] and phases[-1] == "stationary_b"
+    assert list(dict.fromkeys(phases)) == ["stationary_b", "slowdown30", "rate_x2"] and phases[-1] == "stationary_b"
     marked = [i for i, r in enumerate(rows) if r.get("starts_phase")]
-    assert [phases[i] for i in marked] == ["slowdown30", "stationary_b"]  # each switch, once
+    assert [phases[i] for i in marked] == ["slowdown30", "stationary_b", "rate_x2", "stationary_b"]  # each once
     assert all(phases[i - 1] != phases[i] for i in marked)
     assert all(abs(rows[i]["t"] - rows[i - 1]["t"] - 2) < 1 for i in marked)  # no scrape skipped at a switch
     assert {r["step_slowdown_frac"] for r in rows if r["phase"] == "slowdown30"} == {0.3}
+    assert {r["step_slowdown_frac"] for r in rows if r["phase"] == "rate_x2"} == {0.0}
     assert "held stopped 0.2" in proc.stdout and "vLLM ready" in proc.stdout
+    said = re.search(r"extra load: (\d+) requests answered, the first sent ([\d.]+) s after the switch", proc.stdout)
+    assert said is not None, proc.stdout
+    assert int(said[1]) > 0 and float(said[2]) < 2.0  # at 2 req/s for 8 s; its plan made before the switch
