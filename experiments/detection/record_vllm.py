@@ -153,12 +153,13 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every phase's duration (a smoke run)")
     ap.add_argument("--only", default="", help="comma-separated phases to run (default: all)")
     ap.add_argument("--seed", type=int, default=None,
-                    help="the load's seed: phase i runs `tuner bench --seed SEED + i` (--interleave: the one load's)")
+                    help="the load's seed: phase i runs `tuner bench --seed SEED + i` (--interleave, --life: the one "
+                         "load's; segment k's second load SEED + 1 + k)")
     ap.add_argument("--base-rate", type=float, default=BASE_RATE, help=f"requests/s (default {BASE_RATE})")
     ap.add_argument("--seconds", nargs="+", default=[], metavar="PHASE=S",
                     help="a phase's duration in seconds instead of the plan's (e.g. slowdown30=900: more windows "
-                         "of the slowdown, so run.py's trials start at more offsets in it); with --interleave, "
-                         "each slowdown30 and stationary_b stretch's after the lead")
+                         "of the slowdown, so run.py's trials start at more offsets in it); with --interleave or "
+                         "--life, each slowdown30, rate_x2 and stationary_b stretch's after the lead")
     ap.add_argument("--interleave", type=int, default=0, metavar="N",
                     help="one load that never stops, the server slowed N times in it (see above; default 0: the plan)")
     ap.add_argument("--life", default="", metavar="CHANGES",

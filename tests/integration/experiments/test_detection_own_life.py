@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -127,3 +128,57 @@ def test_record_vllm_refuses_only_with_a_life_and_a_bad_duration_or_change(tmp_p
             continue
         assert proc.returncode == 2 and said in proc.stderr, proc.stderr
         assert not (tmp_path / "x.jsonl.gz").exists()
+
+
+LIFE = DETECTION / "recorded-vllm-life.jsonl.gz"
+LIFE_CHANGES = ["slowdown30", "rate_x2", run.RETURN, "slowdown30", "rate_x2", run.RETURN, "slowdown30"]
+
+
+def test_the_committed_life_holds_three_slowdowns_and_two_doublings_of_its_traffic() -> None:
+    rows = [r for r in _rows(LIFE) if r["phase"]]
+    assert {r["server"] for r in rows} == {"vllm"} and {r["load_seed"] for r in rows} == {"17000"}
+    assert {r["base_rate"] for r in rows} == {2.0}
+    seq = run.interleaved(LIFE)
+    assert seq is not None
+    changes = run.changes_of(seq)
+    assert [c for *_, c in changes] == LIFE_CHANGES
+    assert all(b - a >= 14 for a, b, c in changes if c == "slowdown30")  # 240 s in 15-s windows
+    assert all(b - a >= 30 for a, b, c in changes if c == "rate_x2")  # 480 s
+    rate = {p: statistics.median(w["rate_per_s"] for q, w in seq if q == p) for p in ("stationary_b", "rate_x2")}
+    assert 1.6 < rate["rate_x2"] / rate["stationary_b"] < 2.4  # a second load at the base rate beside the first
+
+
+def test_run_reports_each_change_of_the_committed_life_in_its_recorded_order() -> None:
+    proc = subprocess.run([sys.executable, str(DETECTION / "run.py"), "--streams", f"vllm7={LIFE}", "--tuned",
+                           "none", "--held-out", "vllm7/stationary_b", "--only-injected", "--trials", "5",
+                           "--changes", "rate_x2", "--sim-model", str(MODEL)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    section = out[out.index("## Slowdowns in the server's own life"):]
+    drifts = section[section.index("The traffic's changes in the same life"):]
+    rows = [r.split("|") for r in drifts.splitlines() if r.startswith("| held out (`vllm7/stationary_b`)")]
+    seq = run.interleaved(LIFE)
+    assert seq is not None
+    want = [(a, b - a, c) for a, b, c in run.changes_of(seq) if c != "slowdown30"]
+    assert [(int(r[3]), int(r[4]), r[2].strip()) for r in rows[:len(want)]] == want
+    for r in rows[:len(want)]:
+        found, starts = map(int, r[5].split("/"))
+        assert found == starts > 0 and int(r[6]) == found  # each doubling and each return found, as a drift
+
+
+def test_life_settled_leaves_out_each_returns_settling_and_refuses_a_stream_of_phases() -> None:
+    cmd = [sys.executable, str(DETECTION / "life_settled.py"), "--tuned", "none", "--sim-model", str(MODEL),
+           "--hours", "8"]
+    proc = subprocess.run([*cmd, "--streams", f"vllm7={LIFE}", "--held-out", "vllm7/stationary_b"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seq = run.interleaved(LIFE)
+    assert seq is not None
+    calm = sum(p == run.CALM for p, _ in seq)
+    returns = [a for a, _, c in run.changes_of(seq) if c == run.RETURN]
+    assert f"{calm - 22 * len(returns)} of the life's {calm} stationary windows" in proc.stdout  # 20 learning + 2
+    assert len([r for r in proc.stdout.splitlines() if r.startswith("| vllm7/stationary_b, each return")]) == 4
+    apart = subprocess.run([*cmd, "--streams", f"vllm={DETECTION / 'recorded-vllm.jsonl.gz'}", "--held-out",
+                            "vllm/stationary_b"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert apart.returncode == 1 and "not the stationary phase of a stream recorded with" in apart.stderr
