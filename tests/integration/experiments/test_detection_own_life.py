@@ -87,14 +87,18 @@ def test_the_committed_stream_is_one_servers_life_with_four_slowdowns() -> None:
     assert slow == {0.3}
 
 
-def test_run_reports_each_slowdown_of_the_interleaved_stream_in_its_recorded_order() -> None:
-    proc = subprocess.run([sys.executable, str(DETECTION / "run.py"), "--streams", f"vllm5={STREAM}", "--tuned",
-                           "none", "--held-out", "vllm5/stationary_b", "--only-injected", "--trials", "5",
-                           "--changes", "slowdown30", "--sim-model", str(MODEL)],
+def _own_life(label: str, stream: Path, change: str) -> str:
+    """run.py's own-life section for a committed life (5 trials of one injected change beside it)."""
+    proc = subprocess.run([sys.executable, str(DETECTION / "run.py"), "--streams", f"{label}={stream}", "--tuned",
+                           "none", "--held-out", f"{label}/stationary_b", "--only-injected", "--trials", "5",
+                           "--changes", change, "--sim-model", str(MODEL)],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = proc.stdout
-    section = out[out.index("## Slowdowns in the server's own life"):]
+    return proc.stdout[proc.stdout.index("## Slowdowns in the server's own life"):]
+
+
+def test_run_reports_each_slowdown_of_the_interleaved_stream_in_its_recorded_order() -> None:
+    section = _own_life("vllm5", STREAM, "slowdown30")
     rows = [r.split("|") for r in section.splitlines() if r.startswith("| held out (`vllm5/stationary_b`)")]
     seq = run.interleaved(STREAM)
     assert seq is not None
@@ -149,13 +153,7 @@ def test_the_committed_life_holds_three_slowdowns_and_two_doublings_of_its_traff
 
 
 def test_run_reports_each_change_of_the_committed_life_in_its_recorded_order() -> None:
-    proc = subprocess.run([sys.executable, str(DETECTION / "run.py"), "--streams", f"vllm7={LIFE}", "--tuned",
-                           "none", "--held-out", "vllm7/stationary_b", "--only-injected", "--trials", "5",
-                           "--changes", "rate_x2", "--sim-model", str(MODEL)],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = proc.stdout
-    section = out[out.index("## Slowdowns in the server's own life"):]
+    section = _own_life("vllm7", LIFE, "rate_x2")
     drifts = section[section.index("The traffic's changes in the same life"):]
     rows = [r.split("|") for r in drifts.splitlines() if r.startswith("| held out (`vllm7/stationary_b`)")]
     seq = run.interleaved(LIFE)
