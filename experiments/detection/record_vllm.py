@@ -182,12 +182,14 @@ def main() -> None:
         ap.error("--interleave N and --life CHANGES both name the changes of one life: give one of them")
     if life and only:
         ap.error("--only is for the plan's phases; --interleave and --life record a life of changes instead")
-    if any(c not in CHANGES for c in life):
-        ap.error(f"--life {args.life}: each change must be one of {', '.join(CHANGES)}")
     unknown = only - set(names)
     if unknown:
         ap.error(f"--only: unknown phases {', '.join(sorted(unknown))}; valid: {', '.join(names)}")
     durations = parse_seconds(args.seconds, list(INTERLEAVED) if life else names, ap.error)
+    try:  # the life's segments, made (and its changes checked) before vLLM starts
+        segments = interleaved(life, args.lead_s, durations) if life else []
+    except ValueError:
+        ap.error(f"--life {args.life}: each change must be one of {', '.join(CHANGES)}")
     phases = [(name, durations.get(name, seconds), slowdown, wl) for name, seconds, slowdown, wl in phases
               if not only or name in only]
     with tempfile.TemporaryDirectory() as tmp_dir:
@@ -226,12 +228,11 @@ def main() -> None:
             base_url = dep.metrics_url.removesuffix("/metrics")
             th = threading.Thread(target=scrape_loop, args=(base_url, args.interval_s, stop, row, write), daemon=True)
             th.start()
-            client = ("--model", dep.model, "--tokenizer", str(model))
+            client = bench_client(dep.model, str(model))
             pids = [dep.pid, *below]  # the whole server slowed
             try:
-                if life:
-                    segments = interleaved(life, args.lead_s, durations)
-                    record_interleaved(segments, args, dep.endpoint, client, pids, state, scraped)
+                if segments:
+                    record_interleaved(segments, args, dep.endpoint, (dep.model, str(model)), pids, state, scraped)
                 else:
                     for name, seconds, slowdown, wl in phases:
                         with lock:
@@ -254,12 +255,11 @@ class ExtraLoad:
     it starts, so the first goes out at the switch; stopped at the scrape that ends the change (the one or two
     requests then in flight abandoned)."""
 
-    def __init__(self, endpoint: str, client: tuple[str, ...], rate: float, seconds: float, seed: int) -> None:
-        opts = dict(zip(client[::2], client[1::2], strict=True))  # bench's --model NAME --tokenizer DIR
+    def __init__(self, endpoint: str, model: str, tokenizer: str, rate: float, seconds: float, seed: int) -> None:
         spec = WorkloadSpec.model_validate({**yaml.safe_load(workload(rate)), "duration_s": seconds, "seed": seed})
-        self.tok = load_tokenizer(opts.get("--tokenizer"), seed=seed)
+        self.tok = load_tokenizer(tokenizer, seed=seed)
         self.plans, _ = plans_for(spec, seed=seed, tok=self.tok)
-        self.cfg = replace(config_for(spec, endpoint, opts["--model"]), seed=seed)
+        self.cfg = replace(config_for(spec, endpoint, model), seed=seed)
         self.stop_event = threading.Event()
         self.sent = 0
         self.first_s = float("nan")  # the first request's send, seconds after start()
@@ -283,20 +283,27 @@ class ExtraLoad:
               flush=True)
 
 
+def bench_client(model: str, tokenizer: str) -> tuple[str, ...]:
+    """`tuner bench`'s options for the served model: its name and its tokenizer's folder."""
+    return ("--model", model, "--tokenizer", tokenizer)
+
+
 def record_interleaved(segments: list[Segment], args: argparse.Namespace, endpoint: str,
-                       client: tuple[str, ...], pids: list[int], state: dict[str, Any],
+                       served: tuple[str, str], pids: list[int], state: dict[str, Any],
                        scraped: threading.Condition) -> None:
     """One bench load for all `segments` (a thread of its own) while the server is slowed in its slowdown ones and a
     second load (ExtraLoad) runs beside it in its rate_x2 ones; each segment ends at the first scrape after its time
     is up, and the next (its phase, its freezer, its extra load) follows that scrape at once, the next row marked
-    `starts_phase`: every window is all in the phase its end row names.
+    `starts_phase`: every window is all in the phase its end row names. `served`: the model's name and its
+    tokenizer's folder, for both loads.
     (The two interleaved streams of 2026-12-05 were recorded before the freezer held to that scrape: each slowdown's
     last window ran unslowed after its time was up until it, a part of one window.)"""
     total_s = sum(seconds for _, seconds, _, _ in segments) * args.scale
     seed = "" if args.seed is None else str(args.seed)
     load = threading.Thread(target=bench, args=(endpoint, workload(args.base_rate), total_s + 4 * args.interval_s,
-                                                seed or None), kwargs={"client": client}, daemon=True)
-    extra = [ExtraLoad(endpoint, client, args.base_rate * factor, seconds * args.scale + 4 * args.interval_s,
+                                                seed or None), kwargs={"client": bench_client(*served)},
+                            daemon=True)
+    extra = [ExtraLoad(endpoint, *served, args.base_rate * factor, seconds * args.scale + 4 * args.interval_s,
                        (args.seed or 0) + 1 + k) if factor else None
              for k, (_, seconds, _, factor) in enumerate(segments)]
     load.start()

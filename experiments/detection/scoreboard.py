@@ -29,6 +29,7 @@ SLOWDOWNS = ("slowdown30", "slowdown_model", "slowdown_x2", "slowdown_life")
 # (run.py's "The traffic's changes in the same life", record_vllm.py --life): found as the rows' sum, the later
 # median of the two (run.py gives no delays, only each row's median)
 LIFE_DRIFTS = ("rate_x2", "rate back")
+CHANGES = (*DRIFTS, *SLOWDOWNS, "rate_x2_life", "gpu_throttle")  # the changes' columns, in the delay goal
 BOUND_CHANGE = {"slowdown30": "slowdown30 (recorded)", "slowdown_model": "latencies x1.3 (model)",
                 "slowdown_x2": "latencies x2 (model)"}
 REPLAYS = {"bootstrap, window by window": "window", "bootstrap, blocks of 8 windows": "blocks"}
@@ -124,14 +125,12 @@ def read_table(path: Path, streams: dict[str, Stream]) -> None:
                 continue
             s = streams.setdefault(name, Stream(name))
             found, starts = map(int, cells[4].split("/"))
+            median, right = _number(cells[6]), int(cells[5])
             was = s.injected.get("rate_x2_life")
-            if was is not None and was.source == path.name:  # the stream's other change in this table
-                s.injected["rate_x2_life"] = Injected(was.trials + starts, was.found + found,
-                                                      max(was.median, _number(cells[6])), float("nan"),
-                                                      was.expected + int(cells[5]), path.name)
-            else:
-                s.injected["rate_x2_life"] = Injected(starts, found, _number(cells[6]), float("nan"), int(cells[5]),
-                                                      path.name)
+            if was is not None and was.source == path.name:  # the stream's other change in this table: added
+                found, starts, median, right = (found + was.found, starts + was.trials, max(was.median, median),
+                                                right + was.expected)
+            s.injected["rate_x2_life"] = Injected(starts, found, median, float("nan"), right, path.name)
         elif header[:2] == ["before the change", "change"] and len(cells) >= 11 and cells[3].isdigit():
             name = _stream_name(cells[0])
             if name is None or int(cells[3]) == 0:
@@ -175,7 +174,7 @@ def verdict(s: Stream) -> Verdict:
     else:
         fa_text = f"not met ({worst_episodes:.2f} episodes a day)"
     late = []
-    for change in (*DRIFTS, *SLOWDOWNS, "rate_x2_life", "gpu_throttle"):
+    for change in CHANGES:
         row = s.injected.get(change)
         if row is None or row.median <= GOAL_DELAY:  # nan (none found) is late
             continue
@@ -225,7 +224,7 @@ def render(streams: dict[str, Stream], tables: list[Path], bounds: list[Path]) -
         v = verdicts[s.name]
         out.append("| " + " | ".join([
             s.name, _fa_cell(s, "window"), _fa_cell(s, "blocks"), _fa_cell(s, "real order"), _fa_cell(s, "life"),
-            *(_found_cell(s, c) for c in (*DRIFTS, *SLOWDOWNS, "rate_x2_life", "gpu_throttle")),
+            *(_found_cell(s, c) for c in CHANGES),
             v.false_alarms, v.delay, v.x2, v.slowdowns]) + " |")
     goals = ("false_alarms", "delay", "x2", "slowdowns")
     said = {g: [getattr(v, g) for v in verdicts.values() if getattr(v, g) != "no rows"] for g in goals}
