@@ -30,7 +30,8 @@ def main() -> None:
     if tag not in lives:
         raise SystemExit(f"--held-out {name}: not the stationary phase of a stream recorded with record_vllm.py --life")
     seq = lives[tag]
-    settling = {i for a, _, c in run.changes_of(seq) if c == run.RETURN for i in range(a, a + cfg.learn_windows + 2)}
+    returns = [a for a, _, c in run.changes_of(seq) if c in run.RETURNS.values()]
+    settling = {i for a in returns for i in range(a, a + cfg.learn_windows + 2)}
     calm = [w for i, (p, w) in enumerate(seq) if p == run.CALM and i not in settling]
     print("command: `python experiments/detection/life_settled.py " + " ".join(sys.argv[1:]) + "`\n")
     print(f"{len(calm)} of the life's {sum(p == run.CALM for p, _ in seq)} stationary windows: each return's first "

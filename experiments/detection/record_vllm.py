@@ -12,15 +12,17 @@ and each row holds the vLLM engine-core process's schedstat (the monitor's CPU w
 
 `--scale 0.05` runs every phase a twentieth as long (a smoke run, a few minutes with vLLM's start).
 
-`--interleave N` records instead one load that never stops (one `tuner bench` run at the base rate) while the server
-is slowed N times in its own life: a lead stationary stretch (`--lead-s`, its warm-up and a baseline), then N times a
+`--interleave N` records instead a load that never stops (at the base rate) while the server is slowed N times in
+its own life: a lead stationary stretch (`--lead-s`, its warm-up and a baseline), then N times a
 slowdown (slowdown30, 240 s) and a stationary stretch (stationary_b, 300 s); `--seconds` sets those. Each switch
 comes right after a scrape, and the next row says `starts_phase`: the window ending there was all in its phase
 (run.py keeps it, and replays the whole stream in its recorded order: the slowdowns found against a baseline the
 same server, under the same load, set minutes before). `--life slowdown30,rate_x2,slowdown30` names the changes of
 that life in order instead: a rate_x2 (480 s) is a second load at the base rate beside the first (prepared before,
-started at the switch, stopped at the scrape that ends it), and the stationary stretch after it lasts as long as it
-(the return to the base rate is a drift too: found, then a baseline learnt again before the next change).
+started at the switch, stopped at the scrape that ends it), a prompt_x2 or output_x4 (480 s each) the load's
+prompts twice or its outputs four times as long at the base rate (the segment's own load: each segment has one,
+planned before and started at its switch), and the stationary stretch after each of those lasts as long as it (the
+return to the base traffic is a drift too: found, then a baseline learnt again before the next change).
 """
 
 from __future__ import annotations
@@ -57,29 +59,38 @@ VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 MAX_MODEL_LEN = 1024  # the longest prompt (prompt_x2: 440) and output (output_x4: 240) together fit
 
 
+# the inputs' changes at the base rate: the workload's lengths (record.workload's options)
+INPUTS: dict[str, dict[str, Any]] = {"prompt_x2": {"prompt_mean": 200, "prompt_max": 440},
+                                       "output_x4": {"output_mean": 64, "output_max": 240}}
+
+
 def plan(rate: float) -> list[tuple[str, float, float, str]]:
     """(phase, seconds, the server's slowdown, workload YAML), in order; stationary_b (held out) last."""
     return [
         ("base", 240, 0.0, workload(rate)),
         ("rate_x2", 240, 0.0, workload(rate=2 * rate)),
-        ("prompt_x2", 240, 0.0, workload(rate, prompt_mean=200, prompt_max=440)),
-        ("output_x4", 240, 0.0, workload(rate, output_mean=64, output_max=240)),
+        ("prompt_x2", 240, 0.0, workload(rate, **INPUTS["prompt_x2"])),
+        ("output_x4", 240, 0.0, workload(rate, **INPUTS["output_x4"])),
         ("slowdown30", 300, SLOWDOWN_FRAC, workload(rate)),
         ("stationary_b", 1800, 0.0, workload(rate)),
     ]
 
 
 # --interleave's and --life's stretches, seconds (--seconds); the changes a life may hold: the server slowed
-# (slowdown30), a second load at the base rate beside the first (rate_x2)
-INTERLEAVED = {"slowdown30": 240.0, "rate_x2": 480.0, "stationary_b": 300.0}
-CHANGES = ("slowdown30", "rate_x2")
+# (slowdown30), a second load at the base rate beside the first (rate_x2), the load's prompts twice as long
+# (prompt_x2) or its outputs four times (output_x4) at the base rate. Each but slowdown30 is a drift whose return
+# to the base traffic is a drift too.
+INTERLEAVED = {"slowdown30": 240.0, "rate_x2": 480.0, "prompt_x2": 480.0, "output_x4": 480.0, "stationary_b": 300.0}
+CHANGES = ("slowdown30", "rate_x2", "prompt_x2", "output_x4")
+DRIFTS = CHANGES[1:]
 Segment = tuple[str, float, float, float]  # (phase, seconds, the server's slowdown, the extra load's rate factor)
 
 
 def interleaved(changes: list[str], lead_s: float, seconds: dict[str, float]) -> list[Segment]:
     """The segments of one life, in order: the lead stationary stretch, then each change (slowdown30: the server
-    slowed; rate_x2: a second load at the base rate) and a stationary stretch after it (its length from
-    `seconds`, else INTERLEAVED; after a rate_x2 at least as long as the rate_x2: its return is a drift too)."""
+    slowed; rate_x2: a second load at the base rate; prompt_x2, output_x4: the load's lengths changed) and a
+    stationary stretch after it (its length from `seconds`, else INTERLEAVED; after a drift at least as long as
+    the drift: its return is a drift too)."""
     unknown = [c for c in changes if c not in CHANGES]
     if unknown:
         raise ValueError(f"changes {', '.join(unknown)}: each must be one of {', '.join(CHANGES)}")
@@ -87,7 +98,7 @@ def interleaved(changes: list[str], lead_s: float, seconds: dict[str, float]) ->
     out: list[Segment] = [("stationary_b", lead_s, 0.0, 0.0)]
     for c in changes:
         out.append((c, length[c], SLOWDOWN_FRAC if c == "slowdown30" else 0.0, 1.0 if c == "rate_x2" else 0.0))
-        out.append(("stationary_b", max(length["stationary_b"], length[c] if c == "rate_x2" else 0.0), 0.0, 0.0))
+        out.append(("stationary_b", max(length["stationary_b"], length[c] if c in DRIFTS else 0.0), 0.0, 0.0))
     return out
 
 
@@ -153,8 +164,8 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every phase's duration (a smoke run)")
     ap.add_argument("--only", default="", help="comma-separated phases to run (default: all)")
     ap.add_argument("--seed", type=int, default=None,
-                    help="the load's seed: phase i runs `tuner bench --seed SEED + i` (--interleave, --life: the one "
-                         "load's; segment k's second load SEED + 1 + k)")
+                    help="the load's seed: phase i runs `tuner bench --seed SEED + i` (--interleave, --life: "
+                         "segment k's load SEED + 2k, its second load in a rate_x2 SEED + 2k + 1)")
     ap.add_argument("--base-rate", type=float, default=BASE_RATE, help=f"requests/s (default {BASE_RATE})")
     ap.add_argument("--seconds", nargs="+", default=[], metavar="PHASE=S",
                     help="a phase's duration in seconds instead of the plan's (e.g. slowdown30=900: more windows "
@@ -250,13 +261,16 @@ def main() -> None:
                 th.join(args.interval_s + 10)
 
 
-class ExtraLoad:
-    """A second open-loop load beside the recorder's (a rate_x2 in a server's life): its requests planned before
-    it starts, so the first goes out at the switch; stopped at the scrape that ends the change (the one or two
-    requests then in flight abandoned)."""
+class SegmentLoad:
+    """One open-loop load of a life's segment (record_interleaved): the segment's own traffic at the base rate, or
+    a second load beside it in a rate_x2. Its requests are planned before it starts, so the first goes out at the
+    switch; it is stopped at the scrape that ends the segment (the one or two requests then in flight abandoned),
+    and the next segment's load starts at that moment: Poisson arrivals have no memory, so the traffic goes on
+    without a seam."""
 
-    def __init__(self, endpoint: str, model: str, tokenizer: str, rate: float, seconds: float, seed: int) -> None:
-        spec = WorkloadSpec.model_validate({**yaml.safe_load(workload(rate)), "duration_s": seconds, "seed": seed})
+    def __init__(self, endpoint: str, model: str, tokenizer: str, workload_yaml: str, seconds: float,
+                 seed: int) -> None:
+        spec = WorkloadSpec.model_validate({**yaml.safe_load(workload_yaml), "duration_s": seconds, "seed": seed})
         self.tok = load_tokenizer(tokenizer, seed=seed)
         self.plans, _ = plans_for(spec, seed=seed, tok=self.tok)
         self.cfg = replace(config_for(spec, endpoint, model), seed=seed)
@@ -276,10 +290,10 @@ class ExtraLoad:
         self._t0 = time.perf_counter()
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, what: str) -> None:
         self.stop_event.set()
         self._thread.join(30)
-        print(f"  extra load: {self.sent} requests answered, the first sent {self.first_s:.2f} s after the switch",
+        print(f"  {what}: {self.sent} requests answered, the first sent {self.first_s:.2f} s after the switch",
               flush=True)
 
 
@@ -288,46 +302,66 @@ def bench_client(model: str, tokenizer: str) -> tuple[str, ...]:
     return ("--model", model, "--tokenizer", tokenizer)
 
 
+def segment_loads(segments: list[Segment], args: argparse.Namespace, endpoint: str,
+                  served: tuple[str, str]) -> list[tuple[SegmentLoad, SegmentLoad | None]]:
+    """Each segment's loads, planned before the life starts: its own traffic (the base workload, or the lengths
+    its phase changes: INPUTS; seed SEED + 2k for segment k) and, in a rate_x2, a second load at the base rate
+    (seed SEED + 2k + 1); each planned 4 scrapes longer than the segment (it ends at a scrape)."""
+    seed = args.seed or 0
+    out = []
+    for k, (name, seconds, _, factor) in enumerate(segments):
+        span = seconds * args.scale + 4 * args.interval_s
+        own = SegmentLoad(endpoint, *served, workload(args.base_rate, **INPUTS.get(name, {})), span, seed + 2 * k)
+        more = (SegmentLoad(endpoint, *served, workload(args.base_rate * factor), span, seed + 2 * k + 1)
+                if factor else None)
+        out.append((own, more))
+    return out
+
+
 def record_interleaved(segments: list[Segment], args: argparse.Namespace, endpoint: str,
                        served: tuple[str, str], pids: list[int], state: dict[str, Any],
                        scraped: threading.Condition) -> None:
-    """One bench load for all `segments` (a thread of its own) while the server is slowed in its slowdown ones and a
-    second load (ExtraLoad) runs beside it in its rate_x2 ones; each segment ends at the first scrape after its time
-    is up, and the next (its phase, its freezer, its extra load) follows that scrape at once, the next row marked
-    `starts_phase`: every window is all in the phase its end row names. `served`: the model's name and its
-    tokenizer's folder, for both loads.
-    (The two interleaved streams of 2026-12-05 were recorded before the freezer held to that scrape: each slowdown's
-    last window ran unslowed after its time was up until it, a part of one window.)"""
-    total_s = sum(seconds for _, seconds, _, _ in segments) * args.scale
-    seed = "" if args.seed is None else str(args.seed)
-    load = threading.Thread(target=bench, args=(endpoint, workload(args.base_rate), total_s + 4 * args.interval_s,
-                                                seed or None), kwargs={"client": bench_client(*served)},
-                            daemon=True)
-    extra = [ExtraLoad(endpoint, *served, args.base_rate * factor, seconds * args.scale + 4 * args.interval_s,
-                       (args.seed or 0) + 1 + k) if factor else None
-             for k, (_, seconds, _, factor) in enumerate(segments)]
-    load.start()
+    """The life's `segments` in order, one load each (SegmentLoad: its traffic, the lengths changed in a prompt_x2
+    or output_x4) and a second beside it in a rate_x2, while the server is slowed in its slowdown ones; each
+    segment ends at the first scrape after its time is up, and the next (its phase, its freezer, its loads)
+    follows that scrape at once, the next row marked `starts_phase`: every window is all in the phase its end row
+    names. `served`: the model's name and its tokenizer's folder, for every load.
+    (The lives recorded before 2026-12-06, recorded-vllm-interleaved*.jsonl.gz and recorded-vllm-life.jsonl.gz, ran
+    one `tuner bench` load through the whole life instead, seed SEED, and a rate_x2's second load at seed SEED + 1 +
+    k; the two interleaved streams also before the freezer held to that scrape: each slowdown's last window ran
+    unslowed after its time was up until it, a part of one window.)"""
+    loads = segment_loads(segments, args, endpoint, served)
     end = time.monotonic()
-    for (name, seconds, slowdown, _), more in zip(segments, extra, strict=True):
+    stopping: list[tuple[SegmentLoad, str]] = []  # the previous segment's loads, stopped at the scrape that ended it
+    slowed: Freezer | None = None
+    for k, ((name, seconds, slowdown, _), (own, more)) in enumerate(zip(segments, loads, strict=True)):
         end += seconds * args.scale
         with Freezer(pids, slowdown) as fz:  # slowed (or not) from the switch to the scrape that ends the segment
             with scraped:
-                state.update(phase=name, slowdown=slowdown, seed=seed, starts=state["phase"] != "")
+                state.update(phase=name, slowdown=slowdown, seed=str((args.seed or 0) + 2 * k),
+                             starts=state["phase"] != "")
+                own.start()
                 if more is not None:
                     more.start()
             print(f"{time.strftime('%H:%M:%S')} {name} ({seconds * args.scale:.0f} s, slowdown {slowdown:g}"
                   f"{', a second load' if more is not None else ''})", flush=True)
+            for load, what in stopping:  # joined once the next segment's loads run: no gap in the traffic
+                load.stop(what)
+            if slowed is not None:
+                held(slowed)
+            stopping = [(own, "its load"), *([(more, "the second load")] if more is not None else [])]
             time.sleep(max(0.0, end - time.monotonic()))
             with scraped:  # the segment's last window ends at the next scrape; the next segment follows it at once
                 if not scraped.wait(timeout=2 * args.interval_s + 10):
                     raise SystemExit(f"no scrape of the server's /metrics in {2 * args.interval_s + 10:g} s: the "
                                      f"scrape thread stopped")
-                if more is not None:
-                    more.stop_event.set()
-        if more is not None:
-            more.stop()
-        held(fz)
-    load.join(8 * args.interval_s)
+                for load, _ in stopping:
+                    load.stop_event.set()
+        slowed = fz
+    for load, what in stopping:
+        load.stop(what)
+    if slowed is not None:
+        held(slowed)
 
 
 if __name__ == "__main__":

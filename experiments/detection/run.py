@@ -487,23 +487,25 @@ def after_start(label: str, recorded: list[Window], x: float, cfg: MonitorConfig
 
 
 SLOW, CALM, DRIFT = "slowdown30", "stationary_b", "rate_x2"  # a life's phases (record_vllm.py --interleave, --life)
-RETURN = "rate back"  # a life's return to its base rate after a rate_x2: a drift too
-EXPECTED = {SLOW: "anomaly", DRIFT: "drift", RETURN: "drift"}  # what each change in a life should be called
+# a life's drifts (record_vllm.py --life) and the return to the base traffic after each: a drift too
+RETURNS = {DRIFT: "rate back", "prompt_x2": "prompt back", "output_x4": "output back"}
+RETURN = RETURNS[DRIFT]
+EXPECTED = {SLOW: "anomaly", **{d: "drift" for d in RETURNS}, **{r: "drift" for r in RETURNS.values()}}
 GRACE_WINDOWS = 4  # windows after a change's horizon in which an event is still its own (its queue drains)
 
 
 def changes_of(seq: Order) -> list[tuple[int, int, str]]:
     """The (first, end, change) window indices (end exclusive) of each change in a life: each run of windows of a
-    changed phase (slowdown30, rate_x2), and after a rate_x2 the return to the base rate (RETURN: the first window
-    of the stationary stretch that follows it, one window long)."""
+    changed phase (slowdown30, or a drift: rate_x2, prompt_x2, output_x4), and after a drift the return to the base
+    traffic (RETURNS: the first window of the stationary stretch that follows it, one window long)."""
     runs: list[tuple[int, int, str]] = []
     for i, (phase, _) in enumerate(seq):
-        if phase in (SLOW, DRIFT) and runs and runs[-1][1] == i and runs[-1][2] == phase:
+        if (phase == SLOW or phase in RETURNS) and runs and runs[-1][1] == i and runs[-1][2] == phase:
             runs[-1] = (runs[-1][0], i + 1, phase)
-        elif phase in (SLOW, DRIFT):
+        elif phase == SLOW or phase in RETURNS:
             runs.append((i, i + 1, phase))
-        elif runs and runs[-1][1] == i and runs[-1][2] == DRIFT:
-            runs.append((i, i + 1, RETURN))
+        elif runs and runs[-1][1] == i and runs[-1][2] in RETURNS:
+            runs.append((i, i + 1, RETURNS[runs[-1][2]]))
     return runs
 
 
@@ -515,7 +517,7 @@ def episodes_of(seq: Order) -> list[tuple[int, int]]:
 def own_life(label: str, seq: Order, cfg: MonitorConfig, expect: ChampionExpectation | None,
              args: argparse.Namespace, lives: list[str], drifts: list[str]) -> None:
     """The rows of a stream recorded with its server slowed several times in its own life (record_vllm.py
-    --interleave), and its traffic changed in it (--life: a rate_x2 and its return), replayed in its recorded order
+    --interleave), and its traffic changed in it (--life: each drift and its return), replayed in its recorded order
     from every start in its lead stretch that learns its baseline before the first change (the fresh server's first
     window among them: the monitor's own warm-up rule, as it would start with its server): per change, from how
     many starts an event came within --post windows of its first window, how many of those what it should be
@@ -849,8 +851,10 @@ def main() -> None:
             own_life(row_label(name, label), lives[name.rpartition("/")[0]], cfg, expect, args, summary, drifts)
         if drifts:
             print(f"\nThe traffic's changes in the same life (record_vllm.py --life): a second load at the base rate "
-                  f"beside the first ({DRIFT}), and the return to the base rate after it ({RETURN}), each to be "
-                  f"found as a drift; found: an event within {args.post} windows of its first window.\n")
+                  f"beside the first ({DRIFT}), the load's prompts twice as long (prompt_x2) or its outputs four "
+                  f"times (output_x4) at the base rate, and the return to the base traffic after each "
+                  f"({', '.join(RETURNS.values())}), each to be found as a drift; found: an event within {args.post} "
+                  f"windows of its first window.\n")
             print("| stream | change | first window | windows | found | as drift | median delay | p90 delay | "
                   "open from before |")
             print("|---|---|---:|---:|---:|---:|---:|---:|---:|")

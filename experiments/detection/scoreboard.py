@@ -21,15 +21,16 @@ from pathlib import Path
 TABLE_NAME = {"busy": "stationary_b"}
 DRIFTS = ("rate_x2", "prompt_x2", "output_x4")
 # the goal's "no miss of any x2 change" (x4: more)
-X2 = ("rate_x2", "prompt_x2", "output_x4", "slowdown_x2", "rate_x2_life")
+X2 = ("rate_x2", "prompt_x2", "output_x4", "slowdown_x2", "drift_life")
 # slowdown_life: the +30 % slowdowns of a server slowed in its own life (run.py's "Slowdowns in the server's own
 # life", a stream recorded by record_vllm.py --interleave), found in its recorded order
 SLOWDOWNS = ("slowdown30", "slowdown_model", "slowdown_x2", "slowdown_life")
-# rate_x2_life: a second load beside the first in a server's own life and the return to the base rate after it
-# (run.py's "The traffic's changes in the same life", record_vllm.py --life): found as the rows' sum, the later
-# median of the two (run.py gives no delays, only each row's median)
-LIFE_DRIFTS = ("rate_x2", "rate back")
-CHANGES = (*DRIFTS, *SLOWDOWNS, "rate_x2_life", "gpu_throttle")  # the changes' columns, in the delay goal
+# drift_life: the inputs' changes in a server's own life (a second load beside the first, the prompts x2, the
+# outputs x4) and the return to the base traffic after each (run.py's "The traffic's changes in the same life",
+# record_vllm.py --life): found as the rows' sum, the latest median of them (run.py gives no delays, only each
+# row's median)
+LIFE_DRIFTS = ("rate_x2", "rate back", "prompt_x2", "prompt back", "output_x4", "output back")
+CHANGES = (*DRIFTS, *SLOWDOWNS, "drift_life", "gpu_throttle")  # the changes' columns, in the delay goal
 BOUND_CHANGE = {"slowdown30": "slowdown30 (recorded)", "slowdown_model": "latencies x1.3 (model)",
                 "slowdown_x2": "latencies x2 (model)"}
 REPLAYS = {"bootstrap, window by window": "window", "bootstrap, blocks of 8 windows": "blocks"}
@@ -126,11 +127,11 @@ def read_table(path: Path, streams: dict[str, Stream]) -> None:
             s = streams.setdefault(name, Stream(name))
             found, starts = map(int, cells[4].split("/"))
             median, right = _number(cells[6]), int(cells[5])
-            was = s.injected.get("rate_x2_life")
+            was = s.injected.get("drift_life")
             if was is not None and was.source == path.name:  # the stream's other change in this table: added
                 found, starts, median, right = (found + was.found, starts + was.trials, max(was.median, median),
                                                 right + was.expected)
-            s.injected["rate_x2_life"] = Injected(starts, found, median, float("nan"), right, path.name)
+            s.injected["drift_life"] = Injected(starts, found, median, float("nan"), right, path.name)
         elif header[:2] == ["before the change", "change"] and len(cells) >= 11 and cells[3].isdigit():
             name = _stream_name(cells[0])
             if name is None or int(cells[3]) == 0:
@@ -212,12 +213,13 @@ def render(streams: dict[str, Stream], tables: list[Path], bounds: list[Path]) -
            "with bound.py's fewest windows for a slowdown where it has one; no x2 missed; every slowdown found "
            "an anomaly, classified / found). A stream recorded with its server slowed several times in its own "
            "life (record_vllm.py --interleave): its real order outside the slowdowns, and its slowdowns found from "
-           "every start in its lead (found / slowdowns watched, median delay); its traffic doubled and back in the "
-           "same life (record_vllm.py --life: found / changes watched, the later of the two median delays).", "",
+           "every start in its lead (found / slowdowns watched, median delay); its traffic's inputs changed and "
+           "back in the same life (record_vllm.py --life: found / changes watched, the latest of their median "
+           "delays).", "",
            "| stream | bootstrap, window by window | blocks of 8 | real order from every start | real order of its "
            "life, outside its slowdowns | rate x2 | prompt x2 | output x4 | +30 % recorded | x1.3 model | x2 model | "
-           "+30 % in its life | rate x2 and back in its life | throttle | false alarms | delay | x2 | slowdowns an "
-           "anomaly |",
+           "+30 % in its life | an input x2 / x4 and back in its life | throttle | false alarms | delay | x2 | "
+           "slowdowns an anomaly |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     verdicts = {name: verdict(s) for name, s in streams.items()}
     for s in streams.values():

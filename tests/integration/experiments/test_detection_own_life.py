@@ -22,6 +22,7 @@ STREAM = DETECTION / "recorded-vllm-interleaved.jsonl.gz"
 MODEL = ROOT / "experiments" / "sim-calibration" / "model-cpu.json"
 sys.path.insert(0, str(DETECTION))
 
+import record  # noqa: E402
 import record_vllm  # noqa: E402
 import run  # noqa: E402
 
@@ -48,14 +49,32 @@ def test_a_life_with_a_rate_x2_adds_a_second_load_and_a_calm_as_long_after_it() 
                     ("stationary_b", 300.0, 0.0, 0.0), ("rate_x2", 420.0, 0.0, 1.0),
                     ("stationary_b", 420.0, 0.0, 0.0), ("slowdown30", 240.0, 0.3, 0.0),
                     ("stationary_b", 300.0, 0.0, 0.0)]
-    with pytest.raises(ValueError, match="prompt_x2: each must be one of slowdown30, rate_x2"):
-        record_vllm.interleaved(["prompt_x2"], 600.0, {})
+    with pytest.raises(ValueError, match="output_x2: each must be one of slowdown30, rate_x2, prompt_x2, output_x4"):
+        record_vllm.interleaved(["output_x2"], 600.0, {})
 
 
-def test_a_lifes_changes_are_its_changed_runs_and_the_return_after_a_rate_x2() -> None:
+def test_a_lifes_input_drifts_change_its_loads_lengths_with_a_calm_as_long_after_each() -> None:
+    segs = record_vllm.interleaved(["prompt_x2", "slowdown30", "output_x4"], 600.0, {"output_x4": 360.0})
+    assert segs == [("stationary_b", 600.0, 0.0, 0.0), ("prompt_x2", 480.0, 0.0, 0.0),
+                    ("stationary_b", 480.0, 0.0, 0.0), ("slowdown30", 240.0, 0.3, 0.0),
+                    ("stationary_b", 300.0, 0.0, 0.0), ("output_x4", 360.0, 0.0, 0.0),
+                    ("stationary_b", 360.0, 0.0, 0.0)]
+    # each segment's own load: the base workload but where its phase changes the lengths (the plan's phases')
+    plan = {name: wl for name, _, _, wl in record_vllm.plan(3.0)}
+    for name in ("prompt_x2", "output_x4"):
+        assert record.workload(3.0, **record_vllm.INPUTS[name]) == plan[name]
+
+
+def test_a_lifes_changes_are_its_changed_runs_and_the_return_after_each_drift() -> None:
     phases = ["stationary_b"] * 3 + ["slowdown30"] * 2 + ["stationary_b"] * 2 + ["rate_x2"] * 3 + ["stationary_b"] * 2
     seq: run.Order = [(p, {}) for p in phases]
     assert run.changes_of(seq) == [(3, 5, "slowdown30"), (7, 10, "rate_x2"), (10, 11, run.RETURN)]
+    more: run.Order = [(p, {}) for p in ["stationary_b", "prompt_x2", "prompt_x2", "stationary_b", "output_x4",
+                                          "stationary_b", "slowdown30", "stationary_b"]]
+    assert run.changes_of(more) == [(1, 3, "prompt_x2"), (3, 4, "prompt back"), (4, 5, "output_x4"),
+                                    (5, 6, "output back"), (6, 7, "slowdown30")]
+    assert {run.EXPECTED[c] for *_, c in run.changes_of(more)} == {"drift", "anomaly"}
+    assert [run.EXPECTED[c] for *_, c in run.changes_of(more)][-1] == "anomaly"
     assert run.episodes_of(seq) == [(3, 5)]
     assert run.changes_of([(p, {}) for p in ["stationary_b", "rate_x2"]]) == [(1, 2, "rate_x2")]  # no return yet
 
@@ -118,10 +137,11 @@ def test_run_reports_each_slowdown_of_the_interleaved_stream_in_its_recorded_ord
 def test_record_vllm_refuses_only_with_a_life_and_a_bad_duration_or_change(tmp_path: Path) -> None:
     for extra, said in ((["--interleave", "2", "--only", "base"], "--only is for the plan's phases"),
                         (["--interleave", "2", "--seconds", "base=60"], "--seconds base=60: PHASE=S with PHASE one "
-                                                                         "of slowdown30, rate_x2, stationary_b"),
+                                                                         "of slowdown30, rate_x2, prompt_x2, "
+                                                                         "output_x4, stationary_b"),
                         (["--interleave", "-1"], "--interleave must be >= 0"),
-                        (["--life", "slowdown30,output_x4"], "--life slowdown30,output_x4: each change must be one "
-                                                             "of slowdown30, rate_x2"),
+                        (["--life", "slowdown30,output_x2"], "--life slowdown30,output_x2: each change must be one "
+                                                             "of slowdown30, rate_x2, prompt_x2, output_x4"),
                         (["--life", "rate_x2", "--interleave", "1"], "--interleave N and --life CHANGES both name"),
                         (["--life", "rate_x2", "--only", "base"], "--only is for the plan's phases")):
         proc = subprocess.run([sys.executable, str(DETECTION / "record_vllm.py"), "--out",

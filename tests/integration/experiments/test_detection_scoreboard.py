@@ -97,10 +97,10 @@ def test_a_lifes_rate_x2_and_its_return_count_toward_the_delay_and_x2_goals(tmp_
               "| held out (`v/stationary_b`) | rate_x2 | 76 | 32 | 20/20 | 20 | 2 | 3 | 0 |\n"
               "| held out (`v/stationary_b`) | rate back | 108 | 1 | 19/20 | 18 | 3 | 4 | 0 |\n")
     s = _board(tmp_path, FA_HEADER + _fa("v", "bootstrap, window by window", 240, 0.1, 0.1), drifts)
-    row = s["v"].injected["rate_x2_life"]
+    row = s["v"].injected["drift_life"]
     assert (row.trials, row.found, row.median, row.expected) == (40, 39, 3.0, 38)
     v = scoreboard.verdict(s["v"])
-    assert v.delay == "not met: rate_x2_life 3" and v.x2 == "not met: rate_x2_life 39/40"
+    assert v.delay == "not met: drift_life 3" and v.x2 == "not met: drift_life 39/40"
     assert v.slowdowns == "no rows"  # a drift is no slowdown
     line = next(x for x in scoreboard.render(s, [], []).splitlines() if x.startswith("| v |"))
     assert "39/40, 3" in line and line.count(" | ") == 17

@@ -93,25 +93,44 @@ def test_a_vllm_at_the_wait_laws_line_is_found_slower() -> None:
         assert rows[change][5].strip() == "10" and "anomaly/latency 10" in rows[change][12], rows[change]
 
 
+def _sum(text: str, name: str) -> float:
+    """A vLLM counter's or histogram part's value in one scrape, summed over its label sets."""
+    return sum(float(m[1]) for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE))
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_record_vllm_life_switches_a_real_vllm_right_after_a_scrape(tmp_path: Path) -> None:
-    """record_vllm.py --life: one load, the server slowed once in it, then a second load beside it (a rate x2),
-    each switch right after a scrape, the second load's first request sent at its switch."""
+    """record_vllm.py --life: the server slowed once, then a second load beside the first (a rate x2), then the
+    load's prompts twice as long; each switch right after a scrape, each segment's load's first request sent at
+    its switch, the prompts' mean doubled in the prompt_x2 windows."""
     out = tmp_path / "v.jsonl.gz"
-    proc = _record_vllm(out, "--life", "slowdown30,rate_x2", "--lead-s", "12", "--seconds", "slowdown30=8",
-                        "rate_x2=8", "stationary_b=8", "--interval-s", "2", "--seed", "3", "--base-rate", "2")
+    proc = _record_vllm(out, "--life", "slowdown30,rate_x2,prompt_x2", "--lead-s", "12", "--seconds",
+                        "slowdown30=8", "rate_x2=8", "prompt_x2=8", "stationary_b=8", "--interval-s", "2", "--seed",
+                        "3", "--base-rate", "2")
     rows = [r for line in gzip.open(out, "rt", encoding="utf-8") if (r := json.loads(line))["phase"]]
     phases = [r["phase"] for r in rows]
-    assert list(dict.fromkeys(phases)) == ["stationary_b", "slowdown30", "rate_x2"] and phases[-1] == "stationary_b"
+    assert list(dict.fromkeys(phases)) == ["stationary_b", "slowdown30", "rate_x2", "prompt_x2"]
+    assert phases[-1] == "stationary_b"
     marked = [i for i, r in enumerate(rows) if r.get("starts_phase")]
-    assert [phases[i] for i in marked] == ["slowdown30", "stationary_b", "rate_x2", "stationary_b"]  # each once
+    assert [phases[i] for i in marked] == ["slowdown30", "stationary_b", "rate_x2", "stationary_b", "prompt_x2",
+                                           "stationary_b"]  # each switch once
     assert all(phases[i - 1] != phases[i] for i in marked)
     assert all(abs(rows[i]["t"] - rows[i - 1]["t"] - 2) < 1 for i in marked)  # no scrape skipped at a switch
     assert {r["step_slowdown_frac"] for r in rows if r["phase"] == "slowdown30"} == {0.3}
     assert {r["step_slowdown_frac"] for r in rows if r["phase"] == "rate_x2"} == {0.0}
     assert "held stopped 0.2" in proc.stdout and "vLLM ready" in proc.stdout
-    said = re.search(r"extra load: (\d+) requests answered, the first sent ([\d.]+) s after the switch", proc.stdout)
-    assert said is not None, proc.stdout
-    assert int(said[1]) > 0 and float(said[2]) < 2.0  # at 2 req/s for 8 s; its plan made before the switch
+    said = re.findall(r"(its load|the second load): (\d+) requests answered, the first sent ([\d.]+) s after the "
+                      r"switch", proc.stdout)
+    assert [w for w, *_ in said].count("its load") == 7 and [w for w, *_ in said].count("the second load") == 1
+    assert all(int(n) > 0 and float(first) < 2.0 for _, n, first in said), said  # each planned before its switch
+    mean: dict[str, list[float]] = {"stationary_b": [], "prompt_x2": []}
+    for before, r in zip(rows, rows[1:], strict=False):
+        n = _sum(r["text"], "vllm:request_prompt_tokens_count") - _sum(before["text"],
+                                                                         "vllm:request_prompt_tokens_count")
+        if r["phase"] in mean and n > 0:
+            mean[r["phase"]].append((_sum(r["text"], "vllm:request_prompt_tokens_sum")
+                                     - _sum(before["text"], "vllm:request_prompt_tokens_sum")) / n)
+    calm, longer = (sorted(v)[len(v) // 2] for v in mean.values())
+    assert 1.5 < longer / calm < 3.0, mean
