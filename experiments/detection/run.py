@@ -585,6 +585,17 @@ def _median_p90(delays: list[int]) -> str:
     return f"{statistics.median(delays):g} | {p90_of(delays):g}"
 
 
+def _at_least_one(text: str) -> int:
+    """An option's whole number of at least 1 (argparse's type)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number of at least 1")
+    return n
+
+
 def parser() -> argparse.ArgumentParser:
     """The experiment's options (episodes.py takes the same)."""
     ap = argparse.ArgumentParser()
@@ -599,6 +610,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-contention", action="store_true", help="latencies not corrected for the CPU wait")
     ap.add_argument("--no-steal", action="store_true", help="the host's CPU steal left out of the wait")
     ap.add_argument("--no-autocorrelation", action="store_true", help="latency scales not widened for it")
+    ap.add_argument("--autocorrelation-baselines", type=_at_least_one,
+                    default=MonitorConfig.autocorrelation_baselines,
+                    help="the autocorrelation that widens a baseline pooled over it and up to N - 1 baselines "
+                         "before it in the monitor's life (MonitorConfig.autocorrelation_baselines)")
     ap.add_argument("--wait-error", type=float, default=MonitorConfig.wait_error)
     ap.add_argument("--wait-memory", type=int, default=MonitorConfig.wait_memory)
     ap.add_argument("--wait-law-error", type=float, default=MonitorConfig.wait_law_error)
@@ -710,7 +725,8 @@ def setup(args: argparse.Namespace) -> tuple[Phases, dict[str, dict[str, float]]
     cfg = MonitorConfig(interval_s=round(interval), false_alarms_per_day=args.false_alarms_per_day,
                         learn_windows=args.learn_windows, z_clip=args.z_clip,
                         settle_windows=args.settle_windows, contention=not args.no_contention,
-                        autocorrelation=not args.no_autocorrelation, wait_error=args.wait_error,
+                        autocorrelation=not args.no_autocorrelation,
+                        autocorrelation_baselines=args.autocorrelation_baselines, wait_error=args.wait_error,
                         wait_memory=args.wait_memory, robust=args.robust, max_wait_judged=args.max_wait_judged,
                         wait_law_error=args.wait_law_error, wait_law=args.wait_law,
                         wait_law_relative=args.wait_law_relative, wait_error_relative=args.wait_error_relative,
@@ -754,6 +770,8 @@ def main() -> None:
     logging.getLogger("tuner.monitor").setLevel(logging.ERROR)  # a warning per replayed baseline says nothing here
     phases, info, sets, cfg, expect, lives = setup(args)
     print(f"# detection experiment ({time.strftime('%Y-%m-%d %H:%M')})\n")
+    n = cfg.autocorrelation_baselines
+    pooled = f" (pooled over up to {n} baselines of the monitor's life)" if n > 1 else ""
     print(f"windows of {cfg.interval_s:g} s; {TESTS} one-sided tests; CUSUM k = {cfg.k}, h = {cfg.h:.3f} "
           f"(for {cfg.false_alarms_per_day:g} false alarm a day); baseline from {cfg.learn_windows} windows; "
           f"z clipped at {cfg.clip:.2f}; settle {cfg.settle_windows} window(s) while an input's CUSUM is at "
@@ -764,7 +782,7 @@ def main() -> None:
           f"{'the stretch away from the baseline' if cfg.wait_law_relative else 'the stretch'}, judged up to a "
           f"wait of {cfg.max_wait_judged:g} of the window{STARVED[cfg.starved_baseline]}); "
           f"latency scales widened for autocorrelation: "
-          f"{cfg.autocorrelation}; expectation "
+          f"{cfg.autocorrelation}{pooled}; expectation "
           f"from the simulator: {args.sim_model is not None}; latency scales at least {cfg.latency_rel_floor:g} (log); "
           f"a latency's allowance at least half of a slowdown of {cfg.slowdown_to_find_frac or 0:g} (log); "
           f"an input's at least half of a drift of {cfg.drift_to_find_frac or 0:g} "

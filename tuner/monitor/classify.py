@@ -151,6 +151,10 @@ class Monitor:
         self._insensitive_tries = 0
         self._last_relearn = -math.inf
         self._rho = 0.0
+        # each baseline's own autocorrelation estimate in the monitor's life, the latest last, and whether the
+        # baseline being learnt has one there yet (MonitorConfig.autocorrelation_baselines)
+        self._rhos: list[float] = []
+        self._rho_new = True
 
     # ---------------------------------------------------------------- feeding
     def scrape(self, t: float, snap: Snapshot, gpu: Mapping[str, float] | None = None) -> list[Event]:
@@ -364,7 +368,7 @@ class Monitor:
         """Every signal's baseline from the latest learn_windows windows (a latency's with what judges it: the
         autocorrelation, the usual stretch, the starved windows' baseline)."""
         n = self.config.learn_windows
-        self._rho = self._latency_rho() if self.config.autocorrelation else 0.0
+        self._rho = self._pooled_rho(self._latency_rho()) if self.config.autocorrelation else 0.0
         times = self.tracks["itl_ms_mean"].times[-n:]
         self._calm = [t for t in times if t not in self._blind_times]
         enough = self._enough
@@ -489,7 +493,7 @@ class Monitor:
         calm = set(self._warm_calm)
         still = self._warming(calm)
         if c.autocorrelation:  # the warm-up's trend made the first baseline's
-            self._rho = self._latency_rho(calm)
+            self._rho = self._pooled_rho(self._latency_rho(calm))
         self._relearn_latencies(calm, self._half, reset=True)
         if not still or self._spent >= c.warmup_max_factor * n:
             self._warm_calm = None
@@ -602,8 +606,21 @@ class Monitor:
         got = [r for vals in series if (r := lag1(vals, transform="log")) is not None]
         return statistics.fmean(got) if got else 0.0
 
+    def _pooled_rho(self, estimate: float) -> float:
+        """The autocorrelation that widens the baseline being learnt: `estimate` (its own, replacing any it had:
+        the warm-up's later windows, learning that went on) pooled with those of up to
+        autocorrelation_baselines - 1 baselines before it (their mean)."""
+        if self._rho_new or not self._rhos:
+            self._rhos.append(estimate)
+            self._rho_new = False
+        else:
+            self._rhos[-1] = estimate
+        del self._rhos[:-self.config.autocorrelation_baselines]
+        return statistics.fmean(self._rhos)
+
     def relearn(self) -> None:
         """Start a new baseline from the next window on (after a drift, or a new champion)."""
+        self._rho_new = True
         self._learned = self._spent = 0
         self._warm_calm = None
         self._blind_times.clear()

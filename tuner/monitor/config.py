@@ -141,6 +141,12 @@ class MonitorConfig:
     # together w = 1 - (1 - wait)(1 - s)) is expected to be 1 / (1 - w) times as slow
     contention: bool = True
     autocorrelation: bool = True  # latency scales widened by their pooled lag-1 autocorrelation (AR(1))
+    # the autocorrelation that widens a baseline: the mean of the estimates of this baseline and of up to
+    # autocorrelation_baselines - 1 baselines learnt before it in the monitor's life (after a drift or a new
+    # champion the server and its host are the same; 20 windows' lag-1 estimate has a standard error of about
+    # 0.2, and one wander in them widened a relearnt scale x1.51: experiments/detection, twenty-fourth step);
+    # 1: this baseline's alone
+    autocorrelation_baselines: int = 1
     # the CPU wait's own error (a share of the window): a latency corrected by 1 - w is uncertain by about
     # wait_error / (1 - w) on the log scale, which widens its scale in that window (and the next: the queue
     # a starved window built drains in the one after it)
