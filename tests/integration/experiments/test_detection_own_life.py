@@ -172,11 +172,34 @@ def test_the_committed_life_holds_three_slowdowns_and_two_doublings_of_its_traff
     assert 1.6 < rate["rate_x2"] / rate["stationary_b"] < 2.4  # a second load at the base rate beside the first
 
 
-def test_run_reports_each_change_of_the_committed_life_in_its_recorded_order() -> None:
-    section = _own_life("vllm7", LIFE, "rate_x2")
+LIFE2 = DETECTION / "recorded-vllm-life2.jsonl.gz"
+LIFE2_CHANGES = ["prompt_x2", "prompt back", "slowdown30", "output_x4", "output back", "slowdown30"]
+
+
+def test_the_committed_second_life_changes_its_prompts_and_outputs_each_segment_a_load_of_its_own() -> None:
+    rows = [r for r in _rows(LIFE2) if r["phase"]]
+    assert {r["server"] for r in rows} == {"vllm"} and {r["base_rate"] for r in rows} == {3.0}
+    assert {r["load_seed"] for r in rows} == {str(18000 + 2 * k) for k in range(9)}  # segment k's own load
+    seq = run.interleaved(LIFE2)
+    assert seq is not None
+    assert [c for *_, c in run.changes_of(seq)] == LIFE2_CHANGES
+
+    def median(phase: str, signal: str) -> float:
+        return statistics.median(w[signal] for q, w in seq if q == phase)
+
+    assert 1.8 < median("prompt_x2", "prompt_tokens_mean") / median("stationary_b", "prompt_tokens_mean") < 2.2
+    assert 3.6 < median("output_x4", "output_tokens_mean") / median("stationary_b", "output_tokens_mean") < 4.4
+    for phase in ("prompt_x2", "output_x4", "slowdown30"):  # the rate unchanged by a change of lengths
+        assert 0.9 < median(phase, "rate_per_s") / median("stationary_b", "rate_per_s") < 1.1
+
+
+@pytest.mark.parametrize(("label", "stream", "change"), [("vllm7", LIFE, "rate_x2"), ("vllm8", LIFE2, "prompt_x2")])
+def test_run_reports_each_change_of_a_committed_life_in_its_recorded_order(label: str, stream: Path,
+                                                                            change: str) -> None:
+    section = _own_life(label, stream, change)
     drifts = section[section.index("The traffic's changes in the same life"):]
-    rows = [r.split("|") for r in drifts.splitlines() if r.startswith("| held out (`vllm7/stationary_b`)")]
-    seq = run.interleaved(LIFE)
+    rows = [r.split("|") for r in drifts.splitlines() if r.startswith(f"| held out (`{label}/stationary_b`)")]
+    seq = run.interleaved(stream)
     assert seq is not None
     want = [(a, b - a, c) for a, b, c in run.changes_of(seq) if c != "slowdown30"]
     assert [(int(r[3]), int(r[4]), r[2].strip()) for r in rows[:len(want)]] == want
