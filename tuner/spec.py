@@ -430,6 +430,12 @@ class MonitorSpec(_Strict):
                                         "a slowdown found a window later where the speed wanders, a slow one "
                                         "partly learnt); at least learn_windows; null: the first baseline kept "
                                         "until a drift (experiments/detection)")
+    autocorrelation_baselines: int = Field(default=1, ge=1, le=100, description="the autocorrelation that "
+                                           "widens a latency baseline: the mean of its own estimate and those of "
+                                           "up to this many - 1 baselines learnt before it in the monitor's life "
+                                           "(after each drift): a server that wanders now and then is not judged "
+                                           "by one relearning's twenty windows alone; 1: each baseline's own "
+                                           "(experiments/detection, twenty-fourth step)")
     kv_full_frac: float = Field(default=0.95, gt=0, le=1)
     dram_limit_frac: float = Field(default=0.85, gt=0, le=1, description="DRAM active above it is saturation")
     gpus: list[int] = Field(default_factory=list, description="this host's GPU indices to read through NVML "

@@ -615,7 +615,7 @@ class Monitor:
             self._rho_new = False
         else:
             self._rhos[-1] = estimate
-        del self._rhos[:-self.config.autocorrelation_baselines]
+        del self._rhos[:-max(1, self.config.autocorrelation_baselines)]
         return statistics.fmean(self._rhos)
 
     def relearn(self) -> None:

@@ -270,7 +270,8 @@ class MonitorConfig:
                    recovery_windows=spec.recovery_windows, reopen_gap_s=spec.reopen_gap_s,
                    slowdown_to_find_frac=spec.slowdown_to_find_frac,
                    drift_to_find_frac=spec.drift_to_find_frac,
-                   history_windows=spec.history_windows, kv_full_frac=spec.kv_full_frac,
+                   history_windows=spec.history_windows,
+                   autocorrelation_baselines=spec.autocorrelation_baselines, kv_full_frac=spec.kv_full_frac,
                    dram_limit_frac=spec.dram_limit_frac)
 
 

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
+import pytest
+
+from tests.support import agents
+from tuner.agent import load_agent
+from tuner.errors import ConfigError
 from tuner.monitor.classify import Monitor
 from tuner.monitor.config import MonitorConfig
 
@@ -68,3 +75,19 @@ def test_without_a_drift_the_pooled_autocorrelation_is_the_baselines_own() -> No
             got.append(([e.kind for i, w in enumerate(windows) for e in m.observe(15.0 * i, w)], m._rho, m._rhos))
             assert len(m._rhos) == 1 and m._spent > m.config.learn_windows  # learnt again in the warm-up
         assert got[0] == got[1]
+
+
+def test_the_pooling_is_the_agent_files_and_checked(tmp_path: Path) -> None:
+    watch: dict[str, Any] = {"url": "http://127.0.0.1:9/metrics", "interval_s": 15,
+                             "monitor": {"autocorrelation_baselines": 4}}
+    spec = load_agent(agents.write_agent(tmp_path / "a.yaml", name="a", watch=watch)).spec
+    assert spec.watch is not None and spec.watch.monitor is not None
+    assert MonitorConfig.from_spec(spec.watch.monitor, 15.0).autocorrelation_baselines == 4
+    watch["monitor"] = {}
+    spec = load_agent(agents.write_agent(tmp_path / "b.yaml", name="b", watch=watch)).spec
+    assert spec.watch is not None and spec.watch.monitor is not None
+    assert MonitorConfig.from_spec(spec.watch.monitor, 15.0).autocorrelation_baselines == 1  # each its own
+    watch["monitor"] = {"autocorrelation_baselines": 0}
+    with pytest.raises(ConfigError, match=r"c\.yaml[\s\S]*autocorrelation_baselines[\s\S]*greater than or equal "
+                                          r"to 1"):
+        load_agent(agents.write_agent(tmp_path / "c.yaml", name="c", watch=watch))
