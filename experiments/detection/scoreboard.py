@@ -101,7 +101,9 @@ def _tables(lines: Iterable[str]) -> Iterator[tuple[list[str], list[str]]]:
 
 
 def read_table(path: Path, streams: dict[str, Stream]) -> None:
-    """The false-alarm and injected rows of one run.py table (several commands' tables in one file too)."""
+    """The false-alarm and injected rows of one run.py table (several commands' tables in one file too: a life's
+    change printed again by a later command counts once)."""
+    merged: set[tuple[str, str, str]] = set()  # (stream, change, first window) of the life's changes taken
     for header, cells in _tables(path.read_text().splitlines()):
         if header[:2] == ["set", "stream"] and len(cells) >= 7:
             name = _stream_name(cells[0])
@@ -122,8 +124,9 @@ def read_table(path: Path, streams: dict[str, Stream]) -> None:
                                                    int(cells[4]), path.name)
         elif header[:6] == LIFE_DRIFT_HEADER and len(cells) >= 8 and cells[1] in LIFE_DRIFTS:
             name = _stream_name(cells[0])
-            if name is None:
+            if name is None or (name, cells[1], cells[2]) in merged:
                 continue
+            merged.add((name, cells[1], cells[2]))
             s = streams.setdefault(name, Stream(name))
             found, starts = map(int, cells[4].split("/"))
             median, right = _number(cells[6]), int(cells[5])

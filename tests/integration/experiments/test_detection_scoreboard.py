@@ -104,3 +104,8 @@ def test_a_lifes_rate_x2_and_its_return_count_toward_the_delay_and_x2_goals(tmp_
     assert v.slowdowns == "no rows"  # a drift is no slowdown
     line = next(x for x in scoreboard.render(s, [], []).splitlines() if x.startswith("| v |"))
     assert "39/40, 3" in line and line.count(" | ") == 17
+    # a table holding two commands' output (the life's changes printed by each) counts each change once; a
+    # life's prompts and outputs changed and back count as its rate's do
+    lengths = drifts.replace("rate_x2 | 76", "prompt_x2 | 76").replace("rate back", "prompt back")
+    twice = _board(tmp_path, lengths + "\n" + lengths)["v"].injected["drift_life"]
+    assert (twice.trials, twice.found, twice.median, twice.expected) == (40, 39, 3.0, 38)
