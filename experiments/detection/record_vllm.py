@@ -334,12 +334,11 @@ def record_interleaved(segments: list[Segment], args: argparse.Namespace, endpoi
     end = time.monotonic()
     stopping: list[tuple[SegmentLoad, str]] = []  # the previous segment's loads, stopped at the scrape that ended it
     slowed: Freezer | None = None
-    for k, ((name, seconds, slowdown, _), (own, more)) in enumerate(zip(segments, loads, strict=True)):
+    for (name, seconds, slowdown, _), (own, more) in zip(segments, loads, strict=True):
         end += seconds * args.scale
         with Freezer(pids, slowdown) as fz:  # slowed (or not) from the switch to the scrape that ends the segment
             with scraped:
-                state.update(phase=name, slowdown=slowdown, seed=str((args.seed or 0) + 2 * k),
-                             starts=state["phase"] != "")
+                state.update(phase=name, slowdown=slowdown, seed=str(own.cfg.seed), starts=state["phase"] != "")
                 own.start()
                 if more is not None:
                     more.start()

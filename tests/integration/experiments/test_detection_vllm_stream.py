@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tuner.measure.scrape import finished_mean_length, parse
+
 ROOT = Path(__file__).resolve().parents[3]
 DETECTION = ROOT / "experiments" / "detection"
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -93,11 +95,6 @@ def test_a_vllm_at_the_wait_laws_line_is_found_slower() -> None:
         assert rows[change][5].strip() == "10" and "anomaly/latency 10" in rows[change][12], rows[change]
 
 
-def _sum(text: str, name: str) -> float:
-    """A vLLM counter's or histogram part's value in one scrape, summed over its label sets."""
-    return sum(float(m[1]) for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE))
-
-
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.timeout(600)
@@ -127,10 +124,8 @@ def test_record_vllm_life_switches_a_real_vllm_right_after_a_scrape(tmp_path: Pa
     assert all(int(n) > 0 and float(first) < 2.0 for _, n, first in said), said  # each planned before its switch
     mean: dict[str, list[float]] = {"stationary_b": [], "prompt_x2": []}
     for before, r in zip(rows, rows[1:], strict=False):
-        n = _sum(r["text"], "vllm:request_prompt_tokens_count") - _sum(before["text"],
-                                                                         "vllm:request_prompt_tokens_count")
-        if r["phase"] in mean and n > 0:
-            mean[r["phase"]].append((_sum(r["text"], "vllm:request_prompt_tokens_sum")
-                                     - _sum(before["text"], "vllm:request_prompt_tokens_sum")) / n)
+        got = finished_mean_length(parse(before["text"]), parse(r["text"]), "prompt_tokens")
+        if r["phase"] in mean and got is not None:
+            mean[r["phase"]].append(got)
     calm, longer = (sorted(v)[len(v) // 2] for v in mean.values())
     assert 1.5 < longer / calm < 3.0, mean
