@@ -34,8 +34,11 @@ BASE_RATE = 2.0
 BASE_STEP_DELAY_MS = 5.0
 SLOWDOWN_FRAC = 0.3  # the engine's step_slowdown_frac: every step takes 1.3 times as long, whatever the host
 def workload(rate: float = BASE_RATE, prompt_mean: float = 100, prompt_max: int = 220, output_mean: float = 16,
-             output_max: int = 60) -> str:
-    return (f"arrival: {{kind: poisson, rate_per_s: {rate}}}\n"
+             output_max: int = 60, closed: int | None = None) -> str:
+    """A load's workload YAML: Poisson arrivals at `rate`, or with `closed` a closed loop of that many requests in
+    flight (each sent as the one before it is answered: no think time; `rate` unused)."""
+    arrival = f"{{kind: closed, concurrency: {closed}}}" if closed else f"{{kind: poisson, rate_per_s: {rate}}}"
+    return (f"arrival: {arrival}\n"
             f"prompt_tokens: {{dist: lognormal, mean: {prompt_mean}, sigma: 0.4, min: 8, max: {prompt_max}}}\n"
             f"output_tokens: {{dist: lognormal, mean: {output_mean}, sigma: 0.4, min: 2, max: {output_max}}}\n"
             "duration_s: 1\nignore_eos: true\n")

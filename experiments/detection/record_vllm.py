@@ -23,6 +23,9 @@ started at the switch, stopped at the scrape that ends it), a prompt_x2 or outpu
 prompts twice or its outputs four times as long at the base rate (the segment's own load: each segment has one,
 planned before and started at its switch), and the stationary stretch after each of those lasts as long as it (the
 return to the base traffic is a drift too: found, then a baseline learnt again before the next change).
+`--closed N` makes every load of a life a closed loop of N requests in flight instead (each sent as the one
+before it is answered, no think time: a batch pipeline's or an agent's traffic), a rate_x2's second load another N:
+the users doubled; there the request rate is the server's answer to its users, not their input.
 """
 
 from __future__ import annotations
@@ -176,6 +179,10 @@ def main() -> None:
     ap.add_argument("--life", default="", metavar="CHANGES",
                     help="instead of --interleave N: the changes of one life in order, comma-separated, each "
                          f"followed by a stationary stretch ({', '.join(CHANGES)}; e.g. slowdown30,rate_x2,slowdown30)")
+    ap.add_argument("--closed", type=int, default=0, metavar="N",
+                    help="--interleave, --life: every load a closed loop of N requests in flight (no think time) "
+                         "instead of Poisson arrivals at --base-rate; a rate_x2's second load another N "
+                         "(default 0: open loops)")
     ap.add_argument("--lead-s", type=float, default=600.0,
                     help="--interleave, --life: the stationary stretch before the first change, seconds (default 600)")
     args = ap.parse_args()
@@ -189,6 +196,8 @@ def main() -> None:
     phases = plan(args.base_rate)
     names = [name for name, *_ in phases]
     life = [c for c in args.life.split(",") if c] or ["slowdown30"] * args.interleave
+    if args.closed < 0 or (args.closed and not (args.life or args.interleave)):
+        ap.error(f"--closed N: N >= 1 requests in flight, with --interleave or --life (got {args.closed})")
     if args.life and args.interleave:
         ap.error("--interleave N and --life CHANGES both name the changes of one life: give one of them")
     if life and only:
@@ -223,6 +232,7 @@ def main() -> None:
                 with lock:
                     r = {"t": time.time(), "phase": state["phase"], "step_delay_ms": 0.0,
                          "step_slowdown_frac": state["slowdown"], "base_rate": args.base_rate,
+                         "closed_concurrency": args.closed,
                          "load_seed": state["seed"], "server": "vllm", "text": text, "cpu": cpu_readings(core)}
                     if state["starts"]:  # the window ending here was all in this phase (a switch after a scrape)
                         r["starts_phase"] = True
@@ -262,11 +272,11 @@ def main() -> None:
 
 
 class SegmentLoad:
-    """One open-loop load of a life's segment (record_interleaved): the segment's own traffic at the base rate, or
-    a second load beside it in a rate_x2. Its requests are planned before it starts, so the first goes out at the
-    switch; it is stopped at the scrape that ends the segment (the one or two requests then in flight abandoned),
-    and the next segment's load starts at that moment: Poisson arrivals have no memory, so the traffic goes on
-    without a seam."""
+    """One load of a life's segment (record_interleaved): the segment's own traffic at the base rate (or a closed
+    loop: --closed), or a second load beside it in a rate_x2. Its requests are planned before it starts, so the
+    first goes out at the switch; it is stopped at the scrape that ends the segment (the requests then in flight
+    abandoned), and the next segment's load starts at that moment: Poisson arrivals have no memory, and a closed
+    loop's next users start as its last stop, so the traffic goes on without a seam."""
 
     def __init__(self, endpoint: str, model: str, tokenizer: str, workload_yaml: str, seconds: float,
                  seed: int) -> None:
@@ -306,13 +316,17 @@ def segment_loads(segments: list[Segment], args: argparse.Namespace, endpoint: s
                   served: tuple[str, str]) -> list[tuple[SegmentLoad, SegmentLoad | None]]:
     """Each segment's loads, planned before the life starts: its own traffic (the base workload, or the lengths
     its phase changes: INPUTS; seed SEED + 2k for segment k) and, in a rate_x2, a second load at the base rate
-    (seed SEED + 2k + 1); each planned 4 scrapes longer than the segment (it ends at a scrape)."""
+    (seed SEED + 2k + 1); each planned 4 scrapes longer than the segment (it ends at a scrape). With --closed N
+    each is a closed loop of N requests in flight instead."""
     seed = args.seed or 0
     out = []
     for k, (name, seconds, _, factor) in enumerate(segments):
         span = seconds * args.scale + 4 * args.interval_s
-        own = SegmentLoad(endpoint, *served, workload(args.base_rate, **INPUTS.get(name, {})), span, seed + 2 * k)
-        more = (SegmentLoad(endpoint, *served, workload(args.base_rate * factor), span, seed + 2 * k + 1)
+        closed = args.closed or None
+        own = SegmentLoad(endpoint, *served, workload(args.base_rate, **INPUTS.get(name, {}), closed=closed), span,
+                          seed + 2 * k)
+        more = (SegmentLoad(endpoint, *served, workload(args.base_rate * factor, closed=closed), span,
+                            seed + 2 * k + 1)
                 if factor else None)
         out.append((own, more))
     return out
