@@ -641,6 +641,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--rate-poisson-floor", action=argparse.BooleanOptionalAction,
                     default=MonitorConfig.rate_poisson_floor,
                     help="the rate's spread at least a Poisson count's (MonitorConfig.rate_poisson_floor)")
+    ap.add_argument("--paced-rate", action=argparse.BooleanOptionalAction, default=MonitorConfig.paced_rate,
+                    help="a fall of the rate that the requests in the server (Little's law) did not follow is a "
+                         "closed loop answered more slowly, no drift (MonitorConfig.paced_rate; --no-paced-rate: "
+                         "the rate an input whatever paces it)")
     ap.add_argument("--history-windows", type=int, default=MonitorConfig.history_windows,
                     help="latency baselines learnt again from up to this many calm windows (default: never)")
     ap.add_argument("--history-usual-wait", action=argparse.BooleanOptionalAction,
@@ -735,7 +739,7 @@ def setup(args: argparse.Namespace) -> tuple[Phases, dict[str, dict[str, float]]
                         corroborate=args.corroborate, confirm_windows=args.confirm_windows,
                         alone=tuple(args.alone), slowdown_to_find_frac=args.slowdown_to_find or None,
                         drift_to_find_frac=args.drift_to_find or None, input_confidence=args.input_confidence,
-                        rate_poisson_floor=args.rate_poisson_floor,
+                        rate_poisson_floor=args.rate_poisson_floor, paced_rate=args.paced_rate,
                         history_windows=args.history_windows, history_usual_wait=args.history_usual_wait,
                         bucket_error=not args.no_bucket_error,
                         input_history_windows=args.input_history_windows or None,
@@ -788,6 +792,7 @@ def main() -> None:
           f"an input's at least half of a drift of {cfg.drift_to_find_frac or 0:g} "
           f"({', '.join(f'{k}: {RULES[k].transform}' for k in INPUTS)}), its spread at its upper "
           f"{cfg.input_confidence:g} bound, the rate's at least a Poisson count's: {cfg.rate_poisson_floor}; "
+          f"a fall of the rate the requests in the server did not follow no drift (a closed loop): {cfg.paced_rate}; "
           f"quantiles widened in another bucket than their baseline's: {cfg.bucket_error}; "
           f"latency baselines learnt again from up to {cfg.history_windows or 0} calm windows"
           f"{' at the usual CPU wait' if cfg.history_windows and cfg.history_usual_wait else ''}; "

@@ -13,7 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 class VllmSeries:
     """One server's series; `finish()` adds finished requests, `text()` is its /metrics."""
 
-    def __init__(self, histograms: bool = True) -> None:
+    def __init__(self, histograms: bool = True, e2e: bool = False) -> None:
+        """`e2e`: the end-to-end latency histogram too (each request's TTFT plus its inter-token latencies)."""
         r = self.registry = CollectorRegistry()
         lab = ["model_name"]
         self.running = Gauge("vllm:num_requests_running", "", lab, registry=r).labels("m")
@@ -23,7 +24,10 @@ class VllmSeries:
         self.gen = Counter("vllm:generation_tokens", "", lab, registry=r).labels("m")
         self.ok = Counter("vllm:request_success", "", ["model_name", "finished_reason"], registry=r)
         self.pre = Counter("vllm:num_preemptions", "", lab, registry=r).labels("m")
-        self.ttft = self.itl = self.prompt_h = self.gen_h = None
+        self.ttft = self.itl = self.prompt_h = self.gen_h = self.e2e = None
+        if e2e:
+            self.e2e = Histogram("vllm:e2e_request_latency_seconds", "", lab, registry=r,
+                                 buckets=(0.1, 0.5, 1.0, 5.0)).labels("m")
         if histograms:
             self.prompt_h = Histogram("vllm:request_prompt_tokens", "", lab, registry=r,
                                       buckets=(1, 10, 100, 1000, 10000)).labels("m")
@@ -47,6 +51,8 @@ class VllmSeries:
                 self.ttft.observe(ttft_s)
                 for _ in range(out - 1):
                     self.itl.observe(itl_s)
+            if self.e2e is not None:
+                self.e2e.observe(ttft_s + (out - 1) * itl_s)
 
     def start(self, n: int, prompt: int, out_so_far: int) -> None:
         """`n` requests prefilled and `out_so_far` tokens into their outputs, none finished: vLLM's token counters

@@ -3,7 +3,8 @@ CUSUMs and says what kind of change it saw:
 
 - **drift** (the workload moved): an input signal (rate, prompt or output length) alarmed. Outputs that moved
   with it are part of the same event (more load is slower: no anomaly). The monitor then learns the new normal;
-  the event carries the observed inputs for the next cycle to tune for.
+  the event carries the observed inputs for the next cycle to tune for. A fall of the rate that the requests in
+  the server (Little's law) did not follow is no drift: a closed loop answered more slowly (MonitorConfig.paced_rate).
 - **anomaly** (the server got worse at the same load): an output, state or GPU signal alarmed and no input
   alarmed within `settle_windows` windows after it (twice as long while an input's CUSUM is past half its
   threshold: the load may be moving, more slowly than the latency it drives). A GPU throttle (throttle
@@ -155,6 +156,7 @@ class Monitor:
         # baseline being learnt has one there yet (MonitorConfig.autocorrelation_baselines)
         self._rhos: list[float] = []
         self._rho_new = True
+        self._paced_note: tuple[int, str] | None = None  # (window, what) of the latest rate fall a closed loop made
 
     # ---------------------------------------------------------------- feeding
     def scrape(self, t: float, snap: Snapshot, gpu: Mapping[str, float] | None = None) -> list[Event]:
@@ -263,7 +265,9 @@ class Monitor:
         waited = max(self.windows - w for w, _ in self._pending.values())
         if all(n in GPU_THROTTLE for n in self._pending):
             return True
-        evidence = max((self.tracks[n].cusum.statistic for n in INPUTS if self.tracks[n].baseline), default=0.0)
+        paced = self._paced() is not None  # the rate's fall explained: no evidence of a load moving
+        evidence = max(((tr.cusum.up if paced and n == "rate_per_s" else tr.cusum.statistic)
+                        for n in INPUTS if (tr := self.tracks[n]).baseline), default=0.0)
         if evidence < self.config.settle_evidence * self.h:
             return True
         return waited >= self.config.settle_windows * (2 if evidence > self.h / 2 else 1)
@@ -341,6 +345,9 @@ class Monitor:
             if side is not None:
                 alarms[name] = side
         inputs = {n: s for n, s in alarms.items() if n in INPUTS}
+        if inputs.get("rate_per_s") == "down" and (paced := self._paced()) is not None:
+            del inputs["rate_per_s"]  # a closed loop answered more slowly, its users still there: no drift
+            self._paced_note = (self.windows, _paced_text(paced))
         for n, s in alarms.items():
             if n in INPUTS:
                 continue
@@ -627,6 +634,7 @@ class Monitor:
         self._starved = {}
         self._calm, self._calm_new = [], 0
         self._pending.clear()
+        self._paced_note = None
         self._open = [o for o in self._open if o.kind == "saturation"]
         self._closed = [c for c in self._closed if c.kind == "saturation"]  # an anomaly is judged anew
         for tr in self.tracks.values():
@@ -690,8 +698,29 @@ class Monitor:
 
     def _anomaly(self, t: float, sides: Mapping[str, Literal["up", "down"]]) -> Event:
         cause = _cause(sides)
+        note, now = self._paced_note, self._paced()
+        if now is not None:  # the rate fell already, whether or not its test alarmed
+            note = (self.windows, _paced_text(now))
+        paced = f"; {note[1]}" if note is not None and self.windows - note[0] <= self.config.learn_windows else ""
         return self._opening("anomaly", t, cause, dict(sides), f"performance anomaly ({cause}) at unchanged "
-                             "load: " + self._describe(sides))
+                             "load: " + self._describe(sides) + paced)
+
+    def _paced(self) -> float | None:
+        """The request rate over its baseline's level in the last window where its fall is a closed loop's answer to
+        a slower server (MonitorConfig.paced_rate): the requests in the server (Little's law, in_server_mean) fell
+        by less than paced_share of it on the log scale. None where the rate did not fall (by more than its
+        CUSUM's allowance: a down alarm's window always has), the requests in the server fell with it (fewer
+        users), either has no baseline or no value in the last window, or it is off."""
+        c = self.config
+        rate, inside = self.tracks["rate_per_s"], self.tracks["in_server_mean"]
+        if (not c.paced_rate or rate.baseline is None or inside.baseline is None or not rate.times
+                or not inside.times or rate.times[-1] != inside.times[-1]):
+            return None
+        r, n = rate.values[-1], inside.values[-1]
+        if min(r, n, rate.baseline.level, inside.baseline.level) <= 0 or rate.baseline.z(r) > -rate.cusum.k:
+            return None
+        fell = math.log(r / rate.baseline.level)
+        return math.exp(fell) if math.log(n / inside.baseline.level) > c.paced_share * fell else None
 
     def _opening(self, kind: EventKind, t: float, cause: str, sides: dict[str, Direction], detail: str) -> Event:
         """The event of an anomaly or a saturation that opens: a new episode, or the same one reopened where
@@ -783,6 +812,11 @@ def _cause(signals: Iterable[str]) -> str:
     if any(n in GPU_THROTTLE for n in names):
         return "gpu_throttle"
     return "gpu" if any(n in GPU for n in names) else "latency"
+
+
+def _paced_text(ratio: float) -> str:
+    return (f"the request rate x{ratio:.2f} with the requests in the server steady (Little's law): a closed loop "
+            "answered more slowly")
 
 
 def _split(times: Sequence[float], vals: Sequence[float], starved: set[float]) -> tuple[list[float], list[float]]:

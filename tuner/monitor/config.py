@@ -53,6 +53,9 @@ RULES: dict[str, SignalRule] = {
     "cpu_wait_frac": SignalRule("up", 0.02, tested=False), "cpu_steal_frac": SignalRule("up", 0.02, tested=False),
     "cpu_ready_wait_frac": SignalRule("up", 0.02, tested=False),
     "finished_per_s": SignalRule("both", 0.01, tested=False),
+    # Little's law's mean requests in the server: it judges whether a fall of the rate is fewer users (it falls
+    # too) or a closed loop answered more slowly (it does not: MonitorConfig.paced_rate); never alarms itself
+    "in_server_mean": SignalRule("both", 0.05, "log", tested=False),
 }
 assert set(RULES) == set(SIGNALS)
 TESTS = sum(2 if r.direction == "both" else 1 for r in RULES.values() if r.tested)  # one-sided tests per window
@@ -136,6 +139,15 @@ class MonitorConfig:
     warmup_judged: bool = True
     settle_windows: int = 1  # an output alarm waits this long for an input alarm before it is an anomaly ...
     settle_evidence: float = 0.25  # ... while an input's CUSUM holds at least this share of h (else none)
+    # a closed loop's rate is the server's answer, not its users' input: they send the next request when the last
+    # is answered, so a slower server answers fewer a second. A window's fall of the request rate (beyond its
+    # allowance) whose requests in the server (Little's law: in_server_mean = rate x time in the server) fell by
+    # less than paced_share of it, on the log scale, is that (a slower server: no drift, and no
+    # evidence an output alarm waits for); fewer users of an open or a closed loop take it down with the rate (the
+    # time in the server the same or shorter). Off: the rate is an input whatever paces it, and a closed loop's
+    # slowdown is called a drift (experiments/detection, twenty-fifth step)
+    paced_rate: bool = True
+    paced_share: float = 0.5
     # latencies divided by 1 / (1 - w) where the wait is read: a server that waited a share w of the window for
     # a CPU (a noisy neighbour: cpu_wait_frac, and a hypervisor's other guests: cpu_steal_frac s, the two
     # together w = 1 - (1 - wait)(1 - s)) is expected to be 1 / (1 - w) times as slow

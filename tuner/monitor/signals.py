@@ -9,7 +9,10 @@ a server has no such histograms). Outputs (how the server
 answers): ttft_ms_p50/p90, itl_ms_mean/p90, e2el_ms_p50/p90 (quantiles from the histograms' bucket deltas over
 the window, each with its bucket's bounds: bucket_keys), token_throughput_per_s, error_frac (aborted or failed
 share of the finished requests). State: running, waiting (gauges at the window's end), kv_cache_usage_frac,
-preemptions_per_s, finished_per_s. GPU signals come from tuner.monitor.telemetry, the environment's
+preemptions_per_s, finished_per_s, in_server_mean (the mean number of requests in the server over the window by
+Little's law: the seconds its finished requests spent there, the end-to-end histogram's sum, per second of the
+window; what tells a closed loop's slower answers from fewer users, tuner.monitor.classify). GPU signals come
+from tuner.monitor.telemetry, the environment's
 (cpu_wait_frac: the share of the window the server waited for a CPU; cpu_ready_wait_frac: the share of the time
 it was ready to run that it waited; cpu_steal_frac: the share of its host's CPU
 time the hypervisor gave other guests) from tuner.monitor.contention; the caller merges them in.
@@ -37,7 +40,7 @@ log = logging.getLogger(__name__)
 
 INPUTS = ("rate_per_s", "prompt_tokens_mean", "output_tokens_mean")
 LATENCIES = ("ttft_ms_p50", "ttft_ms_p90", "itl_ms_mean", "itl_ms_p90", "e2el_ms_p50", "e2el_ms_p90")
-STATE = ("running", "waiting", "kv_cache_usage_frac", "preemptions_per_s", "finished_per_s")
+STATE = ("running", "waiting", "kv_cache_usage_frac", "preemptions_per_s", "finished_per_s", "in_server_mean")
 OUTPUTS = (*LATENCIES, "token_throughput_per_s", "error_frac")
 GPU = ("gpu_util_pct", "gpu_power_w", "gpu_sm_clock_mhz", "gpu_dram_active_frac", "gpu_fb_used_mb",
        "gpu_throttled")
@@ -55,7 +58,7 @@ _NEEDS = {
     "preemptions_per_s": ("counter", "preemptions"),
     "ttft_ms_p50": ("hist", "ttft_ms"), "ttft_ms_p90": ("hist", "ttft_ms"),
     "itl_ms_mean": ("hist", "itl_ms"), "itl_ms_p90": ("hist", "itl_ms"),
-    "e2el_ms_p50": ("hist", "e2el_ms"), "e2el_ms_p90": ("hist", "e2el_ms"),
+    "e2el_ms_p50": ("hist", "e2el_ms"), "e2el_ms_p90": ("hist", "e2el_ms"), "in_server_mean": ("hist", "e2el_ms"),
     "running": ("gauge", "num_requests_running"), "waiting": ("gauge", "num_requests_waiting"),
     "kv_cache_usage_frac": ("gauge", "kv_cache_usage_perc"),
 }
@@ -163,6 +166,8 @@ def window_signals(before: Snapshot, after: Snapshot, seconds: float,
             continue
         if key == "itl_ms":
             out["itl_ms_mean"] = (h.sum - b.sum) / n * 1000.0
+        if key == "e2el_ms":  # Little's law: request-seconds in the server per second of the window
+            out["in_server_mean"] = max(0.0, h.sum - b.sum) / seconds
         for q in qs:
             v, bucket = _quantile_ms(q, b, h)
             if math.isfinite(v):

@@ -37,6 +37,17 @@ def test_window_signals_from_two_scrapes() -> None:
     assert sig["preemptions_per_s"] == 0
 
 
+def test_the_requests_in_the_server_by_littles_law() -> None:
+    s = Server(e2e=True)
+    s.finish(10, 100, 20)
+    a = parse(s.text())
+    s.finish(40, 100, 21, ttft_s=0.1, itl_s=0.02)  # 0.5 s each, 40 of them in 10 s: 2 in the server on average
+    sig = window_signals(a, parse(s.text()), 10.0)
+    assert sig is not None and sig["in_server_mean"] == pytest.approx(2.0)
+    assert "in_server_mean" not in (window_signals(a, a, 10.0) or {"in_server_mean": 1})  # nothing finished
+    assert "in_server_mean" not in (window_signals(*(parse(Server().text()),) * 2, 10.0) or {})  # no histogram
+
+
 def test_the_lengths_are_of_the_requests_finished_in_the_window() -> None:
     # vLLM counts a prompt's tokens at its prefill: 10 long prompts started in the window and not finished move its
     # counter, not the mean of the 20 requests that finished (their per-request histogram)
