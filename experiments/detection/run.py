@@ -683,6 +683,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--cut", nargs="+", default=[], metavar="STREAM=WINDOWS",
                     help="a stationary stream's warm-up cut, in windows, instead of its MSER-5 cut (to compare two "
                          "settings on the same windows)")
+    ap.add_argument("--until", nargs="+", default=[], metavar="STREAM=WINDOWS",
+                    help="a stationary stream's first WINDOWS windows only (a life's calm windows before a change "
+                         "after which its server stayed changed); its own-life rows keep the whole life")
     ap.add_argument("--trials", type=int, default=100)
     ap.add_argument("--pre", type=int, default=20)
     ap.add_argument("--post", type=int, default=12)
@@ -829,6 +832,12 @@ def main() -> None:
         print(f"\nThe GPU's readings (NVML, one per window, {which[args.gpu_readings]}; medians):\n")
         print(record_gpu.gpu_table(gpu_phases))
 
+    for item in args.until:
+        name, _, n = item.partition("=")
+        if name not in phases or not n.isdigit() or not 0 < int(n) <= len(phases[name]):
+            raise SystemExit(f"--until {item}: STREAM=WINDOWS, a recorded stationary stream "
+                             f"({', '.join(n for n, _ in sets)}) and at most as many windows as it has")
+        phases[name] = phases[name][:int(n)]
     given: dict[str, int] = {}
     for item in args.cut:
         name, _, n = item.partition("=")

@@ -65,6 +65,18 @@ def test_a_lifes_input_drifts_change_its_loads_lengths_with_a_calm_as_long_after
         assert record.workload(3.0, **record_vllm.INPUTS[name]) == plan[name]
 
 
+def test_a_closed_lifes_loads_are_closed_loops_of_n_requests_in_flight() -> None:
+    import yaml
+
+    from tuner.spec import WorkloadSpec
+
+    spec = WorkloadSpec.model_validate(yaml.safe_load(record.workload(3.0, prompt_mean=200, closed=2)))
+    assert (spec.arrival.kind, spec.arrival.concurrency) == ("closed", 2)
+    assert spec.prompt_tokens.mean == 200  # the segment's lengths as an open loop's
+    spec = WorkloadSpec.model_validate(yaml.safe_load(record.workload(3.0)))
+    assert (spec.arrival.kind, spec.arrival.rate_per_s) == ("poisson", 3.0)
+
+
 def test_a_lifes_changes_are_its_changed_runs_and_the_return_after_each_drift() -> None:
     phases = ["stationary_b"] * 3 + ["slowdown30"] * 2 + ["stationary_b"] * 2 + ["rate_x2"] * 3 + ["stationary_b"] * 2
     seq: run.Order = [(p, {}) for p in phases]
@@ -106,11 +118,11 @@ def test_the_committed_stream_is_one_servers_life_with_four_slowdowns() -> None:
     assert slow == {0.3}
 
 
-def _own_life(label: str, stream: Path, change: str) -> str:
+def _own_life(label: str, stream: Path, change: str, *extra: str) -> str:
     """run.py's own-life section for a committed life (5 trials of one injected change beside it)."""
     proc = subprocess.run([sys.executable, str(DETECTION / "run.py"), "--streams", f"{label}={stream}", "--tuned",
                            "none", "--held-out", f"{label}/stationary_b", "--only-injected", "--trials", "5",
-                           "--changes", change, "--sim-model", str(MODEL)],
+                           "--changes", change, "--sim-model", str(MODEL), *extra],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout[proc.stdout.index("## Slowdowns in the server's own life"):]
@@ -143,7 +155,9 @@ def test_record_vllm_refuses_only_with_a_life_and_a_bad_duration_or_change(tmp_p
                         (["--life", "slowdown30,output_x2"], "--life slowdown30,output_x2: each change must be one "
                                                              "of slowdown30, rate_x2, prompt_x2, output_x4"),
                         (["--life", "rate_x2", "--interleave", "1"], "--interleave N and --life CHANGES both name"),
-                        (["--life", "rate_x2", "--only", "base"], "--only is for the plan's phases")):
+                        (["--life", "rate_x2", "--only", "base"], "--only is for the plan's phases"),
+                        (["--closed", "2"], "--closed N: N >= 1 requests in flight, with --interleave or --life"),
+                        (["--life", "rate_x2", "--closed", "-1"], "--closed N: N >= 1 requests in flight")):
         proc = subprocess.run([sys.executable, str(DETECTION / "record_vllm.py"), "--out",
                                str(tmp_path / "x.jsonl.gz"), *extra], capture_output=True, text=True, timeout=60,
                               cwd=ROOT)
@@ -223,3 +237,41 @@ def test_life_settled_leaves_out_each_returns_settling_and_refuses_a_stream_of_p
     apart = subprocess.run([*cmd, "--streams", f"vllm={DETECTION / 'recorded-vllm.jsonl.gz'}", "--held-out",
                             "vllm/stationary_b"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert apart.returncode == 1 and "not the stationary phase of a stream recorded with" in apart.stderr
+
+
+CLOSED = DETECTION / "recorded-vllm-closed.jsonl.gz"
+
+
+def test_the_committed_closed_life_answers_fewer_requests_when_slowed_with_as_many_in_the_server() -> None:
+    rows = [r for r in _rows(CLOSED) if r["phase"]]
+    assert {r["server"] for r in rows} == {"vllm"} and {r["closed_concurrency"] for r in rows} == {2}
+    assert {r["load_seed"] for r in rows} == {str(20000 + 2 * k) for k in range(7)}
+    seq = run.interleaved(CLOSED)
+    assert seq is not None
+    assert [c for *_, c in run.changes_of(seq)] == ["slowdown30", "rate_x2", run.RETURN, "slowdown30"]
+
+    def ratio(phase: str, signal: str) -> float:
+        return (statistics.median(w[signal] for q, w in seq if q == phase)
+                / statistics.median(w[signal] for q, w in seq if q == "stationary_b"))
+
+    assert 0.5 < ratio("slowdown30", "rate_per_s") < 0.9  # a slower server answers its two users less often ...
+    assert 0.95 < ratio("slowdown30", "in_server_mean") < 1.05  # ... and they are still there (Little's law)
+    assert 1.2 < ratio("rate_x2", "rate_per_s") < 2.0 and 1.9 < ratio("rate_x2", "in_server_mean") < 2.1  # 4 users
+
+
+def _life_rows(section: str, label: str) -> tuple[list[list[str]], list[list[str]]]:
+    """The own-life section's slowdown rows and its summary row (every slowdown from every start)."""
+    rows = [r.split("|") for r in section.splitlines() if r.startswith(f"| held out (`{label}/stationary_b`)")]
+    slow = [r for r in rows if r[2].strip().isdigit()]
+    return slow, [r for r in rows if "(" in r[2]]
+
+
+def test_a_closed_loops_slowdowns_are_anomalies_and_only_with_the_paced_rate() -> None:
+    slow, summary = _life_rows(_own_life("vllm10", CLOSED, "slowdown30"), "vllm10")
+    assert len(slow) == 2
+    for r in slow:  # each slowdown from every start: found, as an anomaly
+        found, starts = map(int, r[5].split("/"))
+        assert found == starts > 0 and int(r[6]) == found
+    assert int(summary[0][9]) == 0  # no event outside the changes in the life
+    slow, _ = _life_rows(_own_life("vllm10", CLOSED, "slowdown30", "--no-paced-rate"), "vllm10")
+    assert sum(int(r[6]) for r in slow) < sum(int(r[5].split("/")[0]) for r in slow) // 2  # most called drift
