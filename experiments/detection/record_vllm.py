@@ -318,11 +318,10 @@ def segment_loads(segments: list[Segment], args: argparse.Namespace, endpoint: s
     its phase changes: INPUTS; seed SEED + 2k for segment k) and, in a rate_x2, a second load at the base rate
     (seed SEED + 2k + 1); each planned 4 scrapes longer than the segment (it ends at a scrape). With --closed N
     each is a closed loop of N requests in flight instead."""
-    seed = args.seed or 0
+    seed, closed = args.seed or 0, args.closed or None
     out = []
     for k, (name, seconds, _, factor) in enumerate(segments):
         span = seconds * args.scale + 4 * args.interval_s
-        closed = args.closed or None
         own = SegmentLoad(endpoint, *served, workload(args.base_rate, **INPUTS.get(name, {}), closed=closed), span,
                           seed + 2 * k)
         more = (SegmentLoad(endpoint, *served, workload(args.base_rate * factor, closed=closed), span,

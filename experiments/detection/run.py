@@ -752,6 +752,21 @@ def setup(args: argparse.Namespace) -> tuple[Phases, dict[str, dict[str, float]]
     return phases, info, sets, cfg, expectation(args.sim_model), lives
 
 
+def stream_windows(option: str, items: list[str], phases: Phases, sets: Sets, least: int, rule: str, *,
+                   fewer: bool = False) -> dict[str, int]:
+    """An option's STREAM=WINDOWS items (--cut, --until) as {stream: windows}: a recorded stream and at least `least`
+    windows, at most as many as it has (fewer, where `fewer`); else exits saying so (`rule`)."""
+    out: dict[str, int] = {}
+    for item in items:
+        name, _, n = item.partition("=")
+        if (name not in phases or not n.isdigit() or int(n) < least
+                or int(n) > len(phases[name]) - (1 if fewer else 0)):
+            raise SystemExit(f"{option} {item}: STREAM=WINDOWS, a recorded stationary stream "
+                             f"({', '.join(n for n, _ in sets)}) and {rule}")
+        out[name] = int(n)
+    return out
+
+
 def row_label(name: str, label: str) -> str:
     return f"{label} (`{name}`)"
 
@@ -832,19 +847,9 @@ def main() -> None:
         print(f"\nThe GPU's readings (NVML, one per window, {which[args.gpu_readings]}; medians):\n")
         print(record_gpu.gpu_table(gpu_phases))
 
-    for item in args.until:
-        name, _, n = item.partition("=")
-        if name not in phases or not n.isdigit() or not 0 < int(n) <= len(phases[name]):
-            raise SystemExit(f"--until {item}: STREAM=WINDOWS, a recorded stationary stream "
-                             f"({', '.join(n for n, _ in sets)}) and at most as many windows as it has")
-        phases[name] = phases[name][:int(n)]
-    given: dict[str, int] = {}
-    for item in args.cut:
-        name, _, n = item.partition("=")
-        if name not in phases or not n.isdigit() or int(n) >= len(phases[name]):
-            raise SystemExit(f"--cut {item}: STREAM=WINDOWS, a recorded stationary stream "
-                             f"({', '.join(n for n, _ in sets)}) and fewer windows than it has")
-        given[name] = int(n)
+    for name, n in stream_windows("--until", args.until, phases, sets, 1, "at most as many windows as it has").items():
+        phases[name] = phases[name][:n]
+    given = stream_windows("--cut", args.cut, phases, sets, 0, "fewer windows than it has", fewer=True)
     cuts = {name: given[name] if name in given else 0 if args.no_warmup_cut
             else warmup([w for _, w in phases[name]], cfg, expect) for name, _ in sets}
     if not args.only_injected:

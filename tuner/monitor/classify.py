@@ -157,6 +157,7 @@ class Monitor:
         self._rhos: list[float] = []
         self._rho_new = True
         self._paced_note: tuple[int, str] | None = None  # (window, what) of the latest rate fall a closed loop made
+        self._paced_now: float | None = None  # this window's (_paced), judged once per window
 
     # ---------------------------------------------------------------- feeding
     def scrape(self, t: float, snap: Snapshot, gpu: Mapping[str, float] | None = None) -> list[Event]:
@@ -265,7 +266,7 @@ class Monitor:
         waited = max(self.windows - w for w, _ in self._pending.values())
         if all(n in GPU_THROTTLE for n in self._pending):
             return True
-        paced = self._paced() is not None  # the rate's fall explained: no evidence of a load moving
+        paced = self._paced_now is not None  # the rate's fall explained: no evidence of a load moving
         evidence = max(((tr.cusum.up if paced and n == "rate_per_s" else tr.cusum.statistic)
                         for n in INPUTS if (tr := self.tracks[n]).baseline), default=0.0)
         if evidence < self.config.settle_evidence * self.h:
@@ -331,6 +332,7 @@ class Monitor:
                     else:
                         self._learnt()
             return events
+        self._paced_now = self._paced()
         alarms: dict[str, Literal["up", "down"]] = {}
         blind = self._blind
         self.unjudged += blind and "itl_ms_mean" not in self._starved
@@ -345,9 +347,9 @@ class Monitor:
             if side is not None:
                 alarms[name] = side
         inputs = {n: s for n, s in alarms.items() if n in INPUTS}
-        if inputs.get("rate_per_s") == "down" and (paced := self._paced()) is not None:
+        if inputs.get("rate_per_s") == "down" and self._paced_now is not None:
             del inputs["rate_per_s"]  # a closed loop answered more slowly, its users still there: no drift
-            self._paced_note = (self.windows, _paced_text(paced))
+            self._paced_note = (self.windows, _paced_text(self._paced_now))
         for n, s in alarms.items():
             if n in INPUTS:
                 continue
@@ -698,7 +700,7 @@ class Monitor:
 
     def _anomaly(self, t: float, sides: Mapping[str, Literal["up", "down"]]) -> Event:
         cause = _cause(sides)
-        note, now = self._paced_note, self._paced()
+        note, now = self._paced_note, self._paced_now
         if now is not None:  # the rate fell already, whether or not its test alarmed
             note = (self.windows, _paced_text(now))
         paced = f"; {note[1]}" if note is not None and self.windows - note[0] <= self.config.learn_windows else ""

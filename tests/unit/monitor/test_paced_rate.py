@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import random
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 
 from tuner.monitor.classify import Event, Monitor
@@ -30,24 +31,31 @@ def window(rng: random.Random, *, rate: float, time_s: float) -> dict[str, float
             "e2el_ms_p90": 1200 * e2e * rng.gauss(1, 0.02), "in_server_mean": done * e2e / WINDOW_S}
 
 
+def watch(windows: Iterable[dict[str, float]], config: MonitorConfig = CONFIG) -> list[tuple[int, Event]]:
+    """The monitor's events over `windows`, each with its window's index."""
+    m = Monitor(config)
+    return [(i, e) for i, w in enumerate(windows) for e in m.observe(WINDOW_S * (i + 1), w)]
+
+
 def closed_loop(users: list[int], time_s: list[float], seed: int,
                 config: MonitorConfig = CONFIG) -> list[tuple[int, Event]]:
     """Window i: `users[i]` requests in flight, each sent as the last is answered (no think time), each taking
     `time_s[i]`: the rate is users / time."""
-    rng, m, out = random.Random(seed), Monitor(config), []
-    for i, (n, w) in enumerate(zip(users, time_s, strict=True)):
-        out += [(i, e) for e in m.observe(WINDOW_S * (i + 1), window(rng, rate=n / w, time_s=w))]
-    return out
+    rng = random.Random(seed)
+    return watch((window(rng, rate=n / w, time_s=w) for n, w in zip(users, time_s, strict=True)), config)
 
 
 def open_loop(rates: list[float], time_s: list[float], seed: int) -> list[tuple[int, Event]]:
-    rng, m, out = random.Random(seed), Monitor(CONFIG), []
-    for i, (r, w) in enumerate(zip(rates, time_s, strict=True)):
-        x = window(rng, rate=r, time_s=w)
-        x["rate_per_s"] = max(1, rng.gauss(r * WINDOW_S, math.sqrt(r * WINDOW_S))) / WINDOW_S  # Poisson arrivals
-        x["in_server_mean"] = x["rate_per_s"] * x["e2el_ms_p50"] / 1000
-        out += [(i, e) for e in m.observe(WINDOW_S * (i + 1), x)]
-    return out
+    rng = random.Random(seed)
+
+    def arrivals() -> Iterator[dict[str, float]]:
+        for r, w in zip(rates, time_s, strict=True):
+            x = window(rng, rate=r, time_s=w)
+            x["rate_per_s"] = max(1, rng.gauss(r * WINDOW_S, math.sqrt(r * WINDOW_S))) / WINDOW_S  # Poisson arrivals
+            x["in_server_mean"] = x["rate_per_s"] * x["e2el_ms_p50"] / 1000
+            yield x
+
+    return watch(arrivals())
 
 
 def first_after(events: list[tuple[int, Event]], at: int) -> tuple[int, Event]:
