@@ -25,7 +25,9 @@ planned before and started at its switch), and the stationary stretch after each
 return to the base traffic is a drift too: found, then a baseline learnt again before the next change).
 `--closed N` makes every load of a life a closed loop of N requests in flight instead (each sent as the one
 before it is answered, no think time: a batch pipeline's or an agent's traffic), a rate_x2's second load another N:
-the users doubled; there the request rate is the server's answer to its users, not their input.
+the users doubled; there the request rate is the server's answer to its users, not their input. `--max-num-seqs N`
+caps the requests vLLM runs at once (its `--max-num-seqs`): a closed loop of N users keeps it at its capacity, and
+the users a rate_x2 adds wait in its queue (the rate stays, the requests in the server double).
 """
 
 from __future__ import annotations
@@ -183,6 +185,8 @@ def main() -> None:
                     help="--interleave, --life: every load a closed loop of N requests in flight (no think time) "
                          "instead of Poisson arrivals at --base-rate; a rate_x2's second load another N "
                          "(default 0: open loops)")
+    ap.add_argument("--max-num-seqs", type=int, default=0, metavar="N",
+                    help="vLLM's --max-num-seqs: the most requests it runs at once (default 0: vLLM's own)")
     ap.add_argument("--lead-s", type=float, default=600.0,
                     help="--interleave, --life: the stationary stretch before the first change, seconds (default 600)")
     args = ap.parse_args()
@@ -190,6 +194,8 @@ def main() -> None:
         ap.error(f"{VLLM_PYTHON} is missing: build vLLM's CPU environment with `make vllm-venv`")
     if not args.base_rate > 0:
         ap.error(f"--base-rate must be > 0 requests/s, got {args.base_rate}")
+    if args.max_num_seqs < 0:
+        ap.error(f"--max-num-seqs must be >= 1 requests, or 0 for vLLM's own (got {args.max_num_seqs})")
     if args.interleave < 0 or not args.lead_s > 0:
         ap.error(f"--interleave must be >= 0 (got {args.interleave}) and --lead-s > 0 seconds (got {args.lead_s})")
     only = {p for p in args.only.split(",") if p}
@@ -218,7 +224,10 @@ def main() -> None:
         target = VllmTarget(VllmOptions(model=str(model), python=str(VLLM_PYTHON), device="cpu",
                                         extra_args=["--max-model-len", str(MAX_MODEL_LEN)]), agent_dir=tmp)
         ctx = TrialContext(trial_number=0, state_dir=tmp / "state", label="record-vllm")
-        with target.deploy({"enforce_eager": True, "cpu_kvcache_space_gib": 1}, ctx) as dep, \
+        config: dict[str, Any] = {"enforce_eager": True, "cpu_kvcache_space_gib": 1}
+        if args.max_num_seqs:
+            config["max_num_seqs"] = args.max_num_seqs
+        with target.deploy(config, ctx) as dep, \
                 gzip.open(args.out, "at", encoding="utf-8") as out:
             assert dep.pid is not None and dep.metrics_url is not None and dep.endpoint is not None
             below = descendants(dep.pid)  # vLLM starts no new processes while serving: listed once
@@ -232,7 +241,7 @@ def main() -> None:
                 with lock:
                     r = {"t": time.time(), "phase": state["phase"], "step_delay_ms": 0.0,
                          "step_slowdown_frac": state["slowdown"], "base_rate": args.base_rate,
-                         "closed_concurrency": args.closed,
+                         "closed_concurrency": args.closed, "max_num_seqs": args.max_num_seqs,
                          "load_seed": state["seed"], "server": "vllm", "text": text, "cpu": cpu_readings(core)}
                     if state["starts"]:  # the window ending here was all in this phase (a switch after a scrape)
                         r["starts_phase"] = True

@@ -645,6 +645,11 @@ def parser() -> argparse.ArgumentParser:
                     help="a fall of the rate that the requests in the server (Little's law) did not follow is a "
                          "closed loop answered more slowly, no drift (MonitorConfig.paced_rate; --no-paced-rate: "
                          "the rate an input whatever paces it)")
+    ap.add_argument("--queued-load", action=argparse.BooleanOptionalAction, default=MonitorConfig.queued_load,
+                    help="latencies that rose by the queue of more requests than the server runs at once (the "
+                         "requests in the server up, the added ones waiting, the ITL and finished rate unchanged) "
+                         "are a drift, and that queue's draining another (MonitorConfig.queued_load; "
+                         "--no-queued-load: an anomaly)")
     ap.add_argument("--history-windows", type=int, default=MonitorConfig.history_windows,
                     help="latency baselines learnt again from up to this many calm windows (default: never)")
     ap.add_argument("--history-usual-wait", action=argparse.BooleanOptionalAction,
@@ -743,6 +748,7 @@ def setup(args: argparse.Namespace) -> tuple[Phases, dict[str, dict[str, float]]
                         alone=tuple(args.alone), slowdown_to_find_frac=args.slowdown_to_find or None,
                         drift_to_find_frac=args.drift_to_find or None, input_confidence=args.input_confidence,
                         rate_poisson_floor=args.rate_poisson_floor, paced_rate=args.paced_rate,
+                        queued_load=args.queued_load,
                         history_windows=args.history_windows, history_usual_wait=args.history_usual_wait,
                         bucket_error=not args.no_bucket_error,
                         input_history_windows=args.input_history_windows or None,
@@ -811,6 +817,7 @@ def main() -> None:
           f"({', '.join(f'{k}: {RULES[k].transform}' for k in INPUTS)}), its spread at its upper "
           f"{cfg.input_confidence:g} bound, the rate's at least a Poisson count's: {cfg.rate_poisson_floor}; "
           f"a fall of the rate the requests in the server did not follow no drift (a closed loop): {cfg.paced_rate}; "
+          f"latencies up by a queue of more requests at the same finished rate and ITL a drift: {cfg.queued_load}; "
           f"quantiles widened in another bucket than their baseline's: {cfg.bucket_error}; "
           f"latency baselines learnt again from up to {cfg.history_windows or 0} calm windows"
           f"{' at the usual CPU wait' if cfg.history_windows and cfg.history_usual_wait else ''}; "

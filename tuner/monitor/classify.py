@@ -5,6 +5,9 @@ CUSUMs and says what kind of change it saw:
   with it are part of the same event (more load is slower: no anomaly). The monitor then learns the new normal;
   the event carries the observed inputs for the next cycle to tune for. A fall of the rate that the requests in
   the server (Little's law) did not follow is no drift: a closed loop answered more slowly (MonitorConfig.paced_rate).
+  Latencies that rose only by queueing (the requests in the server up, the added ones waiting, the ITL and the
+  finished rate unchanged) are a drift too: a closed loop's users grew at its server's capacity
+  (MonitorConfig.queued_load).
 - **anomaly** (the server got worse at the same load): an output, state or GPU signal alarmed and no input
   alarmed within `settle_windows` windows after it (twice as long while an input's CUSUM is past half its
   threshold: the load may be moving, more slowly than the latency it drives). A GPU throttle (throttle
@@ -158,6 +161,7 @@ class Monitor:
         self._rho_new = True
         self._paced_note: tuple[int, str] | None = None  # (window, what) of the latest rate fall a closed loop made
         self._paced_now: float | None = None  # this window's (_paced), judged once per window
+        self._drained_run = 0  # windows in a row whose queue drained at the same finished rate (_drained)
 
     # ---------------------------------------------------------------- feeding
     def scrape(self, t: float, snap: Snapshot, gpu: Mapping[str, float] | None = None) -> list[Event]:
@@ -361,8 +365,17 @@ class Monitor:
         if inputs:
             events.append(self._drift(t, inputs))
             return events
+        drained = self._drained()
+        self._drained_run = self._drained_run + 1 if drained is not None else 0
+        if drained is not None and self._drained_run >= self.config.confirm_windows:  # the queue's users left
+            events.append(self._drift(t, {"in_server_mean": "down"}, note=_queued_text(drained)))
+            return events
         if self._pending and self._settled() and self._corroborated():
             due = {n: s for n, (_, s) in self._pending.items()}  # all the symptoms seen so far: one event
+            queued = self._queued() if all(n in LATENCIES for n in due) else None
+            if queued is not None:  # the latencies rose by the queue of more requests: the load moved
+                events.append(self._drift(t, {"in_server_mean": "up"}, note=_queued_text(queued)))
+                return events
             self._pending.clear()
             events.append(self._anomaly(t, due))
         events.extend(self._recoveries(t))
@@ -637,6 +650,7 @@ class Monitor:
         self._calm, self._calm_new = [], 0
         self._pending.clear()
         self._paced_note = None
+        self._drained_run = 0
         self._open = [o for o in self._open if o.kind == "saturation"]
         self._closed = [c for c in self._closed if c.kind == "saturation"]  # an anomaly is judged anew
         for tr in self.tracks.values():
@@ -685,11 +699,12 @@ class Monitor:
         x, r = tr.values[-1], tr.residuals[-1]
         return b.level * (x / r if r else 1.0)
 
-    def _drift(self, t: float, inputs: Mapping[str, Literal["up", "down"]]) -> Event:
+    def _drift(self, t: float, inputs: Mapping[str, Literal["up", "down"]], note: str = "") -> Event:
         sides: dict[str, str] = dict(inputs)
         sides.update({n: s for n, (_, s) in self._pending.items()})
-        ev = self._event("drift", t, "inputs", sides, "workload drift: " + self._describe(sides))
-        for name in INPUTS:
+        ev = self._event("drift", t, "inputs", sides, "workload drift: " + self._describe(sides)
+                         + (f"; {note}" if note else ""))
+        for name in (*INPUTS, *(n for n in inputs if n not in INPUTS)):
             tr = self.tracks[name]
             onset = ev.signals.get(name, {}).get("onset_time")
             vals = [v for tt, v in zip(tr.times, tr.values, strict=True) if onset is None or tt >= onset]
@@ -723,6 +738,43 @@ class Monitor:
             return None
         fell = math.log(r / rate.baseline.level)
         return math.exp(fell) if math.log(n / inside.baseline.level) > c.paced_share * fell else None
+
+    def _queue_moved(self, up: bool) -> float | None:
+        """The requests in the server over their baseline's level in the last window where their queue alone
+        moved (MonitorConfig.queued_load), `up`: that ratio at least 1 + drift_to_find_frac, or (not `up`) at
+        most its inverse; the requests waiting moved the same way by at least queued_share of that change (and
+        one request); the finished rate within its allowance of its baseline (the server runs as many at once).
+        None where any of them does not hold, has no baseline or no value in the last window, or it is off."""
+        c = self.config
+        tracks = [self.tracks[n] for n in ("in_server_mean", "waiting", "finished_per_s")]
+        if not c.queued_load or any(tr.baseline is None or not tr.times or tr.times[-1] != tracks[0].times[-1]
+                                    for tr in tracks):
+            return None
+        inside, waiting, finished = tracks
+        assert inside.baseline and waiting.baseline and finished.baseline
+        n, n0 = inside.values[-1], inside.baseline.level
+        if n <= 0 or n0 <= 0:
+            return None
+        rise = 1 + (c.drift_to_find_frac if c.drift_to_find_frac is not None else 0.5)
+        sign = 1.0 if up else -1.0
+        if (n / n0) ** sign < rise:
+            return None
+        if sign * (waiting.values[-1] - waiting.baseline.level) < max(1.0, c.queued_share * sign * (n - n0)):
+            return None
+        return n / n0 if abs(finished.baseline.z(finished.values[-1])) <= finished.cusum.k else None
+
+    def _queued(self) -> float | None:
+        """_queue_moved up, with the ITL mean within its CUSUM's allowance (the server's speed per token
+        unchanged): latencies that rose by the queue of more requests than the server runs at once."""
+        ratio = self._queue_moved(up=True)
+        itl = self.tracks["itl_ms_mean"]
+        if ratio is None or itl.baseline is None or itl.times[-1] != self.tracks["in_server_mean"].times[-1]:
+            return None
+        return ratio if self._z("itl_ms_mean") <= itl.cusum.k else None
+
+    def _drained(self) -> float | None:
+        """_queue_moved down: fewer requests waiting at the same finished rate (the users a queue held left)."""
+        return self._queue_moved(up=False)
 
     def _opening(self, kind: EventKind, t: float, cause: str, sides: dict[str, Direction], detail: str) -> Event:
         """The event of an anomaly or a saturation that opens: a new episode, or the same one reopened where
@@ -819,6 +871,15 @@ def _cause(signals: Iterable[str]) -> str:
 def _paced_text(ratio: float) -> str:
     return (f"the request rate x{ratio:.2f} with the requests in the server steady (Little's law): a closed loop "
             "answered more slowly")
+
+
+def _queued_text(ratio: float) -> str:
+    if ratio >= 1:
+        return (f"the requests in the server x{ratio:.2f} (Little's law), the added ones waiting, at the same "
+                "finished rate and speed per token: more requests than the server runs at once (a closed loop's "
+                "users grew at its capacity)")
+    return (f"the requests in the server x{ratio:.2f} (Little's law), fewer of them waiting, at the same finished "
+            "rate: fewer requests beyond what the server runs at once (a closed loop's users at its capacity left)")
 
 
 def _split(times: Sequence[float], vals: Sequence[float], starved: set[float]) -> tuple[list[float], list[float]]:

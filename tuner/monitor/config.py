@@ -148,6 +148,17 @@ class MonitorConfig:
     # slowdown is called a drift (experiments/detection, twenty-fifth step)
     paced_rate: bool = True
     paced_share: float = 0.5
+    # a closed loop at its server's capacity whose users grew: the server runs no more requests at once, so its
+    # rate stays and the added users wait in its queue, every request's TTFT and end-to-end time longer by that
+    # wait while the server's speed per token is unchanged. Where latencies would make an anomaly in a window
+    # whose requests in the server (in_server_mean) rose to at least 1 + drift_to_find_frac (0.5 where None)
+    # times their baseline, at least queued_share of that rise (and at least one request) waiting, with the ITL
+    # mean within its CUSUM's allowance and the finished rate not below its own, the load moved: a drift (the
+    # next cycle tunes the traffic it observes). A slower server raises its ITL, a server that runs fewer requests
+    # at once finishes fewer: both stay anomalies. Off: an anomaly "at unchanged load" (experiments/detection,
+    # twenty-sixth step)
+    queued_load: bool = True
+    queued_share: float = 0.5
     # latencies divided by 1 / (1 - w) where the wait is read: a server that waited a share w of the window for
     # a CPU (a noisy neighbour: cpu_wait_frac, and a hypervisor's other guests: cpu_steal_frac s, the two
     # together w = 1 - (1 - wait)(1 - s)) is expected to be 1 / (1 - w) times as slow

@@ -1,0 +1,118 @@
+"""A closed loop at its server's capacity (tuner.monitor.config.MonitorConfig.queued_load): more users than the
+server runs at once wait in its queue, so the rate stays and every request's TTFT and end-to-end time grow by the
+wait while the server's speed per token does not: a drift (the load moved), and their leaving another; a slower
+server, or one that runs fewer requests at once, stays an anomaly."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
+
+from tuner.monitor.classify import Event, Monitor
+from tuner.monitor.config import MonitorConfig
+
+WINDOW_S = 15.0
+OUT_TOKENS = 16.0
+PREFILL_S = 0.02
+CONFIG = MonitorConfig(interval_s=WINDOW_S)
+
+
+def window(rng: random.Random, *, offered: float, running: float, waiting: float, itl_s: float,
+           arrivals: float | None = None) -> dict[str, float]:
+    """One window of a server that runs `running` requests at once, each of OUT_TOKENS tokens `itl_s` apart, with
+    `waiting` more in its queue (all `offered` requests in it: Little's law gives the time each waits there):
+    the finished rate running / service time, a few percent of noise on every signal; `arrivals` the users'
+    rate where it differs from the finished one (an open loop whose queue grows)."""
+    service_s = PREFILL_S + OUT_TOKENS * itl_s
+    done = max(1, round(rng.gauss(running / service_s * WINDOW_S, math.sqrt(running / service_s * WINDOW_S) / 2)))
+    finished = done / WINDOW_S
+    wait_s = max(0.0, offered - running) / (running / service_s)  # the queue's wait: Little's law on it
+    e2e = (service_s + wait_s) * rng.gauss(1, 0.02)
+    itl = itl_s * rng.gauss(1, 0.02)
+    return {"rate_per_s": finished if arrivals is None else arrivals, "finished_per_s": finished,
+            "prompt_tokens_mean": rng.gauss(100, 3), "output_tokens_mean": rng.gauss(OUT_TOKENS, 0.5),
+            "itl_ms_mean": 1000 * itl, "itl_ms_p90": 1150 * itl * rng.gauss(1, 0.02),
+            "ttft_ms_p50": 1000 * (PREFILL_S + wait_s) * rng.gauss(1, 0.03),
+            "ttft_ms_p90": 1300 * (PREFILL_S + wait_s) * rng.gauss(1, 0.03),
+            "e2el_ms_p50": 1000 * e2e, "e2el_ms_p90": 1200 * e2e * rng.gauss(1, 0.02),
+            "running": running, "waiting": max(0.0, round(waiting + rng.gauss(0, 0.3))),
+            "in_server_mean": finished * e2e}
+
+
+def watch(windows: Iterable[dict[str, float]], config: MonitorConfig = CONFIG) -> list[tuple[int, Event]]:
+    m = Monitor(config)
+    return [(i, e) for i, w in enumerate(windows) for e in m.observe(WINDOW_S * (i + 1), w)]
+
+
+def closed_loop(users: list[int], capacity: list[int], itl_s: list[float], seed: int,
+                config: MonitorConfig = CONFIG) -> list[tuple[int, Event]]:
+    """Window i: `users[i]` requests in flight (each sent as the last is answered), the server running at most
+    `capacity[i]` of them at once, the rest waiting."""
+    rng = random.Random(seed)
+    return watch((window(rng, offered=n, running=min(n, c), waiting=max(0, n - c), itl_s=s)
+                  for n, c, s in zip(users, capacity, itl_s, strict=True)), config)
+
+
+def first_after(events: list[tuple[int, Event]], at: int) -> tuple[int, Event]:
+    return next((i, e) for i, e in events if i >= at and e.kind != "recovery")
+
+
+def open_loop_losing_capacity(seed: int, at: int) -> Iterator[dict[str, float]]:
+    """Poisson arrivals at 80 % of a server that runs 8 at once, which from window `at` runs 4: its queue grows."""
+    rng = random.Random(seed)
+    service_s = PREFILL_S + OUT_TOKENS * 0.01
+    rate = 0.8 * 8 / service_s
+    queue = 0.0
+    for j in range(70):
+        cap = 8 if j < at else 4
+        busy = min(cap, rate * service_s)  # Little's law in the server's batch
+        queue = max(0.0, queue + (rate - busy / service_s) * WINDOW_S)
+        yield window(rng, offered=busy + queue, running=busy, waiting=queue, itl_s=0.01,
+                     arrivals=rng.gauss(rate, math.sqrt(rate / WINDOW_S)))
+
+
+def test_users_grown_at_capacity_are_a_drift_and_their_leaving_another() -> None:
+    up, down = 40, 80
+    for seed in range(6):
+        users = [8] * up + [16] * (down - up) + [8] * 40  # twice the users of a server that runs 8 at once, back
+        events = closed_loop(users, [8] * 120, [0.01] * 120, seed)
+        assert all(i >= up for i, _ in events), events  # nothing before the change
+        i, e = first_after(events, up)
+        assert e.kind == "drift" and i - up < 4, (seed, i, e.kind, e.detail)
+        assert e.signals["in_server_mean"]["direction"] == "up" and "users grew at its capacity" in e.detail
+        assert e.observed["in_server_mean"] > 12, e.observed  # what the next cycle tunes for: 16 in flight
+        i, e = first_after(events, down)
+        assert e.kind == "drift" and i - down < 4, (seed, i, e.kind, e.detail)
+        assert e.signals["in_server_mean"]["direction"] == "down" and "left" in e.detail, e.detail
+        assert not any(e.kind == "anomaly" for _, e in events), [(i, e.kind, e.detail) for i, e in events]
+        # the rule off: the queue's wait is taken for a server slower at an unchanged load
+        i, e = first_after(closed_loop(users, [8] * 120, [0.01] * 120, seed, replace(CONFIG, queued_load=False)),
+                           up)
+        assert e.kind == "anomaly" and "in_server_mean" not in e.signals, (seed, e.kind, e.detail)
+
+
+def test_a_slower_server_with_a_queue_stays_an_anomaly() -> None:
+    at = 40
+    for seed in range(6):  # 16 users, 8 run at once; then every token takes 1.3 times as long
+        events = closed_loop([16] * 70, [8] * 70, [0.01] * at + [0.013] * 30, seed)
+        i, e = first_after(events, at)
+        assert e.kind == "anomaly" and i - at < 4 and "itl_ms_mean" in e.signals, (seed, i, e.kind, e.detail)
+        assert not any(e.kind == "drift" for _, e in events), [(i, e.kind, e.detail) for i, e in events]
+
+
+def test_a_server_that_runs_fewer_requests_at_once_stays_an_anomaly() -> None:
+    """Its capacity halved (a smaller KV cache, a lower batch limit deployed) at the same speed per token: a closed
+    loop's queue grows at a lower finished rate; an open loop's arrivals, no longer all served, queue up."""
+    at = 40
+    for seed in range(6):
+        events = closed_loop([12] * 70, [8] * at + [4] * 30, [0.01] * 70, seed)
+        i, e = first_after(events, at)
+        assert e.kind == "anomaly" and i - at < 4, (seed, i, e.kind, e.detail)
+        assert not any(e.kind == "drift" for _, e in events), [(i, e.kind, e.detail) for i, e in events]
+
+        events = watch(open_loop_losing_capacity(seed, at))
+        i, e = first_after(events, at)
+        assert e.kind in ("anomaly", "saturation") and i - at < 4, (seed, i, e.kind, e.detail)
+        assert not any(e.kind == "drift" for _, e in events), [(i, e.kind, e.detail) for i, e in events]
