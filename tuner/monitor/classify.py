@@ -161,7 +161,8 @@ class Monitor:
         self._rho_new = True
         self._paced_note: tuple[int, str] | None = None  # (window, what) of the latest rate fall a closed loop made
         self._paced_now: float | None = None  # this window's (_paced), judged once per window
-        self._drained_run = 0  # windows in a row whose queue drained at the same finished rate (_drained)
+        self._queue_floor = 0.0  # the lower quartile of the requests waiting in the baseline's windows (_learn)
+        self._closed_loop = False  # the requests in the server held steady through them (MonitorConfig.queued_steady)
 
     # ---------------------------------------------------------------- feeding
     def scrape(self, t: float, snap: Snapshot, gpu: Mapping[str, float] | None = None) -> list[Event]:
@@ -366,8 +367,7 @@ class Monitor:
             events.append(self._drift(t, inputs))
             return events
         drained = self._drained()
-        self._drained_run = self._drained_run + 1 if drained is not None else 0
-        if drained is not None and self._drained_run >= self.config.confirm_windows:  # the queue's users left
+        if drained is not None:  # the users a queue held left: fewer requests waiting, for confirm_windows
             events.append(self._drift(t, {"in_server_mean": "down"}, note=_queued_text(drained)))
             return events
         if self._pending and self._settled() and self._corroborated():
@@ -378,6 +378,12 @@ class Monitor:
                 return events
             self._pending.clear()
             events.append(self._anomaly(t, due))
+        elif any(o.kind == "anomaly" and o.cause == "latency" for o in self._open):
+            queued = self._queued()  # the queue settled after its first windows: the anomaly was that load
+            if queued is not None:
+                events.append(self._drift(t, {"in_server_mean": "up"}, note=_queued_text(queued)
+                                          + "; the latency anomaly open since was this load"))
+                return events
         events.extend(self._recoveries(t))
         self._learn_history(t, blind)
         self._relearn_warm(t, blind)
@@ -401,6 +407,11 @@ class Monitor:
         self._set_stretch_ref(set(self._calm) or set(times))
         self._calm_new = self._since = self._insensitive_tries = 0
         self._judged, self._last_relearn = [], -math.inf
+        waits = self.tracks["waiting"].values[-n:]
+        self._queue_floor = statistics.quantiles(waits, n=4)[0] if len(waits) >= max(2, enough) else 0.0
+        inside = [math.log(v) for v in self.tracks["in_server_mean"].values[-n:] if v > 0]
+        self._closed_loop = (len(inside) >= max(2, enough)
+                             and statistics.stdev(inside) <= self.config.queued_steady)
         for tr in self.tracks.values():
             vals = tr.residuals[-n:]
             if tr.name not in LATENCIES:
@@ -650,7 +661,6 @@ class Monitor:
         self._calm, self._calm_new = [], 0
         self._pending.clear()
         self._paced_note = None
-        self._drained_run = 0
         self._open = [o for o in self._open if o.kind == "saturation"]
         self._closed = [c for c in self._closed if c.kind == "saturation"]  # an anomaly is judged anew
         for tr in self.tracks.values():
@@ -741,14 +751,21 @@ class Monitor:
 
     def _queue_moved(self, up: bool) -> float | None:
         """The requests in the server over their baseline's level in the last window where their queue alone
-        moved (MonitorConfig.queued_load), `up`: that ratio at least 1 + drift_to_find_frac, or (not `up`) at
-        most its inverse; the requests waiting moved the same way by at least queued_share of that change (and
-        one request); the finished rate within its allowance of its baseline (the server runs as many at once).
-        None where any of them does not hold, has no baseline or no value in the last window, or it is off."""
+        moved (MonitorConfig.queued_load) in a closed loop (the requests in the server held within queued_steady
+        through the baseline's windows: each user's next request sent as the last is answered), `up`: that ratio
+        at least 1 + drift_to_find_frac, or (not `up`) at most its inverse; the requests waiting moved the same
+        way by at least queued_share of that change (and one request) in each of the latest confirm_windows
+        windows (a queue that stays, not a snapshot's chance: a batch that is being filled holds requests waiting
+        too); not `up`, a queue that stayed through the baseline's windows (one request or more waiting in three
+        of every four: _queue_floor); the finished rate within its allowance of its baseline (the server runs as
+        many at once). None where any of them does not hold, has no baseline or no value in those windows, or it
+        is off."""
         c = self.config
         tracks = [self.tracks[n] for n in ("in_server_mean", "waiting", "finished_per_s")]
-        if not c.queued_load or any(tr.baseline is None or not tr.times or tr.times[-1] != tracks[0].times[-1]
-                                    for tr in tracks):
+        last = c.confirm_windows
+        if not c.queued_load or not self._closed_loop or any(
+                tr.baseline is None or len(tr.times) < last or tr.times[-last:] != tracks[0].times[-last:]
+                for tr in tracks):
             return None
         inside, waiting, finished = tracks
         assert inside.baseline and waiting.baseline and finished.baseline
@@ -759,7 +776,10 @@ class Monitor:
         sign = 1.0 if up else -1.0
         if (n / n0) ** sign < rise:
             return None
-        if sign * (waiting.values[-1] - waiting.baseline.level) < max(1.0, c.queued_share * sign * (n - n0)):
+        if not up and self._queue_floor < 1.0:
+            return None  # no queue stayed through the baseline's windows: nothing to drain
+        moved = max(1.0, c.queued_share * sign * (n - n0))
+        if any(sign * (x - waiting.baseline.level) < moved for x in waiting.values[-last:]):
             return None
         return n / n0 if abs(finished.baseline.z(finished.values[-1])) <= finished.cusum.k else None
 

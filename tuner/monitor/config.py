@@ -152,13 +152,21 @@ class MonitorConfig:
     # rate stays and the added users wait in its queue, every request's TTFT and end-to-end time longer by that
     # wait while the server's speed per token is unchanged. Where latencies would make an anomaly in a window
     # whose requests in the server (in_server_mean) rose to at least 1 + drift_to_find_frac (0.5 where None)
-    # times their baseline, at least queued_share of that rise (and at least one request) waiting, with the ITL
-    # mean within its CUSUM's allowance and the finished rate not below its own, the load moved: a drift (the
-    # next cycle tunes the traffic it observes). A slower server raises its ITL, a server that runs fewer requests
-    # at once finishes fewer: both stay anomalies. Off: an anomaly "at unchanged load" (experiments/detection,
-    # twenty-sixth step)
+    # times their baseline, at least queued_share of that rise (and at least one request) more waiting in each
+    # of the latest confirm_windows windows, with the ITL mean within its CUSUM's allowance and the finished rate
+    # within its own, the load moved: a drift (the next cycle tunes the traffic it observes); and the mirror,
+    # without a latency alarm (latencies only fall), where a queue that stayed through the baseline drains: the
+    # users left, another drift. A slower server raises its ITL, a server that runs fewer requests at once
+    # finishes fewer: both stay anomalies. Off: an anomaly "at unchanged load", and their leaving no event
+    # (experiments/detection, twenty-sixth step)
     queued_load: bool = True
     queued_share: float = 0.5
+    # ... only in a closed loop: the requests in the server held within this (the standard deviation of their
+    # log) through the baseline's windows. A closed loop with no think time keeps them at its users (vllm10:
+    # 0.002); open loops' wander with their arrivals (0.10-0.76 over 20 windows on every recorded stream), and on a
+    # busy host an open loop's queue drains when the neighbours let the server run faster (busy3: the requests in
+    # the server x0.5 for two windows at the same rate)
+    queued_steady: float = 0.1
     # latencies divided by 1 / (1 - w) where the wait is read: a server that waited a share w of the window for
     # a CPU (a noisy neighbour: cpu_wait_frac, and a hypervisor's other guests: cpu_steal_frac s, the two
     # together w = 1 - (1 - wait)(1 - s)) is expected to be 1 / (1 - w) times as slow

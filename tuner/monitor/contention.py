@@ -17,8 +17,11 @@ Two sources of the wait, both cumulative counters of Linux, differenced between 
 - a PSI file (`cpu.pressure` of the server's cgroup v2, or the host's /proc/pressure/cpu): `some ... total=`
   microseconds during which at least one task of the group waited for a CPU;
 - a process (`pid`): /proc/<pid>/task/<tid>/schedstat of each of its threads (nanoseconds on a CPU,
-  nanoseconds waiting on a run queue, timeslices); the share of the thread that waited most (a server's
-  latency follows its busiest thread, the engine loop: the others' waits overlap it). For that thread also
+  nanoseconds waiting on a run queue, timeslices); the share of its busiest thread, the one that wanted a CPU
+  longest, running or waiting (a server's latency follows its engine loop: the others' waits overlap it; the
+  thread that waited most was that loop on nearly every window recorded in experiments/detection, but on a busy
+  host a helper thread that barely ran waited as long now and then, and read a wait of 0.65 of its ready time
+  where the loop's was 0.2: experiments/detection, twenty-sixth step). For that thread also
   `cpu_ready_wait_frac`: the share of the time it was ready to run (on a CPU or waiting for one) that it
   waited, wait / (run + wait). A thread that needed c seconds of CPU took c / (1 - that share) to get them,
   whatever the share of the window it slept (a sleep, a GPU's work, no request): its work was that many times
@@ -148,9 +151,10 @@ class CpuWait:
             common = [k for k in reading if k in before]
             if not common or any(reading[k][i] < before[k][i] for k in common for i in (0, 1)):
                 return {}
-            # the thread that waited most: (seconds on a CPU, seconds waiting) in the window
+            # the thread that wanted a CPU longest (ran and waited), the one doing the server's work: (seconds on
+            # a CPU, seconds waiting)
             ran, waited = max((((reading[k][0] - before[k][0]) / 1e9, (reading[k][1] - before[k][1]) / 1e9)
-                               for k in common), key=lambda d: d[1])
+                               for k in common), key=lambda d: d[0] + d[1])
             ready = ran + waited
             return {"cpu_wait_frac": min(MAX_WAIT_FRAC, max(0.0, waited / dt)),
                     "cpu_ready_wait_frac": min(MAX_WAIT_FRAC, waited / ready) if ready > 0 else 0.0}

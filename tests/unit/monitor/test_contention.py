@@ -47,25 +47,30 @@ def test_psi_file_gives_the_share_of_the_window_spent_waiting(tmp_path: Path) ->
     assert psi_some_total_us("full avg10=0 total=3\n") is None
 
 
-def test_schedstat_share_is_the_thread_that_waited_most(tmp_path: Path) -> None:
-    def write(waits: dict[str, int]) -> None:
-        for tid, ns in waits.items():
+def test_schedstat_share_is_the_busiest_thread(tmp_path: Path) -> None:
+    def write(threads: dict[str, tuple[int, int]]) -> None:
+        for tid, (ran, waited) in threads.items():
             (tmp_path / "42" / "task" / tid).mkdir(parents=True, exist_ok=True)
-            (tmp_path / "42" / "task" / tid / "schedstat").write_text(f"123456 {ns} 17\n")
+            (tmp_path / "42" / "task" / tid / "schedstat").write_text(f"{ran} {waited} 17\n")
 
     clock = Clock()
     w = CpuWait("pid:42", proc_root=tmp_path, clock=clock)
-    write({"42": 1_000_000_000, "43": 0})
+    write({"42": (10**9, 10**9), "43": (10**9, 0)})
     assert w.read() == {}
     clock.t += 10.0
-    write({"42": 1_000_000_000 + 4_000_000_000, "43": 3_000_000_000})  # overlapping waits are not added
-    # thread 42 waited 4 s and ran 0 s more: all its ready time was a wait (its run column did not move)
+    # the engine loop (43) ran 6 s and waited 2 s; a helper thread (42) that barely ran waited longer, 3 s: the
+    # server's work is the loop's (it wanted a CPU longest), stretched by its own wait (waits are not added)
+    write({"42": (10**9 + 500_000_000, 10**9 + 3 * 10**9), "43": (10**9 + 6 * 10**9, 2 * 10**9)})
+    assert w.read() == {"cpu_wait_frac": pytest.approx(0.2), "cpu_ready_wait_frac": pytest.approx(0.25)}
+    clock.t += 10.0
+    # the loop ran 0 s and waited 4 s (starved), the helper ran 0.5 s and waited 1 s: still the loop's share
+    write({"42": (2 * 10**9, 5 * 10**9), "43": (7 * 10**9, 6 * 10**9)})
     assert w.read() == {"cpu_wait_frac": pytest.approx(0.4), "cpu_ready_wait_frac": MAX_WAIT_FRAC}
     clock.t += 1.0
-    write({"42": 10**12, "43": 10**12})  # more than the window: capped
+    write({"42": (2 * 10**9, 10**12), "43": (8 * 10**9, 10**12)})  # more than the window: capped
     assert w.read()["cpu_wait_frac"] == MAX_WAIT_FRAC
     clock.t += 1.0
-    write({"42": 5, "43": 5})  # a new process under the same pid: no window
+    write({"42": (5, 5), "43": (5, 5)})  # a new process under the same pid: no window
     assert w.read() == {}
     assert schedstat_ns({"1": "garbage", "2": "1 2 3"}) == {"2": (1.0, 2.0)}
 
