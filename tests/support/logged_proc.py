@@ -7,7 +7,8 @@ Not a pipe: a test polls state for a minute or more without reading, and a pipe 
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 
@@ -28,3 +29,26 @@ def finish(proc: subprocess.Popen[str], log: Path, timeout: float) -> str:
     """Wait for the process to exit (after a signal) and return everything it wrote."""
     proc.wait(timeout=timeout)
     return log.read_text(errors="replace")
+
+
+def wait_while_running(what: Callable[[], bool], procs: Sequence[subprocess.Popen[str]], log: Path,
+                       timeout_s: float, doing: str = "waiting") -> None:
+    """Poll `what` until it holds; fail with the log's tail if one of `procs` exits first or it times out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for p in procs:
+            assert p.poll() is None, f"{p.args[:4]} exited while {doing}: {output(log)}"
+        if what():
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s {doing}: {output(log)}")
+
+
+def stop_all(procs: Sequence[subprocess.Popen[str]], server: subprocess.Popen[bytes]) -> None:
+    """Kill the processes still running, then stop the server (SIGTERM, 10 s)."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    server.terminate()
+    server.wait(10)

@@ -17,7 +17,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -28,7 +27,7 @@ import pytest
 
 from tests.integration.engine.test_engine_server import _free_port, start_server, wait_ready
 from tests.support.agents import write_agent
-from tests.support.logged_proc import finish, output, start_logged
+from tests.support.logged_proc import finish, start_logged, stop_all, wait_while_running
 from tuner.monitor.records import read_events
 from tuner.tracking.tracker import Tracker, default_tracking_uri
 
@@ -40,18 +39,6 @@ from freeze import Freezer  # noqa: E402
 pytestmark = [pytest.mark.process, pytest.mark.slow, pytest.mark.timeout(900)]
 
 SCHEDSTAT = Path("/proc/self/schedstat").exists()
-
-
-def wait_for(what: Callable[[], bool], procs: list[subprocess.Popen[str]], log: Path, timeout_s: float,
-             doing: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for p in procs:
-            assert p.poll() is None, f"{p.args[:4]} exited while {doing}: {output(log)}"
-        if what():
-            return
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s {doing}: {output(log)}")
 
 
 def daemon_metrics(port: int) -> str:
@@ -82,7 +69,7 @@ class Live:
         return read_events(self.state, "live")
 
     def wait_for(self, what: Callable[[], bool], timeout_s: float, doing: str) -> None:
-        wait_for(what, self.procs, self.log, timeout_s, doing)
+        wait_while_running(what, self.procs, self.log, timeout_s, doing)
 
     def stop_daemon(self) -> tuple[str, str]:
         """SIGTERM to the daemon: its /metrics just before, and its whole log."""
@@ -136,15 +123,10 @@ def live(tmp_path: Path, server_args: list[str], load: list[str]) -> Iterator[Li
                       if line.startswith('tuner_monitor_open{agent="live"') and not line.endswith(" 0.0")]
             return found_in is not None and found_in == found_in and not opened  # (NaN != NaN: not learnt)
 
-        wait_for(calm_baseline, procs, log, 300, "waiting for the monitor's baseline")
+        wait_while_running(calm_baseline, procs, log, 300, "waiting for the monitor's baseline")
         yield Live(server, base, agent, sd, port, log, daemon, procs, bench)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        server.terminate()
-        server.wait(10)
+        stop_all(procs, server)
 
 
 # the traffic's loop: bench's arguments, and what the anomaly's line says of the request rate

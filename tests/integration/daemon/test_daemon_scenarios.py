@@ -9,7 +9,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import yaml
 
 from tests.integration.engine.test_engine_server import start_server, wait_ready
 from tests.support.agents import write_agent
-from tests.support.logged_proc import finish, output, start_logged
+from tests.support.logged_proc import finish, start_logged, stop_all, wait_while_running
 
 REPO = Path(__file__).resolve().parents[3]
 pytestmark = [pytest.mark.process, pytest.mark.slow, pytest.mark.timeout(1200)]  # busy hosts: see the waits
@@ -28,17 +27,6 @@ def bench(base: str, log: Path, concurrency: int, output_tokens: int) -> subproc
     return start_logged([sys.executable, "-m", "tuner.cli", "bench", "--url", base, "--concurrency",
                          str(concurrency), "--duration-s", "600", "--prompt-tokens", "16", "--output-tokens",
                          str(output_tokens), "--timeout-s", "60"], log, REPO)
-
-
-def wait_for(what: Callable[[], bool], procs: list[subprocess.Popen[str]], log: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for p in procs:
-            assert p.poll() is None, output(log)
-        if what():
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"timed out: {output(log)}")
 
 
 def test_the_daemon_tunes_the_observed_traffic_and_switches_scenarios(tmp_path: Path) -> None:
@@ -72,20 +60,15 @@ def test_the_daemon_tunes_the_observed_traffic_and_switches_scenarios(tmp_path: 
             return lambda: journal.is_file() and any(r["kind"] == "switch" and r["scenario"] == name for r in
                                                      map(json.loads, journal.read_text().splitlines()))
 
-        wait_for(serving("busy"), procs, log, 400)  # a 3-trial cycle: 30 s quiet, over 90 s at load 20
+        wait_while_running(serving("busy"), procs, log, 400)  # a 3-trial cycle: 30 s quiet, over 90 s at load 20
         procs[0].terminate()  # many short concurrent requests end; one long task at a time begins
         procs[0].wait(10)
         procs[0] = bench(base, traffic_log, concurrency=1, output_tokens=48)
-        wait_for(serving("single"), procs, log, 400)
+        wait_while_running(serving("single"), procs, log, 400)
         daemon.send_signal(signal.SIGTERM)
         out = finish(daemon, log, 300)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        server.terminate()
-        server.wait(10)
+        stop_all(procs, server)
     cycles = [json.loads(x) for x in (sd / "watched" / "cycles.jsonl").read_text().splitlines()]
     tuned: dict[str, dict] = {}
     for c in cycles:  # the first cycle of each scenario (a later one may refit: the traffic settled since)
