@@ -366,24 +366,22 @@ class Monitor:
         if inputs:
             events.append(self._drift(t, inputs))
             return events
-        drained = self._drained()
+        drained = self._queue_moved(up=False)
         if drained is not None:  # the users a queue held left: fewer requests waiting, for confirm_windows
             events.append(self._drift(t, {"in_server_mean": "down"}, note=_queued_text(drained)))
             return events
-        if self._pending and self._settled() and self._corroborated():
-            due = {n: s for n, (_, s) in self._pending.items()}  # all the symptoms seen so far: one event
-            queued = self._queued() if all(n in LATENCIES for n in due) else None
-            if queued is not None:  # the latencies rose by the queue of more requests: the load moved
-                events.append(self._drift(t, {"in_server_mean": "up"}, note=_queued_text(queued)))
-                return events
+        due = ({n: s for n, (_, s) in self._pending.items()}  # all the symptoms seen so far: one event
+               if self._pending and self._settled() and self._corroborated() else {})
+        opened = any(o.kind == "anomaly" and o.cause == "latency" for o in self._open)
+        # latencies that rose by the queue of more requests (now, or since the anomaly their first windows opened)
+        queued = self._queued() if (due and all(n in LATENCIES for n in due)) or (not due and opened) else None
+        if queued is not None:
+            note = _queued_text(queued) + ("; the latency anomaly open since was this load" if not due else "")
+            events.append(self._drift(t, {"in_server_mean": "up"}, note=note))
+            return events
+        if due:
             self._pending.clear()
             events.append(self._anomaly(t, due))
-        elif any(o.kind == "anomaly" and o.cause == "latency" for o in self._open):
-            queued = self._queued()  # the queue settled after its first windows: the anomaly was that load
-            if queued is not None:
-                events.append(self._drift(t, {"in_server_mean": "up"}, note=_queued_text(queued)
-                                          + "; the latency anomaly open since was this load"))
-                return events
         events.extend(self._recoveries(t))
         self._learn_history(t, blind)
         self._relearn_warm(t, blind)
@@ -791,10 +789,6 @@ class Monitor:
         if ratio is None or itl.baseline is None or itl.times[-1] != self.tracks["in_server_mean"].times[-1]:
             return None
         return ratio if self._z("itl_ms_mean") <= itl.cusum.k else None
-
-    def _drained(self) -> float | None:
-        """_queue_moved down: fewer requests waiting at the same finished rate (the users a queue held left)."""
-        return self._queue_moved(up=False)
 
     def _opening(self, kind: EventKind, t: float, cause: str, sides: dict[str, Direction], detail: str) -> Event:
         """The event of an anomaly or a saturation that opens: a new episode, or the same one reopened where
