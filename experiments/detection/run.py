@@ -817,7 +817,7 @@ def main() -> None:
           f"({', '.join(f'{k}: {RULES[k].transform}' for k in INPUTS)}), its spread at its upper "
           f"{cfg.input_confidence:g} bound, the rate's at least a Poisson count's: {cfg.rate_poisson_floor}; "
           f"a fall of the rate the requests in the server did not follow no drift (a closed loop): {cfg.paced_rate}; "
-          f"latencies up by a queue of more requests at the same finished rate and ITL a drift: {cfg.queued_load}; "
+          f"latencies up by a queue of more requests at the same ITL and a finished rate no lower a drift: {cfg.queued_load}; "
           f"quantiles widened in another bucket than their baseline's: {cfg.bucket_error}; "
           f"latency baselines learnt again from up to {cfg.history_windows or 0} calm windows"
           f"{' at the usual CPU wait' if cfg.history_windows and cfg.history_usual_wait else ''}; "

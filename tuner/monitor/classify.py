@@ -755,9 +755,9 @@ class Monitor:
         way by at least queued_share of that change (and one request) in each of the latest confirm_windows
         windows (a queue that stays, not a snapshot's chance: a batch that is being filled holds requests waiting
         too); not `up`, a queue that stayed through the baseline's windows (one request or more waiting in three
-        of every four: _queue_floor); the finished rate within its allowance of its baseline (the server runs as
-        many at once). None where any of them does not hold, has no baseline or no value in those windows, or it
-        is off."""
+        of every four: _queue_floor); the finished rate not below its baseline by more than its allowance (`up`:
+        the server runs as many at once), or not above it (not `up`). None where any of them does not hold, has
+        no baseline or no value in those windows, or it is off."""
         c = self.config
         tracks = [self.tracks[n] for n in ("in_server_mean", "waiting", "finished_per_s")]
         last = c.confirm_windows
@@ -779,7 +779,9 @@ class Monitor:
         moved = max(1.0, c.queued_share * sign * (n - n0))
         if any(sign * (x - waiting.baseline.level) < moved for x in waiting.values[-last:]):
             return None
-        return n / n0 if abs(finished.baseline.z(finished.values[-1])) <= finished.cusum.k else None
+        # more users served no fewer (a queue keeps the server's batch full between a user's answer and its next
+        # request: vllm11's finished rate x1.13), fewer no more; a server that runs fewer at once finishes fewer
+        return n / n0 if sign * finished.baseline.z(finished.values[-1]) >= -finished.cusum.k else None
 
     def _queued(self) -> float | None:
         """_queue_moved up, with the ITL mean within its CUSUM's allowance (the server's speed per token

@@ -155,3 +155,22 @@ def test_an_anomaly_the_joining_users_opened_becomes_their_drift() -> None:
         e = next(e for i, e in events if i == drift and e.kind == "drift")
         assert e.signals["in_server_mean"]["direction"] == "up", e.detail
         assert all(k != "anomaly" for i, k in kinds if i > drift), kinds  # nothing open after it
+
+
+def test_users_whose_queue_fills_the_batch_are_a_drift_though_more_finish() -> None:
+    """Each user sends its next request only once its answer is back, so at capacity the server's batch has a gap
+    between them (here 12 % of its slots idle); twice the users keep a queue that fills it, and the server
+    finishes more at the same speed per token (vllm11's finished rate x1.13): the load moved, not the server. The
+    same queue at a lower finished rate stays the anomaly of a server that runs fewer at once (above)."""
+    up, gap = 40, 0.88
+    for seed in range(6):
+        rng = random.Random(seed)
+        users = [8] * up + [16] * 30
+        windows = [window(rng, offered=n, running=min(gap * n, 8), waiting=max(0, n - 8), itl_s=0.01)
+                   for n in users]
+        events = watch(windows)
+        assert all(i >= up for i, _ in events), events
+        i, e = first_after(events, up)
+        assert e.kind == "drift" and i - up < 4, (seed, i, e.kind, e.detail)
+        assert e.signals["in_server_mean"]["direction"] == "up", e.detail
+        assert not any(e.kind == "anomaly" for _, e in events), [(i, e.kind, e.detail) for i, e in events]
