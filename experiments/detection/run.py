@@ -650,6 +650,10 @@ def parser() -> argparse.ArgumentParser:
                          "requests in the server up, the added ones waiting, the ITL and finished rate unchanged) "
                          "are a drift, and that queue's draining another (MonitorConfig.queued_load; "
                          "--no-queued-load: an anomaly)")
+    ap.add_argument("--wait-checked", type=float, default=MonitorConfig.wait_checked, metavar="FACTOR",
+                    help="judge a baseline's latencies uncorrected for the CPU wait where the correction spreads its "
+                         "learning windows' log ITL mean more than FACTOR times as wide (MonitorConfig.wait_checked; "
+                         "default: always corrected)")
     ap.add_argument("--history-windows", type=int, default=MonitorConfig.history_windows,
                     help="latency baselines learnt again from up to this many calm windows (default: never)")
     ap.add_argument("--history-usual-wait", action=argparse.BooleanOptionalAction,
@@ -749,6 +753,7 @@ def setup(args: argparse.Namespace) -> tuple[Phases, dict[str, dict[str, float]]
                         drift_to_find_frac=args.drift_to_find or None, input_confidence=args.input_confidence,
                         rate_poisson_floor=args.rate_poisson_floor, paced_rate=args.paced_rate,
                         queued_load=args.queued_load,
+                        wait_checked=args.wait_checked,
                         history_windows=args.history_windows, history_usual_wait=args.history_usual_wait,
                         bucket_error=not args.no_bucket_error,
                         input_history_windows=args.input_history_windows or None,
@@ -819,6 +824,7 @@ def main() -> None:
           f"a fall of the rate the requests in the server did not follow no drift (a closed loop): {cfg.paced_rate}; "
           f"latencies up by a queue of more requests at the same ITL and a finished rate no lower a drift: "
           f"{cfg.queued_load}; "
+          f"the correction for the CPU wait dropped for a baseline it widens more than: {cfg.wait_checked}; "
           f"quantiles widened in another bucket than their baseline's: {cfg.bucket_error}; "
           f"latency baselines learnt again from up to {cfg.history_windows or 0} calm windows"
           f"{' at the usual CPU wait' if cfg.history_windows and cfg.history_usual_wait else ''}; "

@@ -145,6 +145,9 @@ class Monitor:
         self._starved: dict[str, Baseline] = {}
         self._starved_ref = 0.0
         self._wait_now: float | None = None  # the last window's share lost to neighbours (_wait), once a window
+        # whether the latencies' residuals are corrected for that share: off for a baseline whose learning windows
+        # the correction widened (MonitorConfig.wait_checked; _check_wait)
+        self._corrected = True
         self.unjudged = 0  # windows whose latencies were not judged (tuner.monitor.config.MonitorConfig)
         self._blind = False
         self._blind_times: set[float] = set()  # ends of the windows not judged (nor learnt from)
@@ -192,6 +195,11 @@ class Monitor:
         return max(1, self.config.learn_windows // 2)
 
     @property
+    def wait_corrected(self) -> bool:
+        """Whether the latencies are judged corrected for the server's CPU wait (MonitorConfig.wait_checked)."""
+        return self._corrected
+
+    @property
     def learning(self) -> bool:
         return self._learned < self.config.learn_windows
 
@@ -202,7 +210,7 @@ class Monitor:
             return x
         if self.expectation is not None:
             x /= self.expectation.factor(name, self.last_signals)
-        if self._wait_now is not None:
+        if self._wait_now is not None and self._corrected:
             x *= 1.0 - self._wait_now
         return x
 
@@ -237,7 +245,7 @@ class Monitor:
         if name in LENGTHS and done is not None and usual is not None and usual.level > 0:
             z *= min(1.0, math.sqrt(done / usual.level))  # a mean of fewer requests than usual says less
         extra = 0.0  # the window's own uncertainty (log scale) on top of the baseline's scale
-        if name in LATENCIES and self.config.contention and self._waits:
+        if name in LATENCIES and self.config.contention and self._waits and self._corrected:
             w = min(max(self._waits), MAX_WAIT_FRAC)
             # the measured share's error, and the 1 / (1 - w) law's own (its exponent known to +- wait_law_error)
             # on the stretch, or on its departure from the baseline's usual one (wait_law_relative)
@@ -394,6 +402,7 @@ class Monitor:
         """Every signal's baseline from the latest learn_windows windows (a latency's with what judges it: the
         autocorrelation, the usual stretch, the starved windows' baseline)."""
         n = self.config.learn_windows
+        self._check_wait()
         self._rho = self._pooled_rho(self._latency_rho()) if self.config.autocorrelation else 0.0
         times = self.tracks["itl_ms_mean"].times[-n:]
         self._calm = [t for t in times if t not in self._blind_times]
@@ -425,6 +434,37 @@ class Monitor:
             baseline = self._learn_track(tr, vals)
             if baseline is not None and self.config.starved_baseline and len(starved) >= enough:
                 self._starved[tr.name] = baseline if starved is vals else self._learnt_baseline(tr.name, starved)
+
+    def _check_wait(self) -> None:
+        """Whether this baseline's latencies are corrected for the server's CPU wait (MonitorConfig.wait_checked):
+        not where, over the learning windows that read a wait, the log ITL mean corrected spreads more than
+        wait_checked times as wide as uncorrected (the wait did not stretch the server's work: its own load's
+        clients and front end took the CPUs it waited for, busiest when it ran fastest). The latencies' stored
+        residuals are turned to the chosen form, so every baseline and relearning reads one form."""
+        c, tr = self.config, self.tracks["itl_ms_mean"]
+        if c.wait_checked is None or not c.contention:
+            return
+        times = [t for t in tr.times[-c.learn_windows:] if t in self._stretch]  # starved ones too: their baseline
+        if len(times) < max(3, self._enough):
+            return
+        on = 1.0 if self._corrected else 0.0  # the stored residuals carry the stretch's correction where on
+        logs = {t: math.log(r) for t, r in zip(tr.times, tr.residuals, strict=True) if r > 0}
+        times = [t for t in times if t in logs]
+        if len(times) < max(3, self._enough):
+            return
+        raw = [logs[t] + on * self._stretch[t] for t in times]
+        fixed = [x - self._stretch[t] for x, t in zip(raw, times, strict=True)]
+        corrected = statistics.stdev(fixed) <= c.wait_checked * statistics.stdev(raw)
+        if corrected == self._corrected:
+            return
+        self._corrected = corrected
+        sign = -1.0 if corrected else 1.0  # into the new form: the stretch taken out, or put back
+        for name in LATENCIES:
+            lat = self.tracks[name]
+            lat.residuals = [r * math.exp(sign * self._stretch[t]) if t in self._stretch else r
+                             for t, r in zip(lat.times, lat.residuals, strict=True)]
+        log.info("latencies %s for the CPU wait from this baseline on (MonitorConfig.wait_checked)",
+                 "corrected" if corrected else "not corrected")
 
     def _learn_track(self, tr: SignalTrack, vals: list[float]) -> Baseline | None:
         """A track's baseline from `vals` and its CUSUM restarted; none where too few windows carried the signal

@@ -222,6 +222,14 @@ class MonitorConfig:
     # (found 37 of 100 times on the busy stationary_b; 66 counted once), while the windows near the usual wait
     # spread 0.057 in all (experiments/detection, nineteenth step). On a quiet host both are wait_error.
     wait_error_relative: bool = True
+    # the correction checked on each baseline's learning windows: where it spreads the log ITL mean more than
+    # this many times as wide as uncorrected, that baseline's latencies are judged uncorrected (and without the
+    # wait's error). The law holds where neighbours take the CPUs (the busy streams: the ITL's slope on the
+    # stretch 0.8-1.2, the correction narrowing it x0.3-0.4); a closed loop on a small host waits for its own
+    # load's clients and front end, most when the server runs fastest (vLLM capped at 3 at once: slope -1.2,
+    # the correction widening it x1.43; at 2: x2.1), and the correction hid its slowdowns
+    # (experiments/detection, twenty-seventh step). None: always corrected
+    wait_checked: float | None = None
     wait_memory: int = 3  # windows whose CPU wait a latency's uncertainty takes (this one and those before)
     # a latency is not judged while the server waited more than this share of one of those windows (the
     # window's share): the neighbours, not the server, set it then (the windows are counted in `unjudged`).
