@@ -444,16 +444,14 @@ class Monitor:
         c, tr = self.config, self.tracks["itl_ms_mean"]
         if c.wait_checked is None or not c.contention:
             return
-        times = [t for t in tr.times[-c.learn_windows:] if t in self._stretch]  # starved ones too: their baseline
-        if len(times) < max(3, self._enough):
+        n = c.learn_windows  # the learning windows that read a wait, starved ones too (their baseline)
+        seen = [(self._stretch[t], math.log(r)) for t, r in zip(tr.times[-n:], tr.residuals[-n:], strict=True)
+                if t in self._stretch and r > 0]
+        if len(seen) < max(3, self._enough):
             return
         on = 1.0 if self._corrected else 0.0  # the stored residuals carry the stretch's correction where on
-        logs = {t: math.log(r) for t, r in zip(tr.times, tr.residuals, strict=True) if r > 0}
-        times = [t for t in times if t in logs]
-        if len(times) < max(3, self._enough):
-            return
-        raw = [logs[t] + on * self._stretch[t] for t in times]
-        fixed = [x - self._stretch[t] for x, t in zip(raw, times, strict=True)]
+        raw = [x + on * st for st, x in seen]
+        fixed = [x - st for (st, _), x in zip(seen, raw, strict=True)]
         corrected = statistics.stdev(fixed) <= c.wait_checked * statistics.stdev(raw)
         if corrected == self._corrected:
             return
