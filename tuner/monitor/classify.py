@@ -165,7 +165,7 @@ class Monitor:
         self._paced_note: tuple[int, str] | None = None  # (window, what) of the latest rate fall a closed loop made
         self._paced_now: float | None = None  # this window's (_paced), judged once per window
         self._queue_floor = 0.0  # the lower quartile of the requests waiting in the baseline's windows (_learn)
-        self._closed_loop = False  # the requests in the server held steady through them (MonitorConfig.queued_steady)
+        self._closed_loop = False  # the requests in the server held steady through them (_steady_inside)
 
     # ---------------------------------------------------------------- feeding
     def scrape(self, t: float, snap: Snapshot, gpu: Mapping[str, float] | None = None) -> list[Event]:
@@ -416,9 +416,7 @@ class Monitor:
         self._judged, self._last_relearn = [], -math.inf
         waits = self.tracks["waiting"].values[-n:]
         self._queue_floor = statistics.quantiles(waits, n=4)[0] if len(waits) >= max(2, enough) else 0.0
-        inside = [math.log(v) for v in self.tracks["in_server_mean"].values[-n:] if v > 0]
-        self._closed_loop = (len(inside) >= max(2, enough)
-                             and statistics.stdev(inside) <= self.config.queued_steady)
+        self._closed_loop = self._steady_inside(n)
         for tr in self.tracks.values():
             vals = tr.residuals[-n:]
             if tr.name not in LATENCIES:
@@ -785,10 +783,24 @@ class Monitor:
         fell = math.log(r / rate.baseline.level)
         return math.exp(fell) if math.log(n / inside.baseline.level) > c.paced_share * fell else None
 
+    def _steady_inside(self, n: int) -> bool:
+        """A closed loop (MonitorConfig.queued_steady): over the latest `n` windows the requests in the server held
+        steadier than arrivals would keep them. The spread of their log, the window farthest from its median left
+        out (the traffic's start, or one window's chance), at most queued_steady times 1 / sqrt(the mean number
+        finished in a window): the least an open loop's Poisson arrivals give it."""
+        inside = [math.log(v) for v in self.tracks["in_server_mean"].values[-n:] if v > 0]
+        done = [x * self.config.interval_s for x in self.tracks["finished_per_s"].values[-n:]]
+        if len(inside) < max(3, self._enough) or not done or statistics.fmean(done) <= 0:
+            return False
+        mid = statistics.median(inside)
+        kept = sorted(inside, key=lambda x: abs(x - mid))[:-1]
+        return statistics.stdev(kept) * math.sqrt(statistics.fmean(done)) <= self.config.queued_steady
+
     def _queue_moved(self, up: bool) -> float | None:
         """The requests in the server over their baseline's level in the last window where their queue alone
-        moved (MonitorConfig.queued_load) in a closed loop (the requests in the server held within queued_steady
-        through the baseline's windows: each user's next request sent as the last is answered), `up`: that ratio
+        moved (MonitorConfig.queued_load) in a closed loop (the requests in the server held steadier than arrivals
+        keep them through the baseline's windows, _steady_inside: each user's next request sent as the last is
+        answered), `up`: that ratio
         at least 1 + drift_to_find_frac, or (not `up`) at most its inverse; the requests waiting moved the same
         way by at least queued_share of that change (and one request) in each of the latest confirm_windows
         windows (a queue that stays, not a snapshot's chance: a batch that is being filled holds requests waiting

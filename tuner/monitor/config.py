@@ -162,12 +162,17 @@ class MonitorConfig:
     # (experiments/detection, twenty-sixth step)
     queued_load: bool = True
     queued_share: float = 0.5
-    # ... only in a closed loop: the requests in the server held within this (the standard deviation of their
-    # log) through the baseline's windows. A closed loop with no think time keeps them at its users (vllm10:
-    # 0.002); open loops' wander with their arrivals (0.10-0.76 over 20 windows on every recorded stream), and on a
-    # busy host an open loop's queue drains when the neighbours let the server run faster (busy3: the requests in
-    # the server x0.5 for two windows at the same rate)
-    queued_steady: float = 0.1
+    # ... only in a closed loop: the requests in the server held steadier through the baseline's windows than
+    # arrivals keep them. The spread of their log (the window farthest from its median left out: the traffic's
+    # start, or one window's chance) at most queued_steady times 1 / sqrt(the mean number finished in a window),
+    # the spread an open loop's Poisson arrivals give it at the least. A closed loop with no think time holds them
+    # at its users: 0.02-0.16 of it over 15 windows on the recorded vLLM closed loops (15-s windows), up to 0.25
+    # on the engine's 1-s windows of ~10 requests on a host whose 2 cores 3 busy processes share; open loops'
+    # wander with their arrivals: 0.40 at the least, ~1 typically, over every 15 windows of every recorded open
+    # loop (experiments/detection, twenty-eighth step). The first form, the spread at most 0.1 whatever the
+    # windows' size, took 17 % of one open loop's stretches for closed ones and none of a loop whose learning
+    # windows held its start
+    queued_steady: float = 1 / 3
     # latencies divided by 1 / (1 - w) where the wait is read: a server that waited a share w of the window for
     # a CPU (a noisy neighbour: cpu_wait_frac, and a hypervisor's other guests: cpu_steal_frac s, the two
     # together w = 1 - (1 - wait)(1 - s)) is expected to be 1 / (1 - w) times as slow

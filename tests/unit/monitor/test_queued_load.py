@@ -17,15 +17,18 @@ WINDOW_S = 15.0
 OUT_TOKENS = 16.0
 PREFILL_S = 0.02
 CONFIG = MonitorConfig(interval_s=WINDOW_S)
+CLOSED_SD = 0.005  # a closed loop's requests in the server, the spread of their log (vllm10-12: 0.001-0.009)
 
 
 def window(rng: random.Random, *, offered: float, running: float, waiting: float, itl_s: float,
-           arrivals: float | None = None, inside_sd: float = 0.0) -> dict[str, float]:
+           arrivals: float | None = None, inside_sd: float | None = None) -> dict[str, float]:
     """One window of a server that runs `running` requests at once, each of OUT_TOKENS tokens `itl_s` apart, with
     `waiting` more in its queue (all `offered` requests in it: Little's law gives the time each waits there):
     the finished rate running / service time, a few percent of noise on every signal; `arrivals` the users'
-    rate where it differs from the finished one (an open loop whose queue grows); `inside_sd` the spread of the
-    requests in the server's log (an open loop's: 0.1-0.8 over 20 windows on the recorded streams)."""
+    rate where it differs from the finished one (an open loop whose queue grows); `inside_sd` the spread of an open
+    loop's requests in the server's log beyond what its finished count's chance gives them (0.1-0.8 over 20 windows
+    on the recorded streams); None and no `arrivals`: a closed loop, whose requests in the server are its users
+    (Little's law), with the recorded vLLM closed loops' spread."""
     service_s = PREFILL_S + OUT_TOKENS * itl_s
     done = max(1, round(rng.gauss(running / service_s * WINDOW_S, math.sqrt(running / service_s * WINDOW_S) / 2)))
     finished = done / WINDOW_S
@@ -39,7 +42,8 @@ def window(rng: random.Random, *, offered: float, running: float, waiting: float
             "ttft_ms_p90": 1300 * (PREFILL_S + wait_s) * rng.gauss(1, 0.03),
             "e2el_ms_p50": 1000 * e2e, "e2el_ms_p90": 1200 * e2e * rng.gauss(1, 0.02),
             "running": running, "waiting": max(0.0, round(waiting + rng.gauss(0, 0.3))),
-            "in_server_mean": finished * e2e * math.exp(rng.gauss(0, inside_sd))}
+            "in_server_mean": (offered * math.exp(rng.gauss(0, CLOSED_SD)) if inside_sd is None and arrivals is None
+                               else finished * e2e * math.exp(rng.gauss(0, inside_sd or 0.0)))}
 
 
 def watch(windows: Iterable[dict[str, float]], config: MonitorConfig = CONFIG) -> list[tuple[int, Event]]:
@@ -174,3 +178,21 @@ def test_users_whose_queue_fills_the_batch_are_a_drift_though_more_finish() -> N
         assert e.kind == "drift" and i - up < 4, (seed, i, e.kind, e.detail)
         assert e.signals["in_server_mean"]["direction"] == "up", e.detail
         assert not any(e.kind == "anomaly" for _, e in events), [(i, e.kind, e.detail) for i, e in events]
+
+
+def test_a_closed_loop_whose_learning_began_with_its_start_is_still_one() -> None:
+    """The monitor began watching as the users started: its first window held them a fifth of its length (the
+    requests in the server a fifth of the users, as few finished). That window is the traffic's start, not an
+    open loop's wander: twice the users later are still a drift (the first form, the spread of all the learning
+    windows at most 0.1, took the loop for an open one: an anomaly, as on the live test's busy host)."""
+    up = 40
+    for seed in range(6):
+        rng = random.Random(seed)
+        users = [8] * up + [16] * 30
+        windows = [window(rng, offered=n, running=min(n, 8), waiting=max(0, n - 8), itl_s=0.01) for n in users]
+        for k in ("in_server_mean", "finished_per_s", "rate_per_s"):
+            windows[0][k] *= 0.2
+        events = watch(windows)
+        i, e = first_after(events, up)
+        assert e.kind == "drift" and i - up < 4, (seed, i, e.kind, e.detail)
+        assert e.signals["in_server_mean"]["direction"] == "up" and "users grew at its capacity" in e.detail
