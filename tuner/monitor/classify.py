@@ -279,8 +279,9 @@ class Monitor:
         waited = max(self.windows - w for w, _ in self._pending.values())
         if all(n in GPU_THROTTLE for n in self._pending):
             return True
-        paced = self._paced_now is not None  # the rate's fall explained: no evidence of a load moving
-        evidence = max(((tr.cusum.up if paced and n == "rate_per_s" else tr.cusum.statistic)
+        paced = self._paced_now  # the rate's move explained: no evidence of a load moving that way
+        evidence = max((((tr.cusum.up if paced < 1 else tr.cusum.down) if paced is not None and n == "rate_per_s"
+                         else tr.cusum.statistic)
                         for n in INPUTS if (tr := self.tracks[n]).baseline), default=0.0)
         if evidence < self.config.settle_evidence * self.h:
             return True
@@ -360,9 +361,10 @@ class Monitor:
             if side is not None:
                 alarms[name] = side
         inputs = {n: s for n, s in alarms.items() if n in INPUTS}
-        if inputs.get("rate_per_s") == "down" and self._paced_now is not None:
-            del inputs["rate_per_s"]  # a closed loop answered more slowly, its users still there: no drift
-            self._paced_note = (self.windows, _paced_text(self._paced_now))
+        paced = self._paced_now
+        if paced is not None and inputs.get("rate_per_s") == ("down" if paced < 1 else "up"):
+            del inputs["rate_per_s"]  # a closed loop answered at another speed, its users still there: no drift
+            self._paced_note = (self.windows, _paced_text(paced))
         for n, s in alarms.items():
             if n in INPUTS:
                 continue
@@ -767,21 +769,26 @@ class Monitor:
                              "load: " + self._describe(sides) + paced)
 
     def _paced(self) -> float | None:
-        """The request rate over its baseline's level in the last window where its fall is a closed loop's answer to
-        a slower server (MonitorConfig.paced_rate): the requests in the server (Little's law, in_server_mean) fell
-        by less than paced_share of it on the log scale. None where the rate did not fall (by more than its
-        CUSUM's allowance: a down alarm's window always has), the requests in the server fell with it (fewer
-        users), either has no baseline or no value in the last window, or it is off."""
+        """The request rate over its baseline's level in the last window where its move is a closed loop's answer
+        to a server of another speed (MonitorConfig.paced_rate): it fell (a slower server), or in a closed loop
+        (_steady_inside) rose (a faster one), and the requests in the server (Little's law, in_server_mean) moved
+        the same way by less than paced_share of it on the log scale. None where the rate did not move so (by
+        more than its CUSUM's allowance: an alarm's window always has), the requests in the server moved with it
+        (users came or left), either has no baseline or no value in the last window, or it is off."""
         c = self.config
         rate, inside = self.tracks["rate_per_s"], self.tracks["in_server_mean"]
         if (not c.paced_rate or rate.baseline is None or inside.baseline is None or not rate.times
                 or not inside.times or rate.times[-1] != inside.times[-1]):
             return None
         r, n = rate.values[-1], inside.values[-1]
-        if min(r, n, rate.baseline.level, inside.baseline.level) <= 0 or rate.baseline.z(r) > -rate.cusum.k:
+        if min(r, n, rate.baseline.level, inside.baseline.level) <= 0:
             return None
-        fell = math.log(r / rate.baseline.level)
-        return math.exp(fell) if math.log(n / inside.baseline.level) > c.paced_share * fell else None
+        z = rate.baseline.z(r)
+        if z > -rate.cusum.k and not (self._closed_loop and z >= rate.cusum.k):
+            return None
+        moved = math.log(r / rate.baseline.level)
+        followed = math.log(n / inside.baseline.level)
+        return math.exp(moved) if (followed - c.paced_share * moved) * moved < 0 else None
 
     def _steady_inside(self, n: int) -> bool:
         """A closed loop (MonitorConfig.queued_steady): over the latest `n` windows the requests in the server held
@@ -936,7 +943,7 @@ def _cause(signals: Iterable[str]) -> str:
 
 def _paced_text(ratio: float) -> str:
     return (f"the request rate x{ratio:.2f} with the requests in the server steady (Little's law): a closed loop "
-            "answered more slowly")
+            f"answered {'more slowly' if ratio < 1 else 'faster'}")
 
 
 def _queued_text(ratio: float) -> str:

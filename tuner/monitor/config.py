@@ -144,8 +144,11 @@ class MonitorConfig:
     # allowance) whose requests in the server (Little's law: in_server_mean = rate x time in the server) fell by
     # less than paced_share of it, on the log scale, is that (a slower server: no drift, and no
     # evidence an output alarm waits for); fewer users of an open or a closed loop take it down with the rate (the
-    # time in the server the same or shorter). Off: the rate is an input whatever paces it, and a closed loop's
-    # slowdown is called a drift (experiments/detection, twenty-fifth step)
+    # time in the server the same or shorter). The mirror, in a closed loop only (queued_steady): a rise of the
+    # rate whose requests in the server rose by less than paced_share of it is a faster server (its warm-up, a
+    # neighbour that left), no drift; more users of a closed loop below its capacity raise both (twenty-eighth
+    # step). Off: the rate is an input whatever paces it, and a closed loop's slowdown is called a drift
+    # (experiments/detection, twenty-fifth step)
     paced_rate: bool = True
     paced_share: float = 0.5
     # a closed loop at its server's capacity whose users grew: the server runs no more requests at once, so its

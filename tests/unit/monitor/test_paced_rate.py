@@ -18,17 +18,20 @@ OUT_TOKENS = 16.0
 CONFIG = MonitorConfig(interval_s=WINDOW_S)
 
 
-def window(rng: random.Random, *, rate: float, time_s: float) -> dict[str, float]:
+def window(rng: random.Random, *, rate: float, time_s: float, users: int | None = None) -> dict[str, float]:
     """One window of a server whose requests take `time_s` each (end to end, with ITL and TTFT in proportion) at
     `rate` requests a second: the rate counted over the window, the latencies a few percent around their level,
-    the requests in the server by Little's law (what vLLM's end-to-end histogram's sum gives over the window)."""
+    the requests in the server by Little's law (what vLLM's end-to-end histogram's sum gives over the window):
+    a closed loop's `users`, with the recorded vLLM closed loops' spread (0.001-0.009 of their log)."""
     done = max(1, round(rng.gauss(rate * WINDOW_S, math.sqrt(rate * WINDOW_S) / 2)))  # a loop is steadier than Poisson
     e2e = time_s * rng.gauss(1, 0.02)
     itl = (time_s - 0.02) / OUT_TOKENS * rng.gauss(1, 0.02)
-    return {"rate_per_s": done / WINDOW_S, "prompt_tokens_mean": rng.gauss(100, 3), "output_tokens_mean":
-            rng.gauss(OUT_TOKENS, 0.5), "itl_ms_mean": 1000 * itl, "itl_ms_p90": 1150 * itl * rng.gauss(1, 0.02),
+    return {"rate_per_s": done / WINDOW_S, "finished_per_s": done / WINDOW_S,
+            "prompt_tokens_mean": rng.gauss(100, 3), "output_tokens_mean": rng.gauss(OUT_TOKENS, 0.5),
+            "itl_ms_mean": 1000 * itl, "itl_ms_p90": 1150 * itl * rng.gauss(1, 0.02),
             "ttft_ms_p50": 1000 * 0.02 * rng.gauss(1, 0.03) * time_s / 0.2, "e2el_ms_p50": 1000 * e2e,
-            "e2el_ms_p90": 1200 * e2e * rng.gauss(1, 0.02), "in_server_mean": done * e2e / WINDOW_S}
+            "e2el_ms_p90": 1200 * e2e * rng.gauss(1, 0.02),
+            "in_server_mean": done * e2e / WINDOW_S if users is None else users * math.exp(rng.gauss(0, 0.005))}
 
 
 def watch(windows: Iterable[dict[str, float]], config: MonitorConfig = CONFIG) -> list[tuple[int, Event]]:
@@ -42,7 +45,7 @@ def closed_loop(users: list[int], time_s: list[float], seed: int,
     """Window i: `users[i]` requests in flight, each sent as the last is answered (no think time), each taking
     `time_s[i]`: the rate is users / time."""
     rng = random.Random(seed)
-    return watch((window(rng, rate=n / w, time_s=w) for n, w in zip(users, time_s, strict=True)), config)
+    return watch((window(rng, rate=n / w, time_s=w, users=n) for n, w in zip(users, time_s, strict=True)), config)
 
 
 def open_loop(rates: list[float], time_s: list[float], seed: int) -> list[tuple[int, Event]]:
@@ -84,6 +87,22 @@ def test_fewer_users_of_a_closed_loop_are_a_drift() -> None:
         events = closed_loop([4] * at + [2] * 30, [0.3] * at + [0.2] * 30, seed)  # half the users: a shorter queue
         i, e = first_after(events, at)
         assert e.kind == "drift" and e.signals["rate_per_s"]["direction"] == "down" and i - at < 3, (seed, i, e.detail)
+
+
+def test_a_closed_loop_served_faster_is_no_drift_and_more_users_are_one() -> None:
+    """The mirror: a faster server (its warm-up, a neighbour that left) answers a closed loop's users more often,
+    the requests in it the same: no drift (the next cycle would tune the traffic it had); more users below the
+    server's capacity raise both, a drift."""
+    at = 40
+    for seed in range(6):
+        faster = [0.3] * at + [0.2] * 30  # 2 users' rate 6.7 -> 10 a second
+        events = closed_loop([2] * 70, faster, seed)
+        assert not any(e.kind == "drift" for _, e in events), [(i, e.kind, e.detail) for i, e in events]
+        # the mirror off (the rate an input whatever paces it): the faster server is a drift
+        i, e = first_after(closed_loop([2] * 70, faster, seed, replace(CONFIG, paced_rate=False)), at)
+        assert e.kind == "drift" and e.signals["rate_per_s"]["direction"] == "up", (seed, e.kind, e.detail)
+        i, e = first_after(closed_loop([2] * at + [4] * 30, [0.2] * 70, seed), at)  # twice the users
+        assert e.kind == "drift" and e.signals["rate_per_s"]["direction"] == "up" and i - at < 3, (seed, i, e.detail)
 
 
 def test_fewer_arrivals_of_an_open_loop_are_a_drift_and_more_of_them_too() -> None:
