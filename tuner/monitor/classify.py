@@ -383,10 +383,12 @@ class Monitor:
         due = ({n: s for n, (_, s) in self._pending.items()}  # all the symptoms seen so far: one event
                if self._pending and self._settled() and self._corroborated() else {})
         opened = any(o.kind == "anomaly" and o.cause == "latency" for o in self._open)
-        # latencies that rose by the queue of more requests (now, or since the anomaly their first windows opened)
-        queued = self._queued() if (due and all(n in LATENCIES for n in due)) or (not due and opened) else None
+        # a closed loop's queue of more users (their latencies' alarm now, the anomaly their first windows opened,
+        # or no latency judged yet: windows that waited beyond max_wait_judged, a CUSUM still below h)
+        queued = self._queued() if all(n in LATENCIES for n in due) else None
         if queued is not None:
-            note = _queued_text(queued) + ("; the latency anomaly open since was this load" if not due else "")
+            note = _queued_text(queued) + ("; the latency anomaly open since was this load" if not due and opened
+                                           else "")
             events.append(self._drift(t, {"in_server_mean": "up"}, note=note))
             return events
         if due:
@@ -795,13 +797,10 @@ class Monitor:
         steadier than arrivals would keep them. The spread of their log, the window farthest from its median left
         out (the traffic's start, or one window's chance), at most queued_steady times 1 / sqrt(the mean number
         finished in a window): the least an open loop's Poisson arrivals give it."""
-        inside = [math.log(v) for v in self.tracks["in_server_mean"].values[-n:] if v > 0]
+        inside = [v for v in self.tracks["in_server_mean"].values[-n:] if v > 0]
         done = [x * self.config.interval_s for x in self.tracks["finished_per_s"].values[-n:]]
-        if len(inside) < max(3, self._enough) or not done or statistics.fmean(done) <= 0:
-            return False
-        mid = statistics.median(inside)
-        kept = sorted(inside, key=lambda x: abs(x - mid))[:-1]
-        return statistics.stdev(kept) * math.sqrt(statistics.fmean(done)) <= self.config.queued_steady
+        ratio = arrival_spread_ratio(inside, done) if len(inside) >= self._enough else None
+        return ratio is not None and ratio <= self.config.queued_steady
 
     def _queue_moved(self, up: bool) -> float | None:
         """The requests in the server over their baseline's level in the last window where their queue alone
@@ -842,7 +841,8 @@ class Monitor:
 
     def _queued(self) -> float | None:
         """_queue_moved up, with the ITL mean within its CUSUM's allowance (the server's speed per token
-        unchanged): latencies that rose by the queue of more requests than the server runs at once."""
+        unchanged): more requests than the server runs at once, queued (their latencies up by that wait, judged
+        or not)."""
         ratio = self._queue_moved(up=True)
         itl = self.tracks["itl_ms_mean"]
         if ratio is None or itl.baseline is None or itl.times[-1] != self.tracks["in_server_mean"].times[-1]:
@@ -939,6 +939,20 @@ def _cause(signals: Iterable[str]) -> str:
     if any(n in GPU_THROTTLE for n in names):
         return "gpu_throttle"
     return "gpu" if any(n in GPU for n in names) else "latency"
+
+
+def arrival_spread_ratio(inside: Sequence[float], done: Sequence[float]) -> float | None:
+    """The spread (standard deviation) of the log of the requests in the server over windows (`inside`, each > 0;
+    the window farthest from their median left out: a loop's start, or one window's chance) over the least an
+    open loop's Poisson arrivals give it, 1 / sqrt(the mean number finished in a window, `done`). A closed loop
+    with no think time holds them at its users: far below 1 (MonitorConfig.queued_steady). None with fewer than
+    3 windows or none finished."""
+    if len(inside) < 3 or not done or statistics.fmean(done) <= 0:
+        return None
+    logs = [math.log(v) for v in inside]
+    mid = statistics.median(logs)
+    kept = sorted(logs, key=lambda x: abs(x - mid))[:-1]
+    return statistics.stdev(kept) * math.sqrt(statistics.fmean(done))
 
 
 def _paced_text(ratio: float) -> str:

@@ -153,14 +153,15 @@ class MonitorConfig:
     paced_share: float = 0.5
     # a closed loop at its server's capacity whose users grew: the server runs no more requests at once, so its
     # rate stays and the added users wait in its queue, every request's TTFT and end-to-end time longer by that
-    # wait while the server's speed per token is unchanged. Where latencies would make an anomaly in a window
-    # whose requests in the server (in_server_mean) rose to at least 1 + drift_to_find_frac (0.5 where None)
+    # wait while the server's speed per token is unchanged. In a window where no output but latencies alarms (the
+    # latencies' anomaly, or none yet: a CUSUM below h, windows that waited beyond max_wait_judged, twenty-eighth
+    # step) whose requests in the server (in_server_mean) rose to at least 1 + drift_to_find_frac (0.5 where None)
     # times their baseline, at least queued_share of that rise (and at least one request) more waiting in each
     # of the latest confirm_windows windows, with the ITL mean within its CUSUM's allowance and the finished rate
     # not below its own (more users keep the server's batch full: it may finish more), the load moved: a drift
-    # (the next cycle tunes the traffic it observes); and the mirror, without a latency alarm (latencies only
-    # fall), where a queue that stayed through the baseline drains at a finished rate not above its allowance:
-    # the users left, another drift. A slower server raises its ITL, a server that runs fewer requests at once
+    # (the next cycle tunes the traffic it observes); and the mirror (latencies only fall), where a queue that
+    # stayed through the baseline drains at a finished rate not above its allowance: the users left, another
+    # drift. A slower server raises its ITL, a server that runs fewer requests at once
     # finishes fewer: both stay anomalies. Off: an anomaly "at unchanged load", and their leaving no event
     # (experiments/detection, twenty-sixth step)
     queued_load: bool = True

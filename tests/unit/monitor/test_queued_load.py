@@ -196,3 +196,21 @@ def test_a_closed_loop_whose_learning_began_with_its_start_is_still_one() -> Non
         i, e = first_after(events, up)
         assert e.kind == "drift" and i - up < 4, (seed, i, e.kind, e.detail)
         assert e.signals["in_server_mean"]["direction"] == "up" and "users grew at its capacity" in e.detail
+
+
+def test_users_who_join_while_the_server_waits_beyond_what_is_judged_are_a_drift() -> None:
+    """A busy host: the server waits for a CPU about half of every window, beyond max_wait_judged once the users
+    joined, so no latency is judged there. The requests in a closed loop's server are its users whatever the
+    server's speed: their rise with a queue at the same finished rate is still a drift, found as soon as the
+    queue stayed (the first form waited for a latency's alarm: none, as on the busy probe for 30 windows)."""
+    up = 40
+    for seed in range(6):
+        rng = random.Random(seed)
+        users = [8] * up + [16] * 30
+        windows = [{**window(rng, offered=n, running=min(n, 8), waiting=max(0, n - 8), itl_s=0.01),
+                    "cpu_wait_frac": (0.45 if i < up else 0.55) + rng.gauss(0, 0.01)} for i, n in enumerate(users)]
+        events = watch(windows)
+        assert all(i >= up for i, _ in events), events
+        i, e = first_after(events, up)
+        assert e.kind == "drift" and i - up < 4, (seed, i, e.kind, e.detail)
+        assert "users grew at its capacity" in e.detail and "anomaly" not in e.detail, e.detail
