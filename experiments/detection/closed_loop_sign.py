@@ -5,11 +5,12 @@ open loop's arrivals give them, on every recorded stream and on the engine's 1-s
         --busy 3
     python experiments/detection/closed_loop_sign.py table --probes experiments/detection/probe-capacity-*.jsonl.gz
 
-`record`: the live capacity test's traffic (tests/integration/daemon/test_daemon_monitor_live.py): the reference
-engine running 2 requests at once, a closed loop of 2 users (`tuner bench --concurrency 2`) and after --lead-s a
-second one (twice the users at the server's capacity), /metrics scraped once a second from the first bench's start
-(the traffic's start inside the first windows, as when a daemon starts with it), --busy processes spinning on the
-host's CPUs meanwhile (a busy CI host). Rows as record.py's (phase `users2`, then `users4`).
+`record`: the live capacity test's traffic (tests/integration/daemon/test_daemon_monitor_live.py) by default: the
+reference engine running 2 requests at once (--max-batch-size), a closed loop of 2 users (`tuner bench --concurrency
+2`, --users) and after --lead-s a second one (twice the users at the server's capacity); or with --rate an open loop
+of Poisson arrivals, doubled the same way. /metrics scraped once a second from the first bench's start (the
+traffic's start inside the first windows, as when a daemon starts with it), --busy processes spinning on the host's
+CPUs meanwhile (a busy CI host). Rows as record.py's (phase `users2`, then `users4`).
 
 `table`: for every 15 windows of every recorded stream (a closed loop where it was recorded with
 `closed_concurrency`) the spread of the log requests in the server over 1 / sqrt(finished per window)
@@ -51,21 +52,25 @@ def record(args: argparse.Namespace) -> None:
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen([sys.executable, "-m", "tuner.engine.server", "--port", str(port), "--cpu-threads", "1",
                                "--batching", "continuous", "--max-model-len", "128", "--kv-pool-mb", "16",
-                               "--max-batch-size", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+                               "--max-batch-size", str(args.max_batch_size)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.STDOUT)
     procs: list[subprocess.Popen[bytes]] = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
                                              for _ in range(args.busy)]
     phase = {"name": "users2", "starts": False}
+    load = ["--rate", str(args.rate)] if args.rate else ["--concurrency", str(args.users)]
 
     def bench() -> None:
-        procs.append(subprocess.Popen([sys.executable, "-m", "tuner.cli", "bench", "--url", url, "--concurrency",
-                                       "2", "--prompt-tokens", "16", "--output-tokens", "24", "--duration-s",
+        procs.append(subprocess.Popen([sys.executable, "-m", "tuner.cli", "bench", "--url", url, *load,
+                                       "--prompt-tokens", "16", "--output-tokens", "24", "--duration-s",
                                        str(args.lead_s + args.after_s + 60), "--timeout-s", "60"],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
 
     def row(text: str) -> dict[str, Any]:
-        r = {"t": time.time(), "phase": phase["name"], "text": text, "cpu": cpu_readings(server.pid),
-             "closed_concurrency": 4 if phase["name"] == "users4" else 2, "step_delay_ms": 0.0,
-             "busy_processes": args.busy, "server": "engine"}
+        loop = ({"base_rate": args.rate} if args.rate else
+                {"closed_concurrency": args.users * (2 if phase["name"] == "users4" else 1)})
+        r = {"t": time.time(), "phase": phase["name"], "text": text, "cpu": cpu_readings(server.pid), **loop,
+             "step_delay_ms": 0.0, "max_batch_size": args.max_batch_size, "busy_processes": args.busy,
+             "server": "engine"}
         if phase["starts"]:
             r["starts_phase"], phase["starts"] = True, False
         return r
@@ -78,7 +83,7 @@ def record(args: argparse.Namespace) -> None:
             scraper = threading.Thread(target=scrape_loop, args=(url, 1.0, stop, row, f.write), daemon=True)
             scraper.start()
             time.sleep(args.lead_s)
-            bench()  # the users doubled
+            bench()  # the users (or an open loop's arrivals) doubled
             phase.update(name="users4", starts=True)
             time.sleep(args.after_s)
             stop.set()
@@ -171,8 +176,12 @@ def main() -> None:
     rec = sub.add_parser("record", help="record the engine's 1-s windows at capacity, the users doubled")
     rec.add_argument("--out", type=Path, required=True, help="the gzipped JSONL stream to write")
     rec.add_argument("--busy", type=int, default=0, help="processes spinning on the host's CPUs meanwhile")
-    rec.add_argument("--lead-s", type=float, default=60.0, help="seconds of 2 users before 2 more join")
-    rec.add_argument("--after-s", type=float, default=60.0, help="seconds of 4 users")
+    rec.add_argument("--users", type=int, default=2, help="the closed loop's users (twice as many after --lead-s)")
+    rec.add_argument("--rate", type=float, default=0.0,
+                     help="an open loop of Poisson arrivals at this rate (requests/s) instead, twice after --lead-s")
+    rec.add_argument("--max-batch-size", type=int, default=2, help="the requests the engine runs at once")
+    rec.add_argument("--lead-s", type=float, default=60.0, help="seconds before the load doubles")
+    rec.add_argument("--after-s", type=float, default=60.0, help="seconds of the doubled load")
     tab = sub.add_parser("table", help="print the table")
     tab.add_argument("--probes", nargs="*", default=[], help="streams written by `record`")
     args = ap.parse_args()
