@@ -162,7 +162,7 @@ class Monitor:
         # baseline being learnt has one there yet (MonitorConfig.autocorrelation_baselines)
         self._rhos: list[float] = []
         self._rho_new = True
-        self._paced_note: tuple[int, str] | None = None  # (window, what) of the latest rate fall a closed loop made
+        self._paced_note: tuple[int, str] | None = None  # (window, what) of the latest rate move a closed loop made
         self._paced_now: float | None = None  # this window's (_paced), judged once per window
         self._queue_floor = 0.0  # the lower quartile of the requests waiting in the baseline's windows (_learn)
         self._closed_loop = False  # the requests in the server held steady through them (_steady_inside)
@@ -806,11 +806,10 @@ class Monitor:
         """The requests in the server over their baseline's level in the last window where their queue alone
         moved (MonitorConfig.queued_load) in a closed loop (the requests in the server held steadier than arrivals
         keep them through the baseline's windows, _steady_inside: each user's next request sent as the last is
-        answered), `up`: that ratio
-        at least 1 + drift_to_find_frac, or (not `up`) at most its inverse; the requests waiting moved the same
-        way by at least queued_share of that change (and one request) in each of the latest confirm_windows
-        windows (a queue that stays, not a snapshot's chance: a batch that is being filled holds requests waiting
-        too); not `up`, a queue that stayed through the baseline's windows (one request or more waiting in three
+        answered), `up`: that ratio at least 1 + drift_to_find_frac, or (not `up`) at most its inverse; the
+        requests waiting moved the same way by at least queued_share of that change (and one request) in each of
+        the latest confirm_windows windows (a queue that stays, not a snapshot's chance: a batch that is being
+        filled holds requests waiting too); not `up`, a queue that stayed through the baseline's windows (one request or more waiting in three
         of every four: _queue_floor); the finished rate not below its baseline by more than its allowance (`up`:
         the server runs as many at once), or not above it (not `up`). None where any of them does not hold, has
         no baseline or no value in those windows, or it is off."""
