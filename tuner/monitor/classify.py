@@ -809,10 +809,10 @@ class Monitor:
         answered), `up`: that ratio at least 1 + drift_to_find_frac, or (not `up`) at most its inverse; the
         requests waiting moved the same way by at least queued_share of that change (and one request) in each of
         the latest confirm_windows windows (a queue that stays, not a snapshot's chance: a batch that is being
-        filled holds requests waiting too); not `up`, a queue that stayed through the baseline's windows (one request or more waiting in three
-        of every four: _queue_floor); the finished rate not below its baseline by more than its allowance (`up`:
-        the server runs as many at once), or not above it (not `up`). None where any of them does not hold, has
-        no baseline or no value in those windows, or it is off."""
+        filled holds requests waiting too); not `up`, a queue that stayed through the baseline's windows (one
+        request or more waiting in three of every four: _queue_floor); the finished rate not below its baseline
+        by more than its allowance (`up`: the server runs as many at once), or not above it (not `up`). None
+        where any of them does not hold, has no baseline or no value in those windows, or it is off."""
         c = self.config
         tracks = [self.tracks[n] for n in ("in_server_mean", "waiting", "finished_per_s")]
         last = c.confirm_windows
