@@ -38,7 +38,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 sys.path.insert(0, str(HERE))
 
 from record import cpu_readings, free_port, scrape_loop, wait_ready  # noqa: E402
-from run import Window, load_stream, read_rows, windows  # noqa: E402
+from run import Window, windows  # noqa: E402
 
 from tuner.monitor.classify import Monitor, arrival_spread_ratio  # noqa: E402
 from tuner.monitor.config import MonitorConfig  # noqa: E402
@@ -110,15 +110,24 @@ def ratios(windows: list[Window], interval_s: float) -> list[tuple[float, bool]]
     return out
 
 
-def stream_row(path: Path) -> str | None:
-    phases, _, _ = load_stream(path)
-    closed = any("closed_concurrency" in r for r in read_rows(path)[:3])
+def stream_ratios(path: Path) -> tuple[bool, list[tuple[float, bool]]]:
+    """Whether the stream was recorded as a closed loop, and ratios() of every phase's windows (one read of it)."""
+    phases: dict[str, list[tuple[float, Window]]] = {}
+    closed = False
+    for phase, t, w, _, row in windows(path):
+        phases.setdefault(phase, []).append((t, w))
+        closed = closed or "closed_concurrency" in row
     got: list[tuple[float, bool]] = []
     for ws in phases.values():
         times = [t for t, _ in ws]
         if len(times) < 2:
             continue
         got += ratios([w for _, w in ws], statistics.median(b - a for a, b in zip(times, times[1:], strict=False)))
+    return closed, got
+
+
+def stream_row(path: Path) -> str | None:
+    closed, got = stream_ratios(path)
     if not got:
         return None
     rs = sorted(r for r, _ in got)
@@ -131,7 +140,7 @@ def stream_row(path: Path) -> str | None:
 def probe_rows(path: Path) -> list[str]:
     """The monitor started at each of the probe's first 12 windows: its first event from the users' doubling on."""
     ws = list(windows(path))
-    rows = read_rows(path)
+    rows = [ws[0][3], *(b for *_, b in ws)]  # every scrape the windows span (one read of the stream)
     load = statistics.median(float(r["cpu"]["loadavg"].split()[0]) for r in rows)
     out = []
     for start in range(12):

@@ -16,12 +16,16 @@ DETECTION = ROOT / "experiments" / "detection"
 sys.path.insert(0, str(DETECTION))
 
 import closed_loop_sign  # noqa: E402
+from run import read_rows  # noqa: E402
+
+from tuner.monitor.config import MonitorConfig  # noqa: E402
 
 
 def _closed_share(path: Path) -> float:
-    cells = closed_loop_sign.stream_row(path)
-    assert cells is not None
-    return float(cells.strip("|").split("|")[6].strip().rstrip("%")) / 100
+    """The share of the stream's stretches taken for a closed loop (MonitorConfig.queued_steady)."""
+    _, got = closed_loop_sign.stream_ratios(path)
+    assert got
+    return sum(r <= MonitorConfig.queued_steady for r, _ in got) / len(got)
 
 
 @pytest.mark.parametrize("name", ["probe-capacity-busy2.jsonl.gz", "probe-capacity3.jsonl.gz"])
@@ -43,7 +47,7 @@ def test_record_writes_a_probe_the_table_reads(tmp_path: Path) -> None:
     p = subprocess.run([sys.executable, str(DETECTION / "closed_loop_sign.py"), "record", "--out", str(out),
                         "--lead-s", "20", "--after-s", "12"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
-    rows = closed_loop_sign.read_rows(out)
+    rows = read_rows(out)
     assert {r["phase"] for r in rows} == {"users2", "users4"}
     assert sum(r.get("starts_phase", False) for r in rows) == 1
     assert all(r["closed_concurrency"] == (4 if r["phase"] == "users4" else 2) for r in rows)
