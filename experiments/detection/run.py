@@ -650,6 +650,11 @@ def parser() -> argparse.ArgumentParser:
                          "requests in the server up, the added ones waiting, the ITL and finished rate unchanged) "
                          "are a drift, and that queue's draining another (MonitorConfig.queued_load; "
                          "--no-queued-load: an anomaly)")
+    ap.add_argument("--learning-shift", action=argparse.BooleanOptionalAction,
+                    default=MonitorConfig.learning_shift,
+                    help="a level shift of an input, or of a closed loop's requests in the server, inside a "
+                         "baseline's learning windows is a drift and restarts the learning at it "
+                         "(MonitorConfig.learning_shift; --no-learning-shift: the baseline learnt across it)")
     ap.add_argument("--wait-checked", type=float, default=MonitorConfig.wait_checked, metavar="FACTOR",
                     help="judge a baseline's latencies uncorrected for the CPU wait where the correction spreads its "
                          "learning windows' log ITL mean more than FACTOR times as wide (MonitorConfig.wait_checked; "
@@ -752,7 +757,7 @@ def setup(args: argparse.Namespace) -> tuple[Phases, dict[str, dict[str, float]]
                         alone=tuple(args.alone), slowdown_to_find_frac=args.slowdown_to_find or None,
                         drift_to_find_frac=args.drift_to_find or None, input_confidence=args.input_confidence,
                         rate_poisson_floor=args.rate_poisson_floor, paced_rate=args.paced_rate,
-                        queued_load=args.queued_load,
+                        queued_load=args.queued_load, learning_shift=args.learning_shift,
                         wait_checked=args.wait_checked,
                         history_windows=args.history_windows, history_usual_wait=args.history_usual_wait,
                         bucket_error=not args.no_bucket_error,
@@ -825,6 +830,7 @@ def main() -> None:
           f"{cfg.paced_rate}; a closed loop's requests in the server up by a queue at the same ITL and a finished rate "
           f"no lower a drift, their latencies' alarm or none: "
           f"{cfg.queued_load}; "
+          f"{'' if cfg.learning_shift else 'no '}drift looked for inside the learning windows; "
           f"the correction for the CPU wait dropped for a baseline it widens more than: {cfg.wait_checked}; "
           f"quantiles widened in another bucket than their baseline's: {cfg.bucket_error}; "
           f"latency baselines learnt again from up to {cfg.history_windows or 0} calm windows"

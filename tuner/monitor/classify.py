@@ -47,6 +47,7 @@ from tuner.monitor.detect import (
     SignalTrack,
     change_index,
     lag1,
+    level_shift,
     smallest_rise,
     threshold,
     windows_to_find,
@@ -166,6 +167,7 @@ class Monitor:
         self._paced_now: float | None = None  # this window's (_paced), judged once per window
         self._queue_floor = 0.0  # the lower quartile of the requests waiting in the baseline's windows (_learn)
         self._closed_loop = False  # the requests in the server held steady through them (_steady_inside)
+        self._ends: deque[float] = deque(maxlen=self.config.learn_windows)  # the latest windows' ends
 
     # ---------------------------------------------------------------- feeding
     def scrape(self, t: float, snap: Snapshot, gpu: Mapping[str, float] | None = None) -> list[Event]:
@@ -306,6 +308,7 @@ class Monitor:
     def observe(self, t: float, signals: Mapping[str, float]) -> list[Event]:
         """One window's signal values (any subset of tuner.monitor.signals.SIGNALS) ending at time `t`."""
         self.windows += 1
+        self._ends.append(t)
         self.last_signals = {k: float(v) for k, v in signals.items() if k in self.tracks and math.isfinite(v)}
         if "cpu_wait_frac" in self.last_signals:
             self._window_shares.append(self.last_signals["cpu_wait_frac"])
@@ -330,6 +333,10 @@ class Monitor:
         if self.learning:
             self._learned += 1
             self._spent += 1
+            shifted = self._learning_shift(t)
+            if shifted is not None:
+                events.append(shifted)
+                return events
             if not self.learning:
                 c = self.config
                 warming = self._warming()
@@ -747,14 +754,19 @@ class Monitor:
         x, r = tr.values[-1], tr.residuals[-1]
         return b.level * (x / r if r else 1.0)
 
-    def _drift(self, t: float, inputs: Mapping[str, Literal["up", "down"]], note: str = "") -> Event:
+    def _drift(self, t: float, inputs: Mapping[str, Literal["up", "down"]], note: str = "",
+               since: float | None = None) -> Event:
+        """A drift of `inputs`; its observed inputs the means since each one's onset (`since`: the window ending
+        then, for every signal, where the change's place is known)."""
         sides: dict[str, str] = dict(inputs)
         sides.update({n: s for n, (_, s) in self._pending.items()})
         ev = self._event("drift", t, "inputs", sides, "workload drift: " + self._describe(sides)
                          + (f"; {note}" if note else ""))
         for name in (*INPUTS, *(n for n in inputs if n not in INPUTS)):
             tr = self.tracks[name]
-            onset = ev.signals.get(name, {}).get("onset_time")
+            if since is not None and name in ev.signals:
+                ev.signals[name]["onset_time"] = since
+            onset = since if since is not None else ev.signals.get(name, {}).get("onset_time")
             vals = [v for tt, v in zip(tr.times, tr.values, strict=True) if onset is None or tt >= onset]
             if vals:
                 ev.observed[name] = sum(vals[-self.config.learn_windows:]) / len(vals[-self.config.learn_windows:])
@@ -791,6 +803,65 @@ class Monitor:
         moved = math.log(r / rate.baseline.level)
         followed = math.log(n / inside.baseline.level)
         return math.exp(moved) if (followed - c.paced_share * moved) * moved < 0 else None
+
+    def _learning_shift(self, t: float) -> Event | None:
+        """A change of the workload inside the learning windows so far (MonitorConfig.learning_shift): a drift,
+        the learning restarted at its window (those after it kept). None where none."""
+        c = self.config
+        n = self._learned
+        if not c.learning_shift or n < 4 or n > len(self._ends):
+            return None
+        start = self._ends[-n]
+        names = (*INPUTS, "in_server_mean")
+        p = c.false_alarms_per_day * c.interval_s / SECONDS_PER_DAY / len(names)
+        rise = math.log(1 + (c.drift_to_find_frac if c.drift_to_find_frac is not None else 0.5))
+        found: dict[str, tuple[float, float, float]] = {}  # name -> (its first window's end, moved (log), t)
+        for name in names:
+            tr = self.tracks[name]
+            pairs = [(tt, v) for tt, v in zip(tr.times[-n:], tr.values[-n:], strict=True) if tt >= start]
+            shift = level_shift([v for _, v in pairs], min_log=rise, floor_log=c.learning_shift_floor, p=p)
+            if shift is None:
+                continue
+            at = pairs[shift.index][0]
+            closed = self._closed_before(start, at)
+            if name == "in_server_mean" and not closed:
+                continue  # an open loop's requests in the server follow its server's speed too
+            if name == "rate_per_s" and closed and c.paced_rate and self._paced_between(start, at, shift.moved_log):
+                continue  # a closed loop's server answered at another speed: its users the same
+            found[name] = (at, shift.moved_log, shift.t)
+        if not found:
+            return None
+        at = max(a for a, _, _ in found.values())
+        kept = [e for e in self._ends if e >= at]
+        blind = {b for b in self._blind_times if b >= at}
+        note = ("a change inside the baseline's learning windows, the learning restarted at it: "
+                + ", ".join(f"{name} x{math.exp(moved):.2f} from the window ending {a:.0f} (t {stat:.1f})"
+                            for name, (a, moved, stat) in found.items()))
+        ev = self._drift(t, {name: "up" if moved > 0 else "down" for name, (_, moved, _) in found.items()}, note,
+                         since=at)
+        self._learned = self._spent = len(kept)
+        self._blind_times |= blind
+        return ev
+
+    def _closed_before(self, start: float, at: float) -> bool:
+        """Whether the learning windows from `start` to before `at` were a closed loop's (_steady_inside)."""
+        inside = [v for tt, v in zip(self.tracks["in_server_mean"].times, self.tracks["in_server_mean"].values,
+                                     strict=True) if start <= tt < at and v > 0]
+        fin = self.tracks["finished_per_s"]
+        done = [x * self.config.interval_s for tt, x in zip(fin.times, fin.values, strict=True) if start <= tt < at]
+        ratio = arrival_spread_ratio(inside, done)
+        return ratio is not None and ratio <= self.config.queued_steady
+
+    def _paced_between(self, start: float, at: float, moved: float) -> bool:
+        """Whether the requests in the server moved by less than paced_share of the rate's `moved` (log) at `at`
+        within the learning windows from `start` (_paced's rule: a closed loop answered at another speed)."""
+        tr = self.tracks["in_server_mean"]
+        before = [math.log(v) for tt, v in zip(tr.times, tr.values, strict=True) if start <= tt < at and v > 0]
+        after = [math.log(v) for tt, v in zip(tr.times, tr.values, strict=True) if tt >= at and v > 0]
+        if not before or not after:
+            return False
+        followed = statistics.fmean(after) - statistics.fmean(before)
+        return (followed - self.config.paced_share * moved) * moved < 0
 
     def _steady_inside(self, n: int) -> bool:
         """A closed loop (MonitorConfig.queued_steady): over the latest `n` windows the requests in the server held

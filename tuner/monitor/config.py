@@ -177,6 +177,18 @@ class MonitorConfig:
     # windows' size, took 17 % of one open loop's stretches for closed ones and none of a loop whose learning
     # windows held its start
     queued_steady: float = 1 / 3
+    # a change of the workload inside a baseline's learning windows (none of them is judged: the CUSUMs start
+    # with the baseline): at every learning window, a level shift of an input (rate, prompt or output length) or,
+    # in a closed loop (queued_steady over the windows before it), of the requests in the server (its users), by
+    # at least drift_to_find_frac (0.5 where None) on the log scale (tuner.monitor.detect.level_shift: ruptures
+    # places it, a t-test at the false-alarm budget's share of one window, the windows' spread at least
+    # learning_shift_floor, judges it) is a drift, and the learning restarts at the shift. A rate moved by a
+    # closed loop's server (its requests in the server did not follow: paced_rate) is none. The learning windows'
+    # share of the budget is otherwise unspent. Off: a baseline learnt across the change, which judges what came
+    # after against a mix of both loads (vllm13: the users' return 0/8 found, the slowdown after it a drift 8/8;
+    # experiments/detection, twenty-ninth step)
+    learning_shift: bool = True
+    learning_shift_floor: float = 0.05
     # latencies divided by 1 / (1 - w) where the wait is read: a server that waited a share w of the window for
     # a CPU (a noisy neighbour: cpu_wait_frac, and a hypervisor's other guests: cpu_steal_frac s, the two
     # together w = 1 - (1 - wait)(1 - s)) is expected to be 1 / (1 - w) times as slow

@@ -293,3 +293,43 @@ def change_index(values: Sequence[float]) -> int | None:
     sig = np.asarray(values, dtype=float).reshape(-1, 1)
     bkps = ruptures.Binseg(model="l2", min_size=1, jump=1).fit(sig).predict(n_bkps=1)
     return int(bkps[0]) if bkps and bkps[0] < len(values) else None
+
+
+@dataclass(frozen=True)
+class LevelShift:
+    """A level shift inside a stretch of windows (level_shift): where, by how much, and how sure."""
+
+    index: int  # the first window after it
+    moved_log: float  # the mean of the log after it minus the one before
+    t: float  # the two-sample t statistic of that move (pooled spread)
+
+
+def level_shift(values: Sequence[float], *, min_log: float, floor_log: float, p: float,
+                min_size: int = 2) -> LevelShift | None:
+    """One level shift of positive `values` on the log scale: ruptures' binary segmentation (one breakpoint, l2
+    cost, each side at least `min_size` windows) places it, and it counts where the log means moved by at least
+    `min_log` and a two-sample t-test (the pooled spread at least `floor_log`) rejects no move at the two-sided
+    level `p`, Bonferroni-corrected over the breakpoints the segmentation could choose. None where it does not
+    hold or there are too few values or one is not positive."""
+    n = len(values)
+    if n < 2 * min_size or min(values) <= 0:
+        return None
+    import numpy as np
+    import ruptures
+    from scipy.stats import t as student
+
+    logs = np.log(np.asarray(values, dtype=float))
+    bkps = ruptures.Binseg(model="l2", min_size=min_size, jump=1).fit(logs.reshape(-1, 1)).predict(n_bkps=1)
+    i = int(bkps[0]) if bkps else n
+    if not min_size <= i <= n - min_size:
+        return None
+    before, after = logs[:i], logs[i:]
+    moved = float(after.mean() - before.mean())
+    if abs(moved) < min_log:
+        return None
+    pooled = ((before.var() * len(before) + after.var() * len(after)) / (n - 2)) ** 0.5
+    stat = moved / (max(float(pooled), floor_log) * math.sqrt(1 / len(before) + 1 / len(after)))
+    choices = n - 2 * min_size + 1
+    if abs(stat) < student.isf(p / 2 / choices, n - 2):
+        return None
+    return LevelShift(i, moved, stat)

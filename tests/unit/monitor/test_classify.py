@@ -270,7 +270,7 @@ def _slower_x2(w: dict[str, float], i: int) -> None:
 def test_a_change_during_a_long_warm_up_is_found_and_not_learnt(change: Change, kind: str, cause: str) -> None:
     """A drift, a GPU fault or a server twice as slow that comes while the latencies still fall from a warm-up
     is found in a window or two (MonitorConfig.warmup_judged); with learning going on through the warm-up it
-    joins the baselines and is never found."""
+    joins the baselines and is never found (a drift is then found by learning_shift alone: off here)."""
     for seed in range(3):
         m, ev = stream(_warm_then(24, change), at=0, n=60, seed=seed)
         assert ev, seed
@@ -278,7 +278,7 @@ def test_a_change_during_a_long_warm_up_is_found_and_not_learnt(change: Change, 
         assert (e.kind, e.cause) == (kind, cause) and 24 <= i <= 26, (seed, i, e.kind, e.cause)
         assert not m.learning
         m, ev = stream(_warm_then(24, change), at=0, n=60, seed=seed,
-                       config=MonitorConfig(interval_s=15.0, warmup_judged=False))
+                       config=MonitorConfig(interval_s=15.0, warmup_judged=False, learning_shift=False))
         assert not [e for i, e in ev if e.kind != "recovery"], (seed, kinds(ev))
 
 
