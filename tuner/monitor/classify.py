@@ -413,6 +413,7 @@ class Monitor:
         """Every signal's baseline from the latest learn_windows windows (a latency's with what judges it: the
         autocorrelation, the usual stretch, the starved windows' baseline)."""
         n = self.config.learn_windows
+        self._closed_loop = self._steady_inside(n)
         self._check_wait()
         self._rho = self._pooled_rho(self._latency_rho()) if self.config.autocorrelation else 0.0
         times = self.tracks["itl_ms_mean"].times[-n:]
@@ -427,7 +428,6 @@ class Monitor:
         self._judged, self._last_relearn = [], -math.inf
         waits = self.tracks["waiting"].values[-n:]
         self._queue_floor = statistics.quantiles(waits, n=4)[0] if len(waits) >= max(2, enough) else 0.0
-        self._closed_loop = self._steady_inside(n)
         for tr in self.tracks.values():
             vals = tr.residuals[-n:]
             if tr.name not in LATENCIES:
@@ -446,22 +446,23 @@ class Monitor:
 
     def _check_wait(self) -> None:
         """Whether this baseline's latencies are corrected for the server's CPU wait (MonitorConfig.wait_checked):
-        not where, over the learning windows that read a wait, the log ITL mean corrected spreads more than
-        wait_checked times as wide as uncorrected (the wait did not stretch the server's work: its own load's
-        clients and front end took the CPUs it waited for, busiest when it ran fastest). The latencies' stored
-        residuals are turned to the chosen form, so every baseline and relearning reads one form."""
+        not where, in a closed loop (_closed_loop: its clients send as fast as the server answers), over the
+        learning windows that read a wait, the log ITL mean corrected spreads more than wait_checked times as wide
+        as uncorrected (the wait did not stretch the server's work: its own load's clients and front end took the
+        CPUs it waited for, busiest when it ran fastest); always in an open loop. The latencies' stored residuals
+        are turned to the chosen form, so every baseline and relearning reads one form."""
         c, tr = self.config, self.tracks["itl_ms_mean"]
         if c.wait_checked is None or not c.contention:
             return
         n = c.learn_windows  # the learning windows that read a wait, starved ones too (their baseline)
         seen = [(self._stretch[t], math.log(r)) for t, r in zip(tr.times[-n:], tr.residuals[-n:], strict=True)
                 if t in self._stretch and r > 0]
-        if len(seen) < max(3, self._enough):
+        if self._closed_loop and len(seen) < max(3, self._enough):
             return
         on = 1.0 if self._corrected else 0.0  # the stored residuals carry the stretch's correction where on
         raw = [x + on * st for st, x in seen]
         fixed = [x - st for (st, _), x in zip(seen, raw, strict=True)]
-        corrected = statistics.stdev(fixed) <= c.wait_checked * statistics.stdev(raw)
+        corrected = not self._closed_loop or statistics.stdev(fixed) <= c.wait_checked * statistics.stdev(raw)
         if corrected == self._corrected:
             return
         self._corrected = corrected

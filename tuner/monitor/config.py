@@ -249,7 +249,10 @@ class MonitorConfig:
     # stretch 0.8-1.2, the correction narrowing it x0.3-0.4); a closed loop on a small host waits for its own
     # load's clients and front end, most when the server runs fastest (vLLM capped at 3 at once: slope -1.2,
     # the correction widening it x1.43; at 2: x2.1), and the correction hid its slowdowns
-    # (experiments/detection, twenty-seventh step). None: always corrected
+    # (experiments/detection, twenty-seventh step). Checked in a closed loop only (queued_steady over the learning
+    # windows): there the clients send as fast as the server answers, so the CPU they take follows its speed; an open
+    # loop's clients are paced by its arrivals, and checking one (vllm7) took a wander the correction explained
+    # for anomalies (twenty-ninth step). None: always corrected
     wait_checked: float | None = None
     wait_memory: int = 3  # windows whose CPU wait a latency's uncertainty takes (this one and those before)
     # a latency is not judged while the server waited more than this share of one of those windows (the

@@ -381,23 +381,29 @@ def test_the_auto_laws_degree_is_the_usual_waits_not_the_windows() -> None:
 
 
 def _own_load(latency_x: float, *, checked: float | None, seed: int, n: int = 80, at: int = 40,
-              neighbour: bool = False) -> tuple[Monitor, Events]:
+              neighbour: bool = False, closed: bool = True) -> tuple[Monitor, Events]:
     """A closed loop on a small host whose CPU wait its own load makes (vLLM capped at 3 at once on 2 cores:
     experiments/detection, twenty-seventh step): its speed wanders by 8 %, and the faster it runs the more CPU its
     clients and front end take, so the engine waits longer (0.28-0.36 of the window); from `at` on its latencies
     are `latency_x` times as long at the same wait (run.py's slowdown model). `neighbour`: the usual case
-    instead, a neighbour's wait (0.05-0.45) that stretches the work. `checked`: MonitorConfig.wait_checked."""
-    rng = random.Random(seed)
+    instead, a neighbour's wait (0.05-0.45) that stretches the work. `checked`: MonitorConfig.wait_checked. Its 3
+    users' requests in the server steady as a closed loop's (a spread of 0.005 on the log); not `closed`: an open
+    loop's, wandering with its arrivals (0.3), whose wait the check leaves corrected."""
+    rng, inside_rng = random.Random(seed), random.Random(f"inside/{seed}")  # the loop's own draws apart
+
+    def loop(sig: dict[str, float]) -> dict[str, float]:
+        inside = 3 * math.exp(inside_rng.gauss(0, 0.005 if closed else 0.3))
+        return {**sig, "in_server_mean": inside, "finished_per_s": sig["rate_per_s"]}
 
     def windows() -> Iterator[dict[str, float]]:
         for i in range(n):
             f = latency_x if i >= at else 1.0
             if neighbour:
                 w = rng.uniform(0.05, 0.45)
-                yield {**_window(rng, f / (1 - w)), "cpu_wait_frac": w}
+                yield loop({**_window(rng, f / (1 - w)), "cpu_wait_frac": w})
                 continue
             speed = rng.lognormvariate(0, 0.08)
-            yield {**_window(rng, f * speed, itl_sd=0.02), "cpu_wait_frac": 0.32 - 0.5 * math.log(speed)}
+            yield loop({**_window(rng, f * speed, itl_sd=0.02), "cpu_wait_frac": 0.32 - 0.5 * math.log(speed)})
     m = Monitor(MonitorConfig(interval_s=15.0, wait_checked=checked))
     return m, _watch(m, windows())
 
@@ -406,7 +412,8 @@ def test_a_wait_the_servers_own_load_makes_is_not_taken_for_a_neighbours() -> No
     """Corrected for its own load's wait, a closed loop's latencies spread wider (the wait is highest where the
     server ran fastest) and a slower server's lower wait explains its slowdown away: with wait_checked the
     baseline that the correction widens is judged uncorrected, and the slowdown is found; a neighbour's wait
-    still corrects."""
+    still corrects, and an open loop's is not checked (its clients' CPU is set by its arrivals, not by the
+    server's speed)."""
     found: dict[float | None, list[float]] = {None: [], 1.25: []}
     for seed in range(6):
         for checked, delays in found.items():
@@ -420,6 +427,8 @@ def test_a_wait_the_servers_own_load_makes_is_not_taken_for_a_neighbours() -> No
         assert ev == [] and m.wait_corrected
         m, ev = _own_load(2.0, checked=1.25, seed=seed, neighbour=True)
         assert ev and ev[0][1:] == ("anomaly", "latency") and ev[0][0] - 40 <= 4
+        m, ev = _own_load(1.0, checked=1.25, seed=seed, closed=False)  # an open loop: checked in a closed one only
+        assert m.wait_corrected
     # corrected: 3 of 6 never found within 40 windows, the others after 10, 16 and 21
     assert max(found[1.25]) <= 12 and sorted(found[1.25])[2] <= 4, found
     assert sorted(found[None])[2] > 12, found
