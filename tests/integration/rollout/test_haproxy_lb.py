@@ -129,13 +129,15 @@ def test_a_server_is_replaced_without_a_failed_request(tmp_path: Path, origins: 
     with running_haproxy(tmp_path / "hx", {"stable0": origins["stable0"].addr}) as bal:
         lb = HAProxy(bal.socket, bal.backend)
         _wait(lambda: lb.servers()["stable0"].up)
-        answers: list[str] = []
+        answers: list[tuple[float, str]] = []  # (when its request was sent, the origin that answered it)
         failed: list[str] = []
         stop = threading.Event()
 
         def client() -> None:
             while not stop.is_set():
-                _ask(bal.url, answers, failed, timeout_s=30)
+                sent_s, got = time.monotonic(), []
+                _ask(bal.url, got, failed, timeout_s=30)
+                answers.extend((sent_s, a) for a in got)
 
         threads = [threading.Thread(target=client, daemon=True) for _ in range(4)]
         for t in threads:
@@ -143,13 +145,16 @@ def test_a_server_is_replaced_without_a_failed_request(tmp_path: Path, origins: 
         _wait(lambda: len(answers) >= 4)
         steps = replace_server(lb, "stable0", "green", origins["other"].addr, up_timeout_s=30, drain_s=30)
         assert set(lb.servers()) == {"green"} and steps["drain_s"] > 0  # the old one finished its requests
-        n = len(answers)
-        _wait(lambda: len(answers) >= n + 8)
+        replaced_s = time.monotonic()
+        # judged by when each request was sent, not by when its thread got to note the answer (a busy host may
+        # note an answer the old server gave before the swap after it)
+        _wait(lambda: sum(sent_s > replaced_s for sent_s, _ in answers) >= 8)
         stop.set()
         for t in threads:
             t.join(timeout=30)
         assert failed == []
-        assert set(answers[n:]) == {"other"} and answers[0] == "stable0"
+        assert {a for sent_s, a in answers if sent_s > replaced_s} == {"other"}
+        assert min(answers)[1] == "stable0"
 
         origins["stable0"].healthy = False
         with pytest.raises(LoadBalancerError, match="health check"):
