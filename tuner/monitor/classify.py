@@ -803,7 +803,7 @@ class Monitor:
             return None
         moved = math.log(r / rate.baseline.level)
         followed = math.log(n / inside.baseline.level)
-        return math.exp(moved) if (followed - c.paced_share * moved) * moved < 0 else None
+        return math.exp(moved) if _unfollowed(moved, followed, c.paced_share) else None
 
     def _learning_shift(self, t: float) -> Event | None:
         """A change of the workload inside the learning windows so far (MonitorConfig.learning_shift): a drift,
@@ -850,8 +850,7 @@ class Monitor:
                                      strict=True) if start <= tt < at and v > 0]
         fin = self.tracks["finished_per_s"]
         done = [x * self.config.interval_s for tt, x in zip(fin.times, fin.values, strict=True) if start <= tt < at]
-        ratio = arrival_spread_ratio(inside, done)
-        return ratio is not None and ratio <= self.config.queued_steady
+        return self._steadier_than_arrivals(inside, done, 3)
 
     def _paced_between(self, start: float, at: float, moved: float) -> bool:
         """Whether the requests in the server moved by less than paced_share of the rate's `moved` (log) at `at`
@@ -861,8 +860,7 @@ class Monitor:
         after = [math.log(v) for tt, v in zip(tr.times, tr.values, strict=True) if tt >= at and v > 0]
         if not before or not after:
             return False
-        followed = statistics.fmean(after) - statistics.fmean(before)
-        return (followed - self.config.paced_share * moved) * moved < 0
+        return _unfollowed(moved, statistics.fmean(after) - statistics.fmean(before), self.config.paced_share)
 
     def _steady_inside(self, n: int) -> bool:
         """A closed loop (MonitorConfig.queued_steady): over the latest `n` windows the requests in the server held
@@ -871,7 +869,12 @@ class Monitor:
         finished in a window): the least an open loop's Poisson arrivals give it."""
         inside = [v for v in self.tracks["in_server_mean"].values[-n:] if v > 0]
         done = [x * self.config.interval_s for x in self.tracks["finished_per_s"].values[-n:]]
-        ratio = arrival_spread_ratio(inside, done) if len(inside) >= self._enough else None
+        return self._steadier_than_arrivals(inside, done, self._enough)
+
+    def _steadier_than_arrivals(self, inside: Sequence[float], done: Sequence[float], least: int) -> bool:
+        """The closed-loop sign on these windows' requests in the server and finished counts (at least `least`
+        windows): arrival_spread_ratio at most queued_steady."""
+        ratio = arrival_spread_ratio(inside, done) if len(inside) >= least else None
         return ratio is not None and ratio <= self.config.queued_steady
 
     def _queue_moved(self, up: bool) -> float | None:
@@ -1024,6 +1027,12 @@ def arrival_spread_ratio(inside: Sequence[float], done: Sequence[float]) -> floa
     mid = statistics.median(logs)
     kept = sorted(logs, key=lambda x: abs(x - mid))[:-1]
     return statistics.stdev(kept) * math.sqrt(statistics.fmean(done))
+
+
+def _unfollowed(moved: float, followed: float, share: float) -> bool:
+    """Whether the requests in the server (log move `followed`) moved the rate's way by less than `share` of the
+    rate's log move `moved` (MonitorConfig.paced_rate): the server's speed moved the rate, not its users."""
+    return (followed - share * moved) * moved < 0
 
 
 def _paced_text(ratio: float) -> str:
