@@ -824,10 +824,12 @@ class Monitor:
             if shift is None:
                 continue
             at = pairs[shift.index][0]
-            closed = self._closed_before(start, at)
-            if name == "in_server_mean" and not closed:
+            # users that came or left: a closed loop's on as many windows as a baseline's sign reads; a rate its
+            # server moved (its warm-up: faster) is none on as few as the sign reads at all
+            if name == "in_server_mean" and not self._closed_before(start, at, self._enough):
                 continue  # an open loop's requests in the server follow its server's speed too
-            if name == "rate_per_s" and closed and c.paced_rate and self._paced_between(start, at, shift.moved_log):
+            if (name == "rate_per_s" and c.paced_rate and self._closed_before(start, at, 3)
+                    and self._paced_between(start, at, shift.moved_log)):
                 continue  # a closed loop's server answered at another speed: its users the same
             found[name] = (at, shift.moved_log, shift.t)
         if not found:
@@ -844,13 +846,14 @@ class Monitor:
         self._blind_times |= blind
         return ev
 
-    def _closed_before(self, start: float, at: float) -> bool:
-        """Whether the learning windows from `start` to before `at` were a closed loop's (_steady_inside)."""
+    def _closed_before(self, start: float, at: float, least: int) -> bool:
+        """Whether the learning windows from `start` to before `at`, at least `least` of them, were a closed loop's
+        (_steady_inside; a few windows of an open loop's, one block of a replay, can hold as steady by chance)."""
         inside = [v for tt, v in zip(self.tracks["in_server_mean"].times, self.tracks["in_server_mean"].values,
                                      strict=True) if start <= tt < at and v > 0]
         fin = self.tracks["finished_per_s"]
         done = [x * self.config.interval_s for tt, x in zip(fin.times, fin.values, strict=True) if start <= tt < at]
-        return self._steadier_than_arrivals(inside, done, 3)
+        return self._steadier_than_arrivals(inside, done, least)
 
     def _paced_between(self, start: float, at: float, moved: float) -> bool:
         """Whether the requests in the server moved by less than paced_share of the rate's `moved` (log) at `at`
