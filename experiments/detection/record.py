@@ -130,11 +130,23 @@ def wait_ready(url: str, timeout_s: float = 300) -> None:
     raise SystemExit(f"engine at {url} not ready in {timeout_s} s")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def add_out(ap: argparse.ArgumentParser) -> None:
+    """--out and --append: the recording's file, and whether one that exists may be added to."""
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--append", action="store_true",
                     help="add to an --out that exists (another run's phases, e.g. with --only) instead of refusing it")
+
+
+def check_out(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse an --out that exists unless --append (the recorders append: another recording would be lost in it)."""
+    if args.out.exists() and not args.append:
+        ap.error(f"--out {args.out} exists (a recording of its own?): name a new file, or pass --append to add "
+                 "this run's windows to it")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    add_out(ap)
     ap.add_argument("--interval-s", type=float, default=15.0)
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every phase's duration (a smoke run)")
     ap.add_argument("--only", default="", help="comma-separated phases to run (default: all)")
@@ -144,9 +156,7 @@ def main() -> None:
     ap.add_argument("--base-rate", type=float, default=BASE_RATE,
                     help=f"every phase's base arrival rate, requests/s (default {BASE_RATE}; rate_x2 twice it)")
     args = ap.parse_args()
-    if args.out.exists() and not args.append:
-        ap.error(f"--out {args.out} exists (a recording of its own?): name a new file, or pass --append to add "
-                 "this run's windows to it")
+    check_out(ap, args)
     if not args.base_rate > 0:
         ap.error(f"--base-rate must be > 0 requests/s, got {args.base_rate}")
     only = {p for p in args.only.split(",") if p}

@@ -49,7 +49,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from freeze import Freezer  # noqa: E402
-from record import BASE_RATE, SLOWDOWN_FRAC, bench, cpu_readings, scrape_loop, workload  # noqa: E402
+from record import (  # noqa: E402
+    BASE_RATE,
+    SLOWDOWN_FRAC,
+    add_out,
+    bench,
+    check_out,
+    cpu_readings,
+    scrape_loop,
+    workload,
+)
 
 from tuner.engine.checkpoint import write_checkpoint  # noqa: E402
 from tuner.measure.datasets import plans_for  # noqa: E402
@@ -164,9 +173,7 @@ def parse_seconds(items: list[str], names: list[str], error: Callable[[str], NoR
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--append", action="store_true",
-                    help="add to an --out that exists (another run's phases, e.g. with --only) instead of refusing it")
+    add_out(ap)
     ap.add_argument("--interval-s", type=float, default=15.0)
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every phase's duration (a smoke run)")
     ap.add_argument("--only", default="", help="comma-separated phases to run (default: all)")
@@ -192,9 +199,7 @@ def main() -> None:
     ap.add_argument("--lead-s", type=float, default=600.0,
                     help="--interleave, --life: the stationary stretch before the first change, seconds (default 600)")
     args = ap.parse_args()
-    if args.out.exists() and not args.append:
-        ap.error(f"--out {args.out} exists (a recording of its own?): name a new file, or pass --append to add "
-                 "this run's windows to it")
+    check_out(ap, args)
     if not VLLM_PYTHON.exists():
         ap.error(f"{VLLM_PYTHON} is missing: build vLLM's CPU environment with `make vllm-venv`")
     if not args.base_rate > 0:

@@ -859,8 +859,11 @@ class Monitor:
         """Whether the requests in the server moved by less than paced_share of the rate's `moved` (log) at `at`
         within the learning windows from `start` (_paced's rule: a closed loop answered at another speed)."""
         tr = self.tracks["in_server_mean"]
-        before = [math.log(v) for tt, v in zip(tr.times, tr.values, strict=True) if start <= tt < at and v > 0]
-        after = [math.log(v) for tt, v in zip(tr.times, tr.values, strict=True) if tt >= at and v > 0]
+        before: list[float] = []
+        after: list[float] = []
+        for tt, v in zip(tr.times, tr.values, strict=True):
+            if tt >= start and v > 0:
+                (after if tt >= at else before).append(math.log(v))
         if not before or not after:
             return False
         return _unfollowed(moved, statistics.fmean(after) - statistics.fmean(before), self.config.paced_share)
