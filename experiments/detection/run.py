@@ -656,15 +656,9 @@ def parser() -> argparse.ArgumentParser:
                          "baseline's learning windows is a drift and restarts the learning at it "
                          "(MonitorConfig.learning_shift; --no-learning-shift: the baseline learnt across it)")
     ap.add_argument("--wait-checked", type=float, default=MonitorConfig.wait_checked, metavar="FACTOR",
-                    help="judge a baseline's latencies uncorrected for the CPU wait where the correction spreads its "
-                         "learning windows' log ITL mean more than FACTOR times as wide (MonitorConfig.wait_checked; "
-                         "default: always corrected)")
-    ap.add_argument("--wait-exponent", choices=("law", "learnt"), default=MonitorConfig.wait_exponent,
-                    help="the 1 / (1 - w) law's exponent for the CPU wait: 1 (law) or learnt from each baseline's "
-                         "learning windows, shrunk towards 1 (MonitorConfig.wait_exponent)")
-    ap.add_argument("--wait-exponent-loops", choices=("closed", "all"), default=MonitorConfig.wait_exponent_loops,
-                    help="--wait-exponent learnt: in closed loops only or in every loop "
-                         "(MonitorConfig.wait_exponent_loops)")
+                    help="judge a closed loop's baseline's latencies uncorrected for the CPU wait where the correction "
+                         "spreads its learning windows' log ITL mean more than FACTOR times as wide "
+                         f"(MonitorConfig.wait_checked; default {MonitorConfig.wait_checked}; 0: always corrected)")
     ap.add_argument("--history-windows", type=int, default=MonitorConfig.history_windows,
                     help="latency baselines learnt again from up to this many calm windows (default: never)")
     ap.add_argument("--history-usual-wait", action=argparse.BooleanOptionalAction,
@@ -764,8 +758,7 @@ def setup(args: argparse.Namespace) -> tuple[Phases, dict[str, dict[str, float]]
                         drift_to_find_frac=args.drift_to_find or None, input_confidence=args.input_confidence,
                         rate_poisson_floor=args.rate_poisson_floor, paced_rate=args.paced_rate,
                         queued_load=args.queued_load, learning_shift=args.learning_shift,
-                        wait_checked=args.wait_checked, wait_exponent=args.wait_exponent,
-                        wait_exponent_loops=args.wait_exponent_loops,
+                        wait_checked=args.wait_checked or None,
                         history_windows=args.history_windows, history_usual_wait=args.history_usual_wait,
                         bucket_error=not args.no_bucket_error,
                         input_history_windows=args.input_history_windows or None,
@@ -839,8 +832,6 @@ def main() -> None:
           f"{cfg.queued_load}; "
           f"{'' if cfg.learning_shift else 'no '}drift looked for inside the learning windows; "
           f"the correction for the CPU wait dropped for a baseline it widens more than: {cfg.wait_checked}; "
-          + (f"the CPU wait law's exponent learnt in {cfg.wait_exponent_loops} loops (prior sd "
-             f"{cfg.wait_exponent_prior:g}); " if cfg.wait_exponent == "learnt" else "") +
           f"quantiles widened in another bucket than their baseline's: {cfg.bucket_error}; "
           f"latency baselines learnt again from up to {cfg.history_windows or 0} calm windows"
           f"{' at the usual CPU wait' if cfg.history_windows and cfg.history_usual_wait else ''}; "

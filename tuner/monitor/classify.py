@@ -37,7 +37,7 @@ from scipy.stats import kendalltau
 
 from tuner.measure.scrape import Snapshot
 from tuner.monitor.config import RULES, TESTS, MonitorConfig
-from tuner.monitor.contention import MAX_WAIT_FRAC, learnt_exponent, share_of, stretch
+from tuner.monitor.contention import MAX_WAIT_FRAC, share_of, stretch
 from tuner.monitor.detect import (
     CONFIDENCE,
     SECONDS_PER_DAY,
@@ -146,11 +146,9 @@ class Monitor:
         self._starved: dict[str, Baseline] = {}
         self._starved_ref = 0.0
         self._wait_now: float | None = None  # the last window's share lost to neighbours (_wait), once a window
-        # the exponent of the 1 / (1 - w) law the latencies' residuals are corrected by, and its uncertainty: the
-        # law's (1, wait_law_error), none for a baseline whose learning windows the correction widened
-        # (MonitorConfig.wait_checked), or learnt from them (MonitorConfig.wait_exponent; _check_wait)
-        self._exponent = 1.0
-        self._exponent_error = self.config.wait_law_error
+        # whether the latencies' residuals are corrected for that share: off for a baseline whose learning windows
+        # the correction widened (MonitorConfig.wait_checked; _check_wait)
+        self._corrected = True
         self.unjudged = 0  # windows whose latencies were not judged (tuner.monitor.config.MonitorConfig)
         self._blind = False
         self._blind_times: set[float] = set()  # ends of the windows not judged (nor learnt from)
@@ -201,12 +199,7 @@ class Monitor:
     @property
     def wait_corrected(self) -> bool:
         """Whether the latencies are judged corrected for the server's CPU wait (MonitorConfig.wait_checked)."""
-        return self._exponent > 0
-
-    @property
-    def wait_exponent(self) -> float:
-        """The exponent of the 1 / (1 - w) law the latencies are judged corrected by (MonitorConfig.wait_exponent)."""
-        return self._exponent
+        return self._corrected
 
     @property
     def learning(self) -> bool:
@@ -219,8 +212,8 @@ class Monitor:
             return x
         if self.expectation is not None:
             x /= self.expectation.factor(name, self.last_signals)
-        if self._wait_now is not None and self._exponent > 0:
-            x *= (1.0 - self._wait_now) ** self._exponent
+        if self._wait_now is not None and self._corrected:
+            x *= 1.0 - self._wait_now
         return x
 
     def _wait(self, law: str | None = None) -> float | None:
@@ -254,7 +247,7 @@ class Monitor:
         if name in LENGTHS and done is not None and usual is not None and usual.level > 0:
             z *= min(1.0, math.sqrt(done / usual.level))  # a mean of fewer requests than usual says less
         extra = 0.0  # the window's own uncertainty (log scale) on top of the baseline's scale
-        if name in LATENCIES and self.config.contention and self._waits and self._exponent > 0:
+        if name in LATENCIES and self.config.contention and self._waits and self._corrected:
             w = min(max(self._waits), MAX_WAIT_FRAC)
             # the measured share's error, and the 1 / (1 - w) law's own (its exponent known to +- wait_law_error)
             # on the stretch, or on its departure from the baseline's usual one (wait_law_relative)
@@ -264,7 +257,7 @@ class Monitor:
             if self.config.wait_error_relative:  # beyond the error at the baseline's usual stretch (the config)
                 usual_err = self.config.wait_error * math.exp(usual_stretch)
                 share_err = math.hypot(self.config.wait_error, math.sqrt(max(0.0, share_err ** 2 - usual_err ** 2)))
-            extra = math.hypot(self._exponent * share_err, self._exponent_error * away)
+            extra = math.hypot(share_err, self.config.wait_law_error * away)
         if name in LATENCIES and self.config.bucket_error:
             extra = math.hypot(extra, tr.bucket_error())
         if extra > 0:
@@ -452,51 +445,34 @@ class Monitor:
                 self._starved[tr.name] = baseline if starved is vals else self._learnt_baseline(tr.name, starved)
 
     def _check_wait(self) -> None:
-        """The exponent of the 1 / (1 - w) law this baseline's latencies are corrected by, from its learning windows
-        that read a wait (the stretch log 1 / (1 - w) and the log ITL mean uncorrected):
-
-        - MonitorConfig.wait_exponent "learnt" (in a closed loop only, or in every loop: wait_exponent_loops): the
-          ITL's least-squares slope on the stretch, shrunk towards the law's 1 by its standard error against the
-          law's own (prior sd wait_exponent_prior), within [0, 1]; its posterior sd is the law's error from then on.
-          A neighbour's wait stretches the work (slopes 0.8-1.2 on the busy streams), a wait for the server's own
-          clients and front end does not (a closed loop's -1.2 to 0: they take the CPUs most when it runs fastest),
-          and where the wait hardly moved the slope is unknown and the law stays.
-        - else MonitorConfig.wait_checked: none in a closed loop (_closed_loop) whose corrected log ITL mean spreads
-          more than wait_checked times as wide as uncorrected, the law otherwise.
-
-        The latencies' stored residuals are turned to the chosen exponent, so every baseline and relearning reads
-        one form."""
+        """Whether this baseline's latencies are corrected for the server's CPU wait (MonitorConfig.wait_checked):
+        not where, in a closed loop (_closed_loop: its clients send as fast as the server answers), over the
+        learning windows that read a wait, the log ITL mean corrected spreads more than wait_checked times as wide
+        as uncorrected (the wait did not stretch the server's work: its own load's clients and front end took the
+        CPUs it waited for, busiest when it ran fastest); always in an open loop. The latencies' stored residuals
+        are turned to the chosen form, so every baseline and relearning reads one form."""
         c, tr = self.config, self.tracks["itl_ms_mean"]
-        learnt = c.wait_exponent == "learnt"
-        if not c.contention or (not learnt and c.wait_checked is None):
+        if c.wait_checked is None or not c.contention:
             return
         n = c.learn_windows  # the learning windows that read a wait, starved ones too (their baseline)
         seen = [(self._stretch[t], math.log(r)) for t, r in zip(tr.times[-n:], tr.residuals[-n:], strict=True)
                 if t in self._stretch and r > 0]
-        judged = self._closed_loop or (learnt and c.wait_exponent_loops == "all")
-        if judged and len(seen) < max(3, self._enough):
+        if self._closed_loop and len(seen) < max(3, self._enough):
             return
-        old = self._exponent  # the stored residuals carry the stretch's correction by it
-        raw = [x + old * st for st, x in seen]
-        stretches = [st for st, _ in seen]
-        if not judged:
-            exponent, error = 1.0, c.wait_law_error
-        elif learnt:
-            exponent, error = learnt_exponent(stretches, raw, c.wait_exponent_prior)
-        else:
-            fixed = [x - st for st, x in zip(stretches, raw, strict=True)]
-            on = statistics.stdev(fixed) <= c.wait_checked * statistics.stdev(raw)  # type: ignore[operator]
-            exponent, error = (1.0, c.wait_law_error) if on else (0.0, c.wait_law_error)
-        self._exponent_error = error
-        if exponent == old:
+        on = 1.0 if self._corrected else 0.0  # the stored residuals carry the stretch's correction where on
+        raw = [x + on * st for st, x in seen]
+        fixed = [x - st for (st, _), x in zip(seen, raw, strict=True)]
+        corrected = not self._closed_loop or statistics.stdev(fixed) <= c.wait_checked * statistics.stdev(raw)
+        if corrected == self._corrected:
             return
-        self._exponent = exponent
-        for name in LATENCIES:  # into the new form
+        self._corrected = corrected
+        sign = -1.0 if corrected else 1.0  # into the new form: the stretch taken out, or put back
+        for name in LATENCIES:
             lat = self.tracks[name]
-            lat.residuals = [r * math.exp((old - exponent) * self._stretch[t]) if t in self._stretch else r
+            lat.residuals = [r * math.exp(sign * self._stretch[t]) if t in self._stretch else r
                              for t, r in zip(lat.times, lat.residuals, strict=True)]
-        log.info("latencies corrected for the CPU wait by the exponent %.2f (+- %.2f) from this baseline on "
-                 "(MonitorConfig.%s)", exponent, error, "wait_exponent" if learnt else "wait_checked")
+        log.info("latencies %s for the CPU wait from this baseline on (MonitorConfig.wait_checked)",
+                 "corrected" if corrected else "not corrected")
 
     def _learn_track(self, tr: SignalTrack, vals: list[float]) -> Baseline | None:
         """A track's baseline from `vals` and its CUSUM restarted; none where too few windows carried the signal
@@ -1085,4 +1061,3 @@ def _split(times: Sequence[float], vals: Sequence[float], starved: set[float]) -
     for t, v in zip(times, vals, strict=True):
         out[t in starved].append(v)
     return out
-

@@ -36,9 +36,8 @@ from __future__ import annotations
 
 import logging
 import math
-import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 from tuner.monitor.signals import MissingSeries
@@ -55,23 +54,6 @@ def stretch(w: float) -> float:
     """log 1 / (1 - w): how much longer, on the log scale, a server's work takes when it lost a share w of it to
     neighbours (capped at MAX_WAIT_FRAC)."""
     return -math.log1p(-min(w, MAX_WAIT_FRAC))
-
-
-def learnt_exponent(stretches: Sequence[float], log_raw: Sequence[float], prior_sd: float) -> tuple[float, float]:
-    """The exponent of the 1 / (1 - w) law a baseline's windows show (MonitorConfig.wait_exponent): the least-squares
-    slope of the log latency on the stretch log 1 / (1 - w), combined with the law's 1 (prior sd `prior_sd`) by their
-    precisions, within [0, 1], and its posterior sd. The law where the stretch did not move."""
-    n = len(stretches)
-    mx, my = statistics.fmean(stretches), statistics.fmean(log_raw)
-    sxx = sum((x - mx) ** 2 for x in stretches)
-    if n < 3 or sxx <= 0:
-        return 1.0, prior_sd
-    slope = sum((x - mx) * (y - my) for x, y in zip(stretches, log_raw, strict=True)) / sxx
-    rss = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(stretches, log_raw, strict=True))
-    var = max(rss / (n - 2), 1e-12) / sxx
-    precision = 1.0 / var + 1.0 / prior_sd ** 2
-    post = (slope / var + 1.0 / prior_sd ** 2) / precision
-    return min(1.0, max(0.0, post)), math.sqrt(1.0 / precision)
 
 
 def share_of(s: float) -> float:

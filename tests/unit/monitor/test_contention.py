@@ -19,7 +19,6 @@ from tuner.monitor.contention import (
     MAX_WAIT_FRAC,
     CpuSteal,
     CpuWait,
-    learnt_exponent,
     proc_stat_steal,
     psi_some_total_us,
     schedstat_ns,
@@ -382,15 +381,14 @@ def test_the_auto_laws_degree_is_the_usual_waits_not_the_windows() -> None:
 
 
 def _own_load(latency_x: float, *, checked: float | None, seed: int, n: int = 80, at: int = 40,
-              neighbour: bool = False, closed: bool = True, learnt: str | None = None) -> tuple[Monitor, Events]:
+              neighbour: bool = False, closed: bool = True) -> tuple[Monitor, Events]:
     """A closed loop on a small host whose CPU wait its own load makes (vLLM capped at 3 at once on 2 cores:
     experiments/detection, twenty-seventh step): its speed wanders by 8 %, and the faster it runs the more CPU its
     clients and front end take, so the engine waits longer (0.28-0.36 of the window); from `at` on its latencies
     are `latency_x` times as long at the same wait (run.py's slowdown model). `neighbour`: the usual case
     instead, a neighbour's wait (0.05-0.45) that stretches the work. `checked`: MonitorConfig.wait_checked. Its 3
     users' requests in the server steady as a closed loop's (a spread of 0.005 on the log); not `closed`: an open
-    loop's, wandering with its arrivals (0.3), whose wait the check leaves corrected. `learnt`: the law's exponent
-    learnt in those loops (MonitorConfig.wait_exponent_loops) instead."""
+    loop's, wandering with its arrivals (0.3), whose wait the check leaves corrected."""
     rng, inside_rng = random.Random(seed), random.Random(f"inside/{seed}")  # the loop's own draws apart
 
     def loop(sig: dict[str, float]) -> dict[str, float]:
@@ -406,8 +404,7 @@ def _own_load(latency_x: float, *, checked: float | None, seed: int, n: int = 80
                 continue
             speed = rng.lognormvariate(0, 0.08)
             yield loop({**_window(rng, f * speed, itl_sd=0.02), "cpu_wait_frac": 0.32 - 0.5 * math.log(speed)})
-    m = Monitor(MonitorConfig(interval_s=15.0, wait_checked=checked, wait_exponent="learnt" if learnt else "law",
-                              wait_exponent_loops="all" if learnt == "all" else "closed"))
+    m = Monitor(MonitorConfig(interval_s=15.0, wait_checked=checked))
     return m, _watch(m, windows())
 
 
@@ -435,38 +432,3 @@ def test_a_wait_the_servers_own_load_makes_is_not_taken_for_a_neighbours() -> No
     # corrected: 3 of 6 never found within 40 windows, the others after 10, 16 and 21
     assert max(found[1.25]) <= 12 and sorted(found[1.25])[2] <= 4, found
     assert sorted(found[None])[2] > 12, found
-
-
-def test_the_wait_laws_exponent_learnt_from_the_baselines_own_windows() -> None:
-    """MonitorConfig.wait_exponent "learnt": a closed loop's own load's wait (the server waits longest when it runs
-    fastest) is learnt to stretch nothing (exponent 0: the slowdown found as the check finds it), a neighbour's to
-    stretch the work by the law (its wait explained, no event; twice as slow found), in a closed or an open loop;
-    learnt in closed loops only, an open loop keeps the law."""
-    found: list[float] = []
-    for seed in range(6):
-        m, ev = _own_load(1.0, checked=None, seed=seed, learnt="closed")
-        assert ev == [] and m.wait_exponent < 0.2, (ev, m.wait_exponent)
-        m, ev = _own_load(1.3, checked=None, seed=seed, learnt="closed")
-        assert not ev or ev[0][1:] == ("anomaly", "latency"), ev
-        found.append(ev[0][0] - 40 if ev else math.inf)
-        for loops, closed in (("closed", True), ("all", True), ("all", False)):
-            m, ev = _own_load(1.0, checked=None, seed=seed, neighbour=True, closed=closed, learnt=loops)
-            assert ev == [] and m.wait_exponent > 0.7, (loops, closed, ev, m.wait_exponent)
-            m, ev = _own_load(2.0, checked=None, seed=seed, neighbour=True, closed=closed, learnt=loops)
-            assert ev and ev[0][1:] == ("anomaly", "latency") and ev[0][0] - 40 <= 4, (loops, closed, ev)
-        m, ev = _own_load(1.0, checked=None, seed=seed, closed=False, learnt="closed")
-        assert m.wait_exponent == 1.0  # an open loop: the law
-    assert max(found) <= 12 and sorted(found)[2] <= 4, found
-
-
-def test_the_learnt_exponent_is_the_slope_shrunk_towards_the_law() -> None:
-    """_learnt_exponent: the slope where the stretch moved a lot, pulled towards 1 where it moved little, within
-    [0, 1]; the law itself where the stretch never moved."""
-    xs = [0.1 * i for i in range(20)]
-    assert learnt_exponent(xs, [0.8 * x + 0.01 * (-1) ** i for i, x in enumerate(xs)], 0.5)[0] == pytest.approx(
-        0.8, abs=0.02)
-    assert learnt_exponent(xs, [-1.0 * x + 0.01 * (-1) ** i for i, x in enumerate(xs)], 0.5)[0] == 0.0
-    assert learnt_exponent([0.3] * 20, [1.0 + 0.01 * i for i in range(20)], 0.5) == (1.0, 0.5)
-    tiny = [0.001 * i for i in range(20)]  # a stretch that hardly moved: the noise says nothing of the slope
-    exponent, sd = learnt_exponent(tiny, [0.05 * (-1) ** i for i in range(20)], 0.5)
-    assert exponent > 0.85 and sd > 0.45
