@@ -87,12 +87,17 @@ def log_residuals(windows: list[Window], cfg: MonitorConfig, expect: ChampionExp
     """Each latency's log residual the monitor judges, window by window (over the expectation, times 1 - the CPU
     wait; nan where a window has none), from the monitor's own code."""
     m = Monitor(cfg, expect)
-    out: dict[str, list[float]] = {n: [] for n in LATENCIES}
     for i, w in enumerate(windows):
         m.observe(cfg.interval_s * i, w)
-        for n in LATENCIES:
-            tr = m.tracks[n]
-            out[n].append(math.log(tr.residuals[-1]) if n in m.last_signals and tr.residuals[-1] > 0 else math.nan)
+    # read at the end: a baseline's check of the CPU wait's law (MonitorConfig.wait_checked) turns the residuals
+    # stored before it to its form
+    out: dict[str, list[float]] = {}
+    for n in LATENCIES:
+        tr = m.tracks[n]
+        if len(windows) > tr.keep:
+            raise SystemExit(f"bound.py: {len(windows)} windows, more than a track keeps ({tr.keep})")
+        at = dict(zip(tr.times, tr.residuals, strict=True))
+        out[n] = [math.log(r) if (r := at.get(cfg.interval_s * i, 0.0)) > 0 else math.nan for i in range(len(windows))]
     return out
 
 
