@@ -596,6 +596,17 @@ def _at_least_one(text: str) -> int:
     return n
 
 
+def _wait_factor(text: str) -> float:
+    """--wait-checked's factor: 0 (off) or a positive number (argparse's type)."""
+    try:
+        x = float(text)
+    except ValueError:
+        x = -1.0
+    if not 0 <= x < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r}: 0 (always corrected) or a positive factor")
+    return x
+
+
 def parser() -> argparse.ArgumentParser:
     """The experiment's options (episodes.py takes the same)."""
     ap = argparse.ArgumentParser()
@@ -655,7 +666,7 @@ def parser() -> argparse.ArgumentParser:
                     help="a level shift of an input, or of a closed loop's requests in the server, inside a "
                          "baseline's learning windows is a drift and restarts the learning at it "
                          "(MonitorConfig.learning_shift; --no-learning-shift: the baseline learnt across it)")
-    ap.add_argument("--wait-checked", type=float, default=MonitorConfig.wait_checked, metavar="FACTOR",
+    ap.add_argument("--wait-checked", type=_wait_factor, default=MonitorConfig.wait_checked, metavar="FACTOR",
                     help="judge a closed loop's baseline's latencies uncorrected for the CPU wait where the correction "
                          "spreads its learning windows' log ITL mean more than FACTOR times as wide "
                          f"(MonitorConfig.wait_checked; default {MonitorConfig.wait_checked}; 0: always corrected)")
