@@ -87,6 +87,9 @@ def log_residuals(windows: list[Window], cfg: MonitorConfig, expect: ChampionExp
     """Each latency's log residual the monitor judges, window by window (over the expectation, times 1 - the CPU
     wait; nan where a window has none), from the monitor's own code."""
     m = Monitor(cfg, expect)
+    keep = m.tracks["itl_ms_mean"].keep
+    if len(windows) > keep:
+        raise SystemExit(f"bound.py: {len(windows)} windows, more than a track keeps ({keep})")
     for i, w in enumerate(windows):
         m.observe(cfg.interval_s * i, w)
     # read at the end: a baseline's check of the CPU wait's law (MonitorConfig.wait_checked) turns the residuals
@@ -94,8 +97,6 @@ def log_residuals(windows: list[Window], cfg: MonitorConfig, expect: ChampionExp
     out: dict[str, list[float]] = {}
     for n in LATENCIES:
         tr = m.tracks[n]
-        if len(windows) > tr.keep:
-            raise SystemExit(f"bound.py: {len(windows)} windows, more than a track keeps ({tr.keep})")
         at = dict(zip(tr.times, tr.residuals, strict=True))
         out[n] = [math.log(r) if (r := at.get(cfg.interval_s * i, 0.0)) > 0 else math.nan for i in range(len(windows))]
     return out

@@ -22,13 +22,13 @@ from tuner.monitor.signals import LATENCIES  # noqa: E402
 
 CONFIG = MonitorConfig(interval_s=15.0)
 LEAD, AFTER = 40, 12
+EXPECT = run.expectation(DETECTION.parent / "sim-calibration" / "model-cpu.json")
 
 
 def _events(windows: list[run.Window], cfg: MonitorConfig) -> tuple[list[run.Ev], tuple[int, str] | None]:
     """The events before the splice, and (delay in windows, kind) of the first after it (None: none within
     AFTER)."""
-    expect = run.expectation(DETECTION.parent / "sim-calibration" / "model-cpu.json")
-    ev = run.replay(windows, cfg, run.Gpu(0.0, 0), expect)
+    ev = run.replay(windows, cfg, run.Gpu(0.0, 0), EXPECT)
     before = [e for e in ev if e[0] < LEAD and e[1] != "recovery"]
     return before, next(((i - LEAD + 1, kind) for i, kind, _, _ in ev if i >= LEAD and kind != "recovery"), None)
 
