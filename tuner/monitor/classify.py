@@ -828,9 +828,12 @@ class Monitor:
             # server moved (its warm-up: faster) is none on as few as the sign reads at all
             if name == "in_server_mean" and not self._closed_before(start, at, self._enough):
                 continue  # an open loop's requests in the server follow its server's speed too
-            if (name == "rate_per_s" and c.paced_rate and self._closed_before(start, at, 3)
-                    and self._paced_between(start, at, shift.moved_log)):
-                continue  # a closed loop's server answered at another speed: its users the same
+            if name == "rate_per_s" and c.paced_rate and self._paced_between(start, at, shift.moved_log):
+                closed = self._closed_around(start, at, 3)
+                if closed is None:
+                    continue  # too few windows on either side to read the loop's sign yet: the next ones tell
+                if closed:
+                    continue  # a closed loop's server answered at another speed: its users the same
             found[name] = (at, shift.moved_log, shift.t)
         if not found:
             return None
@@ -849,11 +852,27 @@ class Monitor:
     def _closed_before(self, start: float, at: float, least: int) -> bool:
         """Whether the learning windows from `start` to before `at`, at least `least` of them, were a closed loop's
         (_steady_inside; a few windows of an open loop's, one block of a replay, can hold as steady by chance)."""
-        inside = [v for tt, v in zip(self.tracks["in_server_mean"].times, self.tracks["in_server_mean"].values,
-                                     strict=True) if start <= tt < at and v > 0]
-        fin = self.tracks["finished_per_s"]
-        done = [x * self.config.interval_s for tt, x in zip(fin.times, fin.values, strict=True) if start <= tt < at]
+        inside, done = self._load_between(start, at)
         return self._steadier_than_arrivals(inside, done, least)
+
+    def _closed_around(self, start: float, at: float, least: int) -> bool | None:
+        """The closed-loop sign around a shift at `at` inside the learning windows from `start`: read on the
+        windows before it where at least `least` came before it, else on those from it on (the loop's sign holds
+        through a change of its server's speed, and a shift early in the learning leaves too few before it);
+        None where neither side has `least` windows yet."""
+        inside, done = self._load_between(start, at)
+        if len(inside) >= least:
+            return self._steadier_than_arrivals(inside, done, least)
+        inside, done = self._load_between(at, math.inf)
+        return self._steadier_than_arrivals(inside, done, least) if len(inside) >= least else None
+
+    def _load_between(self, start: float, end: float) -> tuple[list[float], list[float]]:
+        """The requests in the server (positive ones) and the finished counts of the windows ending from `start`
+        to before `end`."""
+        tr, fin = self.tracks["in_server_mean"], self.tracks["finished_per_s"]
+        inside = [v for tt, v in zip(tr.times, tr.values, strict=True) if start <= tt < end and v > 0]
+        done = [x * self.config.interval_s for tt, x in zip(fin.times, fin.values, strict=True) if start <= tt < end]
+        return inside, done
 
     def _paced_between(self, start: float, at: float, moved: float) -> bool:
         """Whether the requests in the server moved by less than paced_share of the rate's `moved` (log) at `at`
