@@ -183,7 +183,8 @@ class MonitorConfig:
     # at least drift_to_find_frac (0.5 where None) on the log scale (tuner.monitor.detect.level_shift: ruptures
     # places it, a t-test at the false-alarm budget's share of one window, the windows' spread at least
     # learning_shift_floor, judges it) is a drift, and the learning restarts at the shift. A rate moved by a
-    # closed loop's server (its requests in the server did not follow: paced_rate) is none. The learning windows'
+    # closed loop's server (its requests in the server did not follow: paced_rate) is none, the loop's sign read on
+    # the windows before the shift, or after it where fewer than 3 came before (vllm15). The learning windows'
     # share of the budget is otherwise unspent. Off: a baseline learnt across the change, which judges what came
     # after against a mix of both loads (vllm13: the users' return 0/8 found, the slowdown after it a drift 8/8;
     # experiments/detection, twenty-ninth step)
