@@ -16,7 +16,6 @@ recorded, from each of ... starts") a window never follows itself.
 from __future__ import annotations
 
 import math
-import random
 import statistics
 import sys
 from pathlib import Path
@@ -25,6 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import run  # noqa: E402
+
+from tuner.monitor.classify import Event  # noqa: E402
 
 TOP = 2  # the set's windows farthest from a signal's median that count
 LOOK = 3  # the alarm's window and the ones before it that count
@@ -42,44 +43,38 @@ def extremes(stat: list[run.Window], signal: str) -> list[int]:
 def main() -> None:
     args = run.parser().parse_args()
     phases, _, sets, cfg, expect, _ = run.setup(args)
-    given = dict(item.partition("=")[::2] for item in args.cut)
-    n = int(args.stream_hours * 3600 / cfg.interval_s)
+    cuts = run.trim_and_cut(args, phases, sets, cfg, expect)
     print("command: `python experiments/detection/repeats.py " + " ".join(sys.argv[1:]) + "`\n")
     print(f"| set | windows | hours | events | of them a repeat of the set's {TOP} farthest windows | by chance | "
           "per 24 h, all / not a repeat | the repeated windows (index: signal x its median) |")
     print("|---|---:|---:|---:|---:|---:|---|---|")
     for name, label in sets:
-        recorded = [w for _, w in phases[name]]
-        cut = (int(given[name]) if name in given else 0 if args.no_warmup_cut
-               else run.warmup(recorded, cfg, expect))
-        stat = recorded[cut:]
+        stat = [w for _, w in phases[name]][cuts[name]:]
         row = run.row_label(name, label)
         index = {id(w): i for i, w in enumerate(stat)}
         far: dict[str, list[int]] = {}
-        rng = random.Random(f"{args.seed}/{row}/1")
         events = repeats = 0
         seen: dict[tuple[int, str], int] = {}
-        streams = max(1, round(args.hours / args.stream_hours))
-        for s in range(streams):
-            windows = run.bootstrap(stat, n + cfg.learn_windows, 1, rng,
-                                    distinct=0 if args.learning_repeats else cfg.learn_windows)
-            m = run.Monitor(cfg, expect)
-            gpu = run.Gpu(args.gpu_noise, 100 + s)
-            for j, w in enumerate(windows):
-                for e in m.observe(cfg.interval_s * j, w if run.recorded_gpu(w) else {**w, **gpu.read()}):
-                    if e.kind not in ("drift", "anomaly", "saturation"):
-                        continue
-                    events += 1
-                    last = [index[id(x)] for x in windows[max(0, j - LOOK + 1):j + 1]]
-                    for sig in e.signals:
-                        top = far.setdefault(sig, extremes(stat, sig))
-                        hits = [i for i in last if i in top]
-                        if len(hits) >= 2:
-                            repeats += 1
-                            for i in set(hits):
-                                seen[(i, sig)] = seen.get((i, sig), 0) + 1
-                            break
-        hours = streams * n * cfg.interval_s / 3600
+        watched = 0
+        for s, windows in run.bootstrap_streams(row, stat, 1, cfg, args):
+            full: list[tuple[int, Event]] = []
+            run.replay(windows, cfg, run.Gpu(args.gpu_noise, 100 + s), expect, full=full)
+            watched += len(windows) - cfg.learn_windows
+            for j, e in full:
+                if e.kind not in ("drift", "anomaly", "saturation"):
+                    continue
+                events += 1
+                last = [index[id(x)] for x in windows[max(0, j - LOOK + 1):j + 1]]
+                for sig in e.signals:
+                    if sig not in far:
+                        far[sig] = extremes(stat, sig)
+                    hits = [i for i in last if i in far[sig]]
+                    if len(hits) >= 2:
+                        repeats += 1
+                        for i in set(hits):
+                            seen[(i, sig)] = seen.get((i, sig), 0) + 1
+                        break
+        hours = watched * cfg.interval_s / 3600
         chance = math.comb(LOOK, 2) * (TOP / len(stat)) ** 2
         cells = []
         for (i, sig), _ in sorted(seen.items(), key=lambda kv: -kv[1]):
@@ -88,7 +83,6 @@ def main() -> None:
         share = f"{repeats / events:.0%}" if events else "-"
         print(f"| {row} | {len(stat)} | {hours:.0f} | {events} | {repeats} ({share}) | {chance:.1%} | "
               f"{events * 24 / hours:.2f} / {(events - repeats) * 24 / hours:.2f} | {', '.join(cells) or '-'} |")
-
 
 if __name__ == "__main__":
     main()

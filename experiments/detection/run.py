@@ -52,7 +52,7 @@ import record_gpu  # noqa: E402
 
 from tests.support.nvml_double import ControlledNvml  # noqa: E402
 from tuner.measure.scrape import parse  # noqa: E402
-from tuner.monitor.classify import Monitor  # noqa: E402
+from tuner.monitor.classify import Event, Monitor  # noqa: E402
 from tuner.monitor.config import RULES, TESTS, MonitorConfig  # noqa: E402
 from tuner.monitor.contention import CpuSteal, CpuWait, proc_stat_steal, schedstat_ns  # noqa: E402
 from tuner.monitor.detect import windows_to_find  # noqa: E402
@@ -238,9 +238,11 @@ def bootstrap(windows: list[Window], n: int, block: int, rng: random.Random, dis
 
 def replay(windows: list[Window], cfg: MonitorConfig, gpu: Gpu, expect: ChampionExpectation | None,
            at: int | None = None, on_change: Callable[[], None] | None = None,
-           unjudged: list[int] | None = None, monitor: list[Monitor] | None = None) -> list[Ev]:
+           unjudged: list[int] | None = None, monitor: list[Monitor] | None = None,
+           full: list[tuple[int, Event]] | None = None) -> list[Ev]:
     """(window index, kind, cause, reopened) of every event; `on_change` runs before window `at`; `unjudged` gets the
-    count of windows whose latencies were not judged, `monitor` the Monitor itself."""
+    count of windows whose latencies were not judged, `monitor` the Monitor itself, `full` each event whole with its
+    window index."""
     m = Monitor(cfg, expect)
     if monitor is not None:
         monitor.append(m)
@@ -250,6 +252,8 @@ def replay(windows: list[Window], cfg: MonitorConfig, gpu: Gpu, expect: Champion
             on_change()
         for e in m.observe(cfg.interval_s * i, w if recorded_gpu(w) else {**w, **gpu.read()}):
             out.append((i, e.kind, e.cause, e.reopened))
+            if full is not None:
+                full.append((i, e))
     if unjudged is not None:
         unjudged.append(m.unjudged)
     return out
@@ -258,15 +262,22 @@ def replay(windows: list[Window], cfg: MonitorConfig, gpu: Gpu, expect: Champion
 def bootstrap_replays(label: str, stat: list[Window], block: int, cfg: MonitorConfig,
                       expect: ChampionExpectation | None, args: argparse.Namespace,
                       unjudged: list[int] | None = None) -> Iterator[list[Ev]]:
-    """The events of each replayed stream of row `label`'s bootstrap (--hours in streams of --stream-hours, in
+    """The events of each replayed stream of row `label`'s bootstrap (bootstrap_streams), each with its own GPU
+    double."""
+    for s, windows in bootstrap_streams(label, stat, block, cfg, args):
+        yield replay(windows, cfg, Gpu(args.gpu_noise, 100 + s), expect, unjudged=unjudged)
+
+
+def bootstrap_streams(label: str, stat: list[Window], block: int, cfg: MonitorConfig,
+                      args: argparse.Namespace) -> Iterator[tuple[int, list[Window]]]:
+    """(index, windows) of each replayed stream of row `label`'s bootstrap (--hours in streams of --stream-hours, in
     blocks of `block` windows of the steady state `stat`), from the row's own draws: a row is the same whatever
     other streams the run has."""
     rng = random.Random(f"{args.seed}/{label}/{block}")
     n = int(args.stream_hours * 3600 / cfg.interval_s)
     for s in range(max(1, round(args.hours / args.stream_hours))):
-        windows = bootstrap(stat, n + cfg.learn_windows, block, rng,
-                            distinct=0 if args.learning_repeats else cfg.learn_windows)
-        yield replay(windows, cfg, Gpu(args.gpu_noise, 100 + s), expect, unjudged=unjudged)
+        yield s, bootstrap(stat, n + cfg.learn_windows, block, rng,
+                           distinct=0 if args.learning_repeats else cfg.learn_windows)
 
 
 def event_key(kind: str, cause: str, reopened: bool) -> str:
@@ -794,6 +805,17 @@ def stream_windows(option: str, items: list[str], phases: Phases, sets: Sets, le
     return out
 
 
+def trim_and_cut(args: argparse.Namespace, phases: Phases, sets: Sets, cfg: MonitorConfig,
+                 expect: ChampionExpectation | None) -> dict[str, int]:
+    """Each stationary set cut to its first --until windows (in `phases`), and its warm-up cut: --cut's windows,
+    else none (--no-warmup-cut), else MSER-5's (warmup())."""
+    for name, n in stream_windows("--until", args.until, phases, sets, 1, "at most as many windows as it has").items():
+        phases[name] = phases[name][:n]
+    given = stream_windows("--cut", args.cut, phases, sets, 0, "fewer windows than it has", fewer=True)
+    return {name: given[name] if name in given else 0 if args.no_warmup_cut
+            else warmup([w for _, w in phases[name]], cfg, expect) for name, _ in sets}
+
+
 def row_label(name: str, label: str) -> str:
     return f"{label} (`{name}`)"
 
@@ -879,11 +901,7 @@ def main() -> None:
         print(f"\nThe GPU's readings (NVML, one per window, {which[args.gpu_readings]}; medians):\n")
         print(record_gpu.gpu_table(gpu_phases))
 
-    for name, n in stream_windows("--until", args.until, phases, sets, 1, "at most as many windows as it has").items():
-        phases[name] = phases[name][:n]
-    given = stream_windows("--cut", args.cut, phases, sets, 0, "fewer windows than it has", fewer=True)
-    cuts = {name: given[name] if name in given else 0 if args.no_warmup_cut
-            else warmup([w for _, w in phases[name]], cfg, expect) for name, _ in sets}
+    cuts = trim_and_cut(args, phases, sets, cfg, expect)
     if not args.only_injected:
         false_alarm_rows(args, phases, sets, cuts, cfg, expect)
     if args.only_false_alarms:

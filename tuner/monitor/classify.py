@@ -828,12 +828,11 @@ class Monitor:
             # server moved (its warm-up: faster) is none on as few as the sign reads at all
             if name == "in_server_mean" and not self._closed_before(start, at, self._enough):
                 continue  # an open loop's requests in the server follow its server's speed too
-            if name == "rate_per_s" and c.paced_rate and self._paced_between(start, at, shift.moved_log):
-                closed = self._closed_around(start, at, 3)
-                if closed is None:
-                    continue  # too few windows on either side to read the loop's sign yet: the next ones tell
-                if closed:
-                    continue  # a closed loop's server answered at another speed: its users the same
+            # a closed loop's server answered at another speed, its users the same (or too few windows on either
+            # side of the shift to read the loop's sign yet: the next ones tell)
+            if (name == "rate_per_s" and c.paced_rate and self._paced_between(start, at, shift.moved_log)
+                    and self._closed_around(start, at, 3) is not False):
+                continue
             found[name] = (at, shift.moved_log, shift.t)
         if not found:
             return None
@@ -861,9 +860,8 @@ class Monitor:
         through a change of its server's speed, and a shift early in the learning leaves too few before it);
         None where neither side has `least` windows yet."""
         inside, done = self._load_between(start, at)
-        if len(inside) >= least:
-            return self._steadier_than_arrivals(inside, done, least)
-        inside, done = self._load_between(at, math.inf)
+        if len(inside) < least:
+            inside, done = self._load_between(at, math.inf)
         return self._steadier_than_arrivals(inside, done, least) if len(inside) >= least else None
 
     def _load_between(self, start: float, end: float) -> tuple[list[float], list[float]]:

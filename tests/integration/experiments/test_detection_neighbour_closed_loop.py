@@ -8,6 +8,7 @@ windows in recorded order raise nothing from any start (the paced-rate exemption
 
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +27,13 @@ LEAD, AFTER = 40, 12
 EXPECT = run.expectation(DETECTION.parent / "sim-calibration" / "model-cpu.json")
 
 
+@functools.cache
+def _stationary() -> list[run.Window]:
+    """vllm15's stationary windows in recorded order (the stream read once for both tests; they copy, never edit)."""
+    phases, _ = run.load(DETECTION / "recorded-vllm-capacity3-neighbour.jsonl.gz")
+    return [w for _, w in phases["stationary_b"]]
+
+
 def _events(windows: list[run.Window], cfg: MonitorConfig) -> tuple[list[run.Ev], tuple[int, str] | None]:
     """The events before the splice, and (delay in windows, kind) of the first after it (None: none within
     AFTER)."""
@@ -35,8 +43,7 @@ def _events(windows: list[run.Window], cfg: MonitorConfig) -> tuple[list[run.Ev]
 
 
 def test_a_server_twice_as_slow_is_found_where_the_neighbours_wait_breaks_the_law() -> None:
-    phases, _ = run.load(DETECTION / "recorded-vllm-capacity3-neighbour.jsonl.gz")
-    stat = [w for _, w in phases["stationary_b"]]
+    stat = _stationary()
     law = 0
     starts = range(0, len(stat) - LEAD - AFTER + 1, 6)
     assert len(starts) >= 4
@@ -55,8 +62,7 @@ def test_its_steady_windows_in_recorded_order_raise_nothing_from_any_start() -> 
     2 windows before the neighbour came back, saw the rate fall x0.62 inside its learning with the requests in
     the server steady (its server slowed), too early to read the closed-loop sign before the shift; read after it
     (classify.Monitor._closed_around), that is no drift."""
-    phases, _ = run.load(DETECTION / "recorded-vllm-capacity3-neighbour.jsonl.gz")
-    stat = [w for _, w in phases["stationary_b"]]
+    stat = _stationary()
     starts = range(0, len(stat) - CONFIG.learn_windows - 3)
     assert len(starts) >= 50
     for s in starts:
