@@ -59,6 +59,7 @@ from record import (  # noqa: E402
     scrape_loop,
     workload,
 )
+from speed_probe import SpeedProbe  # noqa: E402
 
 from tuner.engine.checkpoint import write_checkpoint  # noqa: E402
 from tuner.measure.datasets import plans_for  # noqa: E402
@@ -196,6 +197,9 @@ def main() -> None:
                          "(default 0: open loops)")
     ap.add_argument("--max-num-seqs", type=int, default=0, metavar="N",
                     help="vLLM's --max-num-seqs: the most requests it runs at once (default 0: vLLM's own)")
+    ap.add_argument("--speed-probe", action="store_true",
+                    help="each row also holds `speed`: the host's own speed beside the server (speed_probe.py: "
+                         "the CPU time of fixed tasks, medians over the window)")
     ap.add_argument("--lead-s", type=float, default=600.0,
                     help="--interleave, --life: the stationary stretch before the first change, seconds (default 600)")
     args = ap.parse_args()
@@ -244,6 +248,7 @@ def main() -> None:
             core = engine_core(dep.pid, below)
             print(f"{time.strftime('%H:%M:%S')} vLLM ready: server {dep.pid}, engine core {core}", flush=True)
             state: dict[str, Any] = {"phase": "", "slowdown": 0.0, "seed": "", "starts": False}
+            probe = SpeedProbe().start() if args.speed_probe else None
             lock = threading.Lock()
             scraped = threading.Condition(lock)
 
@@ -253,6 +258,8 @@ def main() -> None:
                          "step_slowdown_frac": state["slowdown"], "base_rate": args.base_rate,
                          "closed_concurrency": args.closed, "max_num_seqs": args.max_num_seqs,
                          "load_seed": state["seed"], "server": "vllm", "text": text, "cpu": cpu_readings(core)}
+                    if probe is not None:
+                        r["speed"] = probe.take()
                     if state["starts"]:  # the window ending here was all in this phase (a switch after a scrape)
                         r["starts_phase"] = True
                         state["starts"] = False
@@ -288,6 +295,8 @@ def main() -> None:
             finally:
                 stop.set()
                 th.join(args.interval_s + 10)
+                if probe is not None:
+                    probe.stop()
 
 
 class SegmentLoad:
