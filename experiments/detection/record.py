@@ -61,16 +61,22 @@ def plan(rate: float = BASE_RATE) -> list[tuple[float, list[tuple[str, float, st
     ]
 
 
-def cpu_readings(pid: int) -> dict[str, object]:
-    """What the contention covariates are computed from, raw: the engine process's schedstat lines (one per
-    thread: ns on a CPU, ns waiting for one, timeslices), the host's CPU pressure and load average, and the host's
-    CPU time line of /proc/stat (its steal column: time the hypervisor ran other guests on this one's CPUs)."""
+def thread_schedstats(pid: int) -> dict[str, str]:
+    """Thread id -> its schedstat line (ns on a CPU, ns waiting for one, timeslices) of a process's threads."""
     threads = {}
     for task in Path(f"/proc/{pid}/task").glob("*"):
         try:
             threads[task.name] = (task / "schedstat").read_text().strip()
         except OSError:
             continue
+    return threads
+
+
+def cpu_readings(pid: int) -> dict[str, object]:
+    """What the contention covariates are computed from, raw: the engine process's schedstat lines (one per
+    thread: ns on a CPU, ns waiting for one, timeslices), the host's CPU pressure and load average, and the host's
+    CPU time line of /proc/stat (its steal column: time the hypervisor ran other guests on this one's CPUs)."""
+    threads = thread_schedstats(pid)
     def text(p: str) -> str:
         try:
             return Path(p).read_text()

@@ -5,7 +5,10 @@ the tuner's own vllm target): the inputs moved (rate x2, prompt x2, output x4), 
 base load, and a held-out stationary stretch. vLLM has no slowdown option, so the slowdown stops the server's
 processes a share of the time from outside (freeze.Freezer: every piece of its work 1 / (1 - s) as long); the
 rows record it as `step_slowdown_frac` like the engine's own option. /metrics is scraped every `--interval-s`
-and each row holds the vLLM engine-core process's schedstat (the monitor's CPU wait) as record.py's do.
+and each row holds the vLLM engine-core process's schedstat (the monitor's CPU wait) as record.py's do, and
+(from the thirty-second step on) its model worker's (`worker_schedstat`: the process that runs the model; the
+engine core spins on a shared-memory queue while it does, so its own wait is the CPUs' contention, not the
+model's: worker_wait.py makes a stream whose wait is the worker's).
 
     nice -n 5 python experiments/detection/record_vllm.py --out experiments/detection/recorded-vllm.jsonl.gz \
         --seed 12000
@@ -57,6 +60,7 @@ from record import (  # noqa: E402
     check_out,
     cpu_readings,
     scrape_loop,
+    thread_schedstats,
     workload,
 )
 from speed_probe import SpeedProbe  # noqa: E402
@@ -139,16 +143,28 @@ def descendants(pid: int, proc_root: Path = Path("/proc")) -> list[int]:
     return out
 
 
-def engine_core(pid: int, below: list[int] | None = None) -> int:
-    """vLLM's engine-core process below the server `pid` (its process title names it), else the server itself;
-    `below`: the processes below it where already listed (descendants)."""
-    for c in descendants(pid) if below is None else below:
+def named(below: list[int], title: bytes) -> int | None:
+    """The first of the processes `below` whose process title or name holds `title`, else None."""
+    for c in below:
         try:
-            if b"EngineCore" in Path(f"/proc/{c}/cmdline").read_bytes() + Path(f"/proc/{c}/comm").read_bytes():
+            if title in Path(f"/proc/{c}/cmdline").read_bytes() + Path(f"/proc/{c}/comm").read_bytes():
                 return c
         except OSError:
             continue
-    return pid
+    return None
+
+
+def engine_core(pid: int, below: list[int] | None = None) -> int:
+    """vLLM's engine-core process below the server `pid` (its process title names it), else the server itself;
+    `below`: the processes below it where already listed (descendants)."""
+    core = named(descendants(pid) if below is None else below, b"EngineCore")
+    return pid if core is None else core
+
+
+def model_worker(below: list[int]) -> int | None:
+    """vLLM's model worker among the server's processes `below` (VLLM::Worker: its multiprocess executor runs the
+    model there while the engine core waits for it on a shared-memory queue, spinning), else None."""
+    return named(below, b"VLLM::Worker")
 
 
 def held(fz: Freezer) -> None:
@@ -246,7 +262,9 @@ def main() -> None:
             assert dep.pid is not None and dep.metrics_url is not None and dep.endpoint is not None
             below = descendants(dep.pid)  # vLLM starts no new processes while serving: listed once
             core = engine_core(dep.pid, below)
-            print(f"{time.strftime('%H:%M:%S')} vLLM ready: server {dep.pid}, engine core {core}", flush=True)
+            worker = model_worker(below)
+            print(f"{time.strftime('%H:%M:%S')} vLLM ready: server {dep.pid}, engine core {core}, model worker "
+                  f"{worker}", flush=True)
             state: dict[str, Any] = {"phase": "", "slowdown": 0.0, "seed": "", "starts": False}
             probe = SpeedProbe().start() if args.speed_probe else None
             lock = threading.Lock()
@@ -258,6 +276,8 @@ def main() -> None:
                          "step_slowdown_frac": state["slowdown"], "base_rate": args.base_rate,
                          "closed_concurrency": args.closed, "max_num_seqs": args.max_num_seqs,
                          "load_seed": state["seed"], "server": "vllm", "text": text, "cpu": cpu_readings(core)}
+                    if worker is not None:  # the model's own process (worker_wait.py reads its wait)
+                        r["cpu"]["worker_schedstat"] = thread_schedstats(worker)
                     if probe is not None:
                         r["speed"] = probe.take()
                     if state["starts"]:  # the window ending here was all in this phase (a switch after a scrape)
