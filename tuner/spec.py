@@ -447,8 +447,11 @@ class MonitorSpec(_Strict):
     dcgm_selector: str = Field(default="", description='label matchers of those GPUs, e.g. Hostname="node-1"')
     cpu_wait_source: str | None = Field(default=None, max_length=4096, description="where the server's wait "
                                         "for a CPU is read (tuner.monitor.contention): pid:<N> (that process's "
-                                        "threads) or a PSI file such as its cgroup's cpu.pressure; latencies are "
-                                        "then judged at the window's CPU wait")
+                                        "threads), title:<text> (the processes whose title holds it, found again "
+                                        "at each read; vLLM's model worker: title:VLLM::Worker, not its engine "
+                                        "core, which spins while the worker runs) or a PSI file such as its "
+                                        "cgroup's cpu.pressure; latencies are then judged at the window's CPU "
+                                        "wait")
     cpu_steal_source: str | None = Field(default=None, max_length=4096, description="where the CPU steal of "
                                          "the server's host, a virtual machine, is read (tuner.monitor."
                                          "contention): its /proc/stat (e.g. /proc/stat where the daemon runs on "
@@ -478,6 +481,8 @@ class MonitorSpec(_Strict):
     def _wait_source(cls, v: str | None) -> str | None:
         if v is not None and v.startswith("pid:") and not v[4:].isdigit():
             raise ValueError("pid:<N> needs a process id (digits), e.g. pid:1234; or name a PSI file")
+        if v is not None and v.startswith("title:") and not v[6:].strip():
+            raise ValueError("title:<text> needs the text of the server's process title, e.g. title:VLLM::Worker")
         return v
 
 

@@ -26,6 +26,11 @@ Two sources of the wait, both cumulative counters of Linux, differenced between 
   waited, wait / (run + wait). A thread that needed c seconds of CPU took c / (1 - that share) to get them,
   whatever the share of the window it slept (a sleep, a GPU's work, no request): its work was that many times
   as slow (MonitorConfig.wait_law "ready"); the share of the window says so only for a thread never idle.
+  `title:<text>` names the processes by their title instead, looked up at each read (a restarted server's
+  new processes): the threads of all of them, read as one process's. Read the process that does the model's
+  work: vLLM runs it in a worker process (`title:VLLM::Worker`) while its engine core waits for each step's
+  result on a shared-memory queue, spinning (always ready to run: its wait is the CPUs' contention, highest
+  when the model ran fastest; experiments/detection, thirty-second step).
 
 The first read gives nothing (no window yet); a thread that ended, a counter that went down (a new process)
 or an unreadable file gives nothing for that window (named once in the log), never an error. The same for
@@ -104,17 +109,41 @@ def read_schedstat(pid: int, proc_root: Path = Path("/proc")) -> dict[str, str]:
     return out
 
 
+def titled(text: str, proc_root: Path = Path("/proc")) -> list[int]:
+    """The processes whose title (cmdline) or name (comm) holds `text`, in id order."""
+    out = []
+    for d in proc_root.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            seen = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            seen = ""
+        try:
+            seen += " " + (d / "comm").read_text()
+        except OSError:
+            pass
+        if text in seen:
+            out.append(int(d.name))
+    return sorted(out)
+
+
 class CpuWait:
     """cpu_wait_frac per window from successive cumulative readings (fed by `update`, read by `read`)."""
 
     def __init__(self, source: str, *, proc_root: Path = Path("/proc"),
                  clock: Callable[[], float] = time.monotonic) -> None:
-        """`source`: `pid:<N>` (that process's threads) or the path of a PSI file."""
+        """`source`: `pid:<N>` (that process's threads), `title:<text>` (the threads of every process whose title
+        or name holds the text, looked up again at each read: a restarted server's new processes; vLLM's model
+        worker is `title:VLLM::Worker`) or the path of a PSI file."""
         self.source = source
         self.proc_root = proc_root
         self.clock = clock
         self.missing = MissingSeries("CPU wait source")
         self._last: tuple[float, float | dict[str, tuple[float, float]]] | None = None
+        self.title = source[len("title:"):] if source.startswith("title:") else None
+        if self.title == "":
+            raise ValueError(f"cpu wait source {source!r}: title:<text> needs the text of a process's title")
         if source.startswith("pid:"):
             try:
                 self.pid: int | None = int(source[4:])
@@ -127,8 +156,9 @@ class CpuWait:
         """{'cpu_wait_frac': share of the time since the previous read, and from a process 'cpu_ready_wait_frac'},
         or {} (first read, nothing readable)."""
         t = self.clock()
-        if self.pid is not None:
-            threads = read_schedstat(self.pid, self.proc_root)
+        if self.pid is not None or self.title is not None:
+            pids = [self.pid] if self.pid is not None else titled(self.title or "", self.proc_root)
+            threads = {k: v for pid in pids for k, v in read_schedstat(pid, self.proc_root).items()}
             return self.update(t, schedstat_ns(threads) if threads else None)
         try:
             text = Path(self.source).read_text()

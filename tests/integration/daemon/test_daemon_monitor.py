@@ -21,6 +21,7 @@ from tuner.agent import load_agent
 from tuner.daemon.metrics import DaemonMetrics
 from tuner.daemon.monitoring import MonitorFeed
 from tuner.daemon.runtime import AgentState, Runtime, job_id
+from tuner.errors import ConfigError
 from tuner.measure.scrape import parse
 from tuner.monitor.records import read_events
 from tuner.monitor.telemetry import NvmlTelemetry
@@ -175,3 +176,29 @@ def test_a_watched_process_gives_the_monitor_its_ready_share(tmp_path: Path) -> 
     finally:
         busy.kill()
         busy.wait(10)
+
+
+@pytest.mark.skipif(not Path("/proc/self/schedstat").exists(), reason="no schedstat in this kernel")
+def test_a_watched_title_follows_the_process_that_holds_it(tmp_path: Path) -> None:
+    """`cpu_wait_source: title:<text>` (vLLM's model worker: title:VLLM::Worker): the process found by its title at
+    each scrape, so a server restarted under a new process id is read again; a title nothing holds is refused."""
+    token = f"tuner-title-{time.time_ns()}"
+    code = f"import time  # {token}\nwhile True: sum(range(10_000)); time.sleep(0.001)"
+    feed = _feed(tmp_path, cpu_wait_source=f"title:{token}")
+    server = VllmSeries()
+    seen = []
+    for life in range(2):  # the same title, two processes one after the other
+        busy = subprocess.Popen([sys.executable, "-c", code])
+        try:
+            for i in range(3):
+                server.finish(60, 100, 16)
+                feed.consume(1000.0 + 15 * (3 * life + i), parse(server.text()))
+                time.sleep(0.3)
+        finally:
+            busy.kill()
+            busy.wait(10)
+        seen.append(len(feed.monitor.tracks["cpu_wait_frac"].values))
+    # each life's first scrape starts its counters (no window across the two processes), its next two read it
+    assert seen == [2, 4], seen
+    with pytest.raises(ConfigError, match=r"watch\.monitor\.cpu_wait_source: .*title:<text> needs"):
+        _feed(tmp_path, cpu_wait_source="title: ")

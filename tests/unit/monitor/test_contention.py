@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -105,6 +106,42 @@ def test_this_process_and_a_gone_one(tmp_path: Path) -> None:
     assert gone.read() == {} and gone.read() == {} and gone.missing.named  # named once, never an error
     with pytest.raises(ValueError, match="pid:<N>"):
         CpuWait("pid:x")
+
+
+def test_a_title_reads_the_processes_that_hold_it_found_again_at_each_read(tmp_path: Path) -> None:
+    """vLLM's model worker (title:VLLM::Worker), not its engine core that spins while the worker runs: a restarted
+    server's new worker is found at the next read, and its counters start again (no window across the two)."""
+    def proc(pid: int, title: str, threads: dict[str, tuple[int, int]]) -> None:
+        d = tmp_path / str(pid)
+        (d / "task").mkdir(parents=True, exist_ok=True)
+        (d / "cmdline").write_bytes(title.encode() + b"\0--flag\0")
+        (d / "comm").write_text(title[:15] + "\n")
+        for tid, (ran, waited) in threads.items():
+            (d / "task" / tid).mkdir(exist_ok=True)
+            (d / "task" / tid / "schedstat").write_text(f"{ran} {waited} 5\n")
+
+    clock = Clock()
+    w = CpuWait("title:VLLM::Worker", proc_root=tmp_path, clock=clock)
+    assert w.read() == {} and w.missing.named  # no such process yet: named, no error
+    proc(10, "VLLM::EngineCore", {"10": (0, 0)})
+    proc(11, "VLLM::Worker", {"11": (0, 0), "12": (0, 0)})
+    assert w.read() == {}  # the first read of it
+    clock.t += 10.0
+    proc(10, "VLLM::EngineCore", {"10": (4_000_000_000, 6_000_000_000)})  # spinning: ready all the time
+    proc(11, "VLLM::Worker", {"11": (9_000_000_000, 1_000_000_000), "12": (10_000_000, 0)})
+    got = w.read()
+    assert got["cpu_wait_frac"] == pytest.approx(0.1) and got["cpu_ready_wait_frac"] == pytest.approx(0.1)
+    engine = CpuWait("title:EngineCore", proc_root=tmp_path, clock=clock)
+    assert engine.read() == {}
+    shutil.rmtree(tmp_path / "11")  # the server restarted: a new worker, its counters from 0
+    proc(21, "VLLM::Worker", {"21": (1_000_000_000, 0)})
+    clock.t += 10.0
+    assert w.read() == {}  # no thread in common with the last read: no window
+    clock.t += 10.0
+    proc(21, "VLLM::Worker", {"21": (6_000_000_000, 5_000_000_000)})
+    assert w.read()["cpu_wait_frac"] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="title:<text>"):
+        CpuWait("title:")
 
 
 STAT = "cpu  {user} 0 {system} {idle} 40 0 7 {steal} 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\nintr 12345\n"
