@@ -13,7 +13,9 @@ least `--slow` times its median.
 Prints, per stream, one row: calm windows, slow ones, of those the ones whose 4-MB probe is at least `--probe`
 times its median, the correlations over the calm windows (log engine CPU per step against the log probe, and
 against the log ITL mean), and the probe's ratio in the injected slowdown's windows (its host not slower);
-`--windows` lists every window.
+`--windows` lists every window. And the spread of the calm windows' log ITL mean, raw and corrected by the loop's
+ready wait (the monitor's correction, MonitorConfig.wait_law "ready"): a wait that stretches the server's work
+narrows it (worker_wait.py: a stream whose loop is vLLM's model worker instead of its engine core).
 """
 
 from __future__ import annotations
@@ -92,15 +94,16 @@ def main() -> None:
     args = ap.parse_args()
     print(f"| stream | calm windows | slow (CPU per step >= x{args.slow:g}) | of those, the probe >= x{args.probe:g} | "
           f"corr(CPU per step, probe) | corr(CPU per step, ITL mean) | calm: probe >= x{args.probe:g} | slowdown: "
-          "probe ratio (median, max) | slowdown: CPU per step ratio (median) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---|---|")
+          "probe ratio (median, max) | slowdown: CPU per step ratio (median) | sd of log ITL mean: raw, x (1 - the "
+          "loop's ready wait) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|---|---|")
     listed = []
     for path in args.streams:
         rows = rows_of(path)
         calm = [r for r in rows if r["phase"] == CALM and r["window"] >= args.skip
                 and not math.isnan(r["cpu_us_per_step"])]
         if not calm:
-            print(f"| {path.name} | 0 | - | - | - | - | - | - | - |")
+            print(f"| {path.name} | 0 | - | - | - | - | - | - | - | - |")
             continue
         med = {k: statistics.median(r[k] for r in calm) for k in ("cpu_us_per_step", "itl_ms")}
         probed = all("mv4_us" in r for r in calm)
@@ -121,8 +124,10 @@ def main() -> None:
             cells = ["no probe", "-", "-", "-"]
         s_cpu = sorted(r["cpu_us_per_step"] / med["cpu_us_per_step"] for r in slowed)
         s_cell = f"{statistics.median(s_cpu):.2f}" if s_cpu else "-"
+        raw = statistics.stdev(math.log(r["itl_ms"]) for r in calm)
+        fixed = statistics.stdev(math.log(r["itl_ms"] * (1.0 - r["ready_wait"])) for r in calm)
         print(f"| {path.name} | {len(calm)} | {len(slow)} | {cells[0]} | {cells[1]} | {c_itl:.2f} | {cells[2]} | "
-              f"{cells[3]} | {s_cell} |")
+              f"{cells[3]} | {s_cell} | {raw:.3f}, {fixed:.3f} |")
         listed.append((path, rows, med))
     if args.windows:
         for path, rows, med in listed:

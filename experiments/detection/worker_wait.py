@@ -11,8 +11,9 @@ bound.py and the rest read the worker's wait unchanged:
     python experiments/detection/worker_wait.py recorded.jsonl.gz recorded-worker-wait.jsonl.gz
 
 A stream recorded before it has no worker's rows; `--side FILE --pid N` takes them from a file of timed reads
-(one JSON object a line: "t", and per process id its threads' schedstat lines) made beside the recording, each row
-given the read nearest its time (within `--within-s`, else the row is left without a wait: its `cpu` dropped).
+(one JSON object a line, gzipped or not: "t", and per process id its threads' schedstat lines) made beside the
+recording, each row given the read nearest its time (within `--within-s`, else the row is left without a wait:
+its `cpu` dropped).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 def side_reads(path: Path, pid: str) -> tuple[list[float], list[dict[str, str]]]:
     """The side file's read times and the process's threads at each, in time order."""
     rows = []
-    with path.open(encoding="utf-8") as f:
+    with (gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")) as f:
         for line in f:
             r = json.loads(line)
             if pid in r:
