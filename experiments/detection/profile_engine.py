@@ -31,19 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from host_speed import CALM, rows_of  # noqa: E402
 from run import windows  # noqa: E402
 
+from tuner.monitor.contention import titled  # noqa: E402
+
 
 def engine_core_pid(proc: Path = Path("/proc")) -> int | None:
-    def read(path: Path) -> bytes:
-        try:
-            return path.read_bytes()
-        except OSError:
-            return b""
-
-    for p in proc.iterdir():
-        # the process title (cmdline) says it whole; its name (comm) is cut to 15 bytes: VLLM::EngineCor
-        if p.name.isdigit() and (b"EngineCore" in read(p / "cmdline") or b"EngineCor" in read(p / "comm")):
-            return int(p.name)
-    return None
+    """vLLM's engine core (its name, comm, is cut to 15 bytes: VLLM::EngineCor), else None."""
+    return next(iter(titled("EngineCor", proc)), None)
 
 
 def record(args: argparse.Namespace) -> None:

@@ -69,6 +69,7 @@ from tuner.engine.checkpoint import write_checkpoint  # noqa: E402
 from tuner.measure.datasets import plans_for  # noqa: E402
 from tuner.measure.loadgen import config_for, run_sync  # noqa: E402
 from tuner.measure.tokenize import load_tokenizer  # noqa: E402
+from tuner.monitor.contention import titled  # noqa: E402
 from tuner.spec import WorkloadSpec  # noqa: E402
 from tuner.targets.base import TrialContext  # noqa: E402
 from tuner.targets.vllm import VllmOptions, VllmTarget  # noqa: E402
@@ -143,28 +144,24 @@ def descendants(pid: int, proc_root: Path = Path("/proc")) -> list[int]:
     return out
 
 
-def named(below: list[int], title: bytes) -> int | None:
-    """The first of the processes `below` whose process title or name holds `title`, else None."""
-    for c in below:
-        try:
-            if title in Path(f"/proc/{c}/cmdline").read_bytes() + Path(f"/proc/{c}/comm").read_bytes():
-                return c
-        except OSError:
-            continue
-    return None
+def named(below: list[int], title: str) -> int | None:
+    """The first of the processes `below` whose process title or name holds `title` (the monitor's own lookup,
+    tuner.monitor.contention.titled), else None."""
+    hits = set(titled(title))
+    return next((c for c in below if c in hits), None)
 
 
 def engine_core(pid: int, below: list[int] | None = None) -> int:
     """vLLM's engine-core process below the server `pid` (its process title names it), else the server itself;
     `below`: the processes below it where already listed (descendants)."""
-    core = named(descendants(pid) if below is None else below, b"EngineCore")
+    core = named(descendants(pid) if below is None else below, "EngineCore")
     return pid if core is None else core
 
 
 def model_worker(below: list[int]) -> int | None:
     """vLLM's model worker among the server's processes `below` (VLLM::Worker: its multiprocess executor runs the
     model there while the engine core waits for it on a shared-memory queue, spinning), else None."""
-    return named(below, b"VLLM::Worker")
+    return named(below, "VLLM::Worker")
 
 
 def held(fz: Freezer) -> None:

@@ -173,7 +173,11 @@ def test_the_daemon_finds_a_live_servers_slowdown_an_anomaly_and_its_recovery(tm
     slowed = kinds[:kinds.index("recovery")] if "recovery" in kinds else kinds
     assert "drift" not in slowed, new
     if closed:
-        assert rate_slowed < 0.75 * rate_before, (rate_before, rate_slowed)
+        # the rate fell: two users with no think time finish 2 / E2E a second, and the latencies rose by more than
+        # x1.3 (above). Not by half: the freezer doubles the server's work on an idle host, but on a busy one its
+        # closed loop's clients, idle while it is stopped, leave it more CPU when it runs (x1.28 in a CI run with
+        # two workers); a closed loop's finished counts vary little, a fall of a tenth is beyond them
+        assert rate_slowed < rate_before / 1.1, (rate_before, rate_slowed)
     else:
         assert "closed loop" not in anomaly["detail"], anomaly["detail"]
     assert anomaly["response"]["action"] == "alert" and "no champion" in anomaly["response"]["reason"]
