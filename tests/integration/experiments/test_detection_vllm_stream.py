@@ -47,6 +47,10 @@ def test_record_vllm_smoke_writes_every_phase_from_a_real_vllm(tmp_path: Path) -
     served = [r for r in rows if r["phase"] and r["text"]]
     assert served and all("vllm:inter_token_latency_seconds_count" in r["text"] for r in served)
     assert all(r["cpu"]["schedstat"] for r in served)  # the engine core's threads, for the CPU wait
+    # and the model worker's, another process (the engine core spins while it runs the model: worker_wait.py)
+    assert all(r["cpu"]["worker_schedstat"] for r in served)
+    assert not set(served[0]["cpu"]["worker_schedstat"]) & set(served[0]["cpu"]["schedstat"])
+    assert "model worker None" not in proc.stdout and "model worker " in proc.stdout
     assert {r["step_slowdown_frac"] for r in rows if r["phase"] == "slowdown30"} == {0.3}
     assert {r["step_slowdown_frac"] for r in rows if r["phase"] == "stationary_b"} == {0.0}
     assert "held stopped 0.2" in proc.stdout  # the freezer's share, 0.23 asked
