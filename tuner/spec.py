@@ -448,8 +448,8 @@ class MonitorSpec(_Strict):
     cpu_wait_source: str | None = Field(default=None, max_length=4096, description="where the server's wait "
                                         "for a CPU is read (tuner.monitor.contention): pid:<N> (that process's "
                                         "threads), title:<text> (the processes whose title holds it, found again "
-                                        "at each read; vLLM's model worker: title:VLLM::Worker, not its engine "
-                                        "core, which spins while the worker runs) or a PSI file such as its "
+                                        "at each read: a restarted server's new processes; vLLM's are "
+                                        "title:VLLM::Worker and title:EngineCore) or a PSI file such as its "
                                         "cgroup's cpu.pressure; latencies are then judged at the window's CPU "
                                         "wait")
     cpu_steal_source: str | None = Field(default=None, max_length=4096, description="where the CPU steal of "

@@ -27,10 +27,11 @@ Two sources of the wait, both cumulative counters of Linux, differenced between 
   whatever the share of the window it slept (a sleep, a GPU's work, no request): its work was that many times
   as slow (MonitorConfig.wait_law "ready"); the share of the window says so only for a thread never idle.
   `title:<text>` names the processes by their title instead, looked up at each read (a restarted server's
-  new processes): the threads of all of them, read as one process's. Read the process that does the model's
-  work: vLLM runs it in a worker process (`title:VLLM::Worker`) while its engine core waits for each step's
-  result on a shared-memory queue, spinning (always ready to run: its wait is the CPUs' contention, highest
-  when the model ran fastest; experiments/detection, thirty-second step).
+  new processes): the threads of all of them, read as one process's. vLLM runs the model in a worker process
+  (`title:VLLM::Worker`) while its engine core (`title:EngineCore`) waits for each step's result on a
+  shared-memory queue; both spin there between their turns, so neither's wait is the model's alone: at
+  capacity the worker's followed its latency better, below it the engine core's (experiments/detection,
+  thirty-second step).
 
 The first read gives nothing (no window yet); a thread that ended, a counter that went down (a new process)
 or an unreadable file gives nothing for that window (named once in the log), never an error. The same for

@@ -109,8 +109,9 @@ def test_this_process_and_a_gone_one(tmp_path: Path) -> None:
 
 
 def test_a_title_reads_the_processes_that_hold_it_found_again_at_each_read(tmp_path: Path) -> None:
-    """vLLM's model worker (title:VLLM::Worker), not its engine core that spins while the worker runs: a restarted
-    server's new worker is found at the next read, and its counters start again (no window across the two)."""
+    """A title (vLLM's model worker, title:VLLM::Worker) reads only the processes that hold it, not the server's
+    others: a restarted server's new worker is found at the next read, and its counters start again (no window
+    across the two)."""
     def proc(pid: int, title: str, threads: dict[str, tuple[int, int]]) -> None:
         d = tmp_path / str(pid)
         (d / "task").mkdir(parents=True, exist_ok=True)
