@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from run import windows  # noqa: E402
 
-from tuner.monitor.contention import schedstat_ns  # noqa: E402
+from tuner.monitor.contention import busiest, schedstat_ns  # noqa: E402
 
 CALM = "stationary_b"
 SLOWED = "slowdown30"
@@ -48,21 +48,15 @@ def counter(text: str, name: str) -> float:
 
 
 def loop_thread(a: dict[str, Any], b: dict[str, Any]) -> tuple[float, float]:
-    """(run, wait) ns over the window of the engine core's thread that wanted a CPU longest (the engine loop)."""
-    ta, tb = schedstat_ns(a["cpu"]["schedstat"]), schedstat_ns(b["cpu"]["schedstat"])
-    best = (0.0, 0.0)
-    for tid, (run, wait) in tb.items():
-        if tid in ta:
-            d = (run - ta[tid][0], wait - ta[tid][1])
-            if sum(d) > sum(best):
-                best = d
-    return best
+    """(run, wait) ns over the window of the engine core's thread that wanted a CPU longest (the engine loop: the
+    monitor's own choice, tuner.monitor.contention.busiest)."""
+    return busiest(schedstat_ns(a["cpu"]["schedstat"]), schedstat_ns(b["cpu"]["schedstat"])) or (0.0, 0.0)
 
 
 def rows_of(path: Path) -> list[dict[str, Any]]:
     out = []
     index: dict[str, int] = {}
-    for phase, _t, sig, a, b in windows(path):
+    for phase, t, sig, a, b in windows(path):
         if "cpu" not in a or "cpu" not in b:
             continue
         steps = counter(b["text"], "vllm:iteration_tokens_total_count") - counter(
@@ -70,7 +64,8 @@ def rows_of(path: Path) -> list[dict[str, Any]]:
         run, wait = loop_thread(a, b)
         k = index[phase] = index.get(phase, -1) + 1
         speed = b.get("speed") or {}
-        out.append({"phase": phase, "window": k, "cpu_us_per_step": run / steps / 1e3 if steps > 0 else math.nan,
+        out.append({"phase": phase, "window": k, "t": t,
+                    "cpu_us_per_step": run / steps / 1e3 if steps > 0 else math.nan,
                     "ready_wait": wait / (run + wait) if run + wait > 0 else math.nan,
                     "itl_ms": sig.get("itl_ms_mean", math.nan),
                     **{name: speed[name] for name in ("mv4_us", "mm64_us", "py_us") if speed.get("runs")}})

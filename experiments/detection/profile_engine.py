@@ -29,7 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from host_speed import CALM, rows_of  # noqa: E402
-from run import windows  # noqa: E402
 
 from tuner.monitor.contention import titled  # noqa: E402
 
@@ -83,13 +82,13 @@ def loop_stacks(path: Path) -> collections.Counter[str]:
 
 def read(args: argparse.Namespace) -> None:
     spans = chunks(args.folder)
-    ends = [t for _phase, t, *_ in windows(args.stream)]
     rows = rows_of(args.stream)
     calm = [r for r in rows if r["phase"] == CALM and r["window"] >= 2]
     med = {k: statistics.median(r[k] for r in calm) for k in ("cpu_us_per_step", "itl_ms")}
     print("| phase | window | CPU per step | ITL mean | samples | " + " | ".join(args.frames) + " |")
     print("|---|---:|---:|---:|---:|" + "---:|" * len(args.frames))
-    for r, end in zip(rows, ends, strict=True):
+    for r in rows:
+        end = r["t"]
         start = end - args.window_s
         best = max(spans, key=lambda s: min(s[1], end) - max(s[0], start), default=None)
         if best is None or min(best[1], end) - max(best[0], start) < args.window_s / 2:

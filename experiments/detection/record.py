@@ -30,6 +30,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tuner.monitor.contention import read_schedstat
+
 BASE_RATE = 2.0
 BASE_STEP_DELAY_MS = 5.0
 SLOWDOWN_FRAC = 0.3  # the engine's step_slowdown_frac: every step takes 1.3 times as long, whatever the host
@@ -62,14 +64,9 @@ def plan(rate: float = BASE_RATE) -> list[tuple[float, list[tuple[str, float, st
 
 
 def thread_schedstats(pid: int) -> dict[str, str]:
-    """Thread id -> its schedstat line (ns on a CPU, ns waiting for one, timeslices) of a process's threads."""
-    threads = {}
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            threads[task.name] = (task / "schedstat").read_text().strip()
-        except OSError:
-            continue
-    return threads
+    """Thread id -> its schedstat line (ns on a CPU, ns waiting for one, timeslices) of a process's threads, as the
+    monitor reads them (tuner.monitor.contention.read_schedstat), each line stripped."""
+    return {tid: line.strip() for tid, line in read_schedstat(pid).items()}
 
 
 def cpu_readings(pid: int) -> dict[str, object]:

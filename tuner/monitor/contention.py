@@ -81,10 +81,13 @@ def psi_some_total_us(text: str) -> float | None:
     return None
 
 
-def schedstat_ns(threads: dict[str, str]) -> dict[str, tuple[float, float]]:
+Threads = dict[str, tuple[float, float]]  # thread id -> (ns on a CPU, ns waiting): schedstat_ns
+
+
+def schedstat_ns(threads: dict[str, str]) -> Threads:
     """Thread id -> (its time on a CPU, its run-queue wait), ns, from each thread's schedstat line
     ('<cpu ns> <wait ns> <slices>')."""
-    out: dict[str, tuple[float, float]] = {}
+    out: Threads = {}
     for tid, line in threads.items():
         parts = line.split()
         if len(parts) >= 2:
@@ -93,6 +96,15 @@ def schedstat_ns(threads: dict[str, str]) -> dict[str, tuple[float, float]]:
             except ValueError:
                 continue
     return out
+
+
+def busiest(before: Threads, after: Threads) -> tuple[float, float] | None:
+    """(ns on a CPU, ns waiting) between two schedstat readings (schedstat_ns) of the thread in both that wanted a
+    CPU longest, running or waiting: the one doing the server's work; None when no thread is in both."""
+    common = [k for k in after if k in before]
+    if not common:
+        return None
+    return max(((after[k][0] - before[k][0], after[k][1] - before[k][1]) for k in common), key=lambda d: d[0] + d[1])
 
 
 def read_schedstat(pid: int, proc_root: Path = Path("/proc")) -> dict[str, str]:
@@ -182,10 +194,8 @@ class CpuWait:
             common = [k for k in reading if k in before]
             if not common or any(reading[k][i] < before[k][i] for k in common for i in (0, 1)):
                 return {}
-            # the thread that wanted a CPU longest (ran and waited), the one doing the server's work: (seconds on
-            # a CPU, seconds waiting)
-            ran, waited = max((((reading[k][0] - before[k][0]) / 1e9, (reading[k][1] - before[k][1]) / 1e9)
-                               for k in common), key=lambda d: d[0] + d[1])
+            ran_ns, waited_ns = busiest(before, reading) or (0.0, 0.0)
+            ran, waited = ran_ns / 1e9, waited_ns / 1e9  # seconds on a CPU, seconds waiting
             ready = ran + waited
             return {"cpu_wait_frac": min(MAX_WAIT_FRAC, max(0.0, waited / dt)),
                     "cpu_ready_wait_frac": min(MAX_WAIT_FRAC, waited / ready) if ready > 0 else 0.0}
