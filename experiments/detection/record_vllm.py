@@ -31,6 +31,9 @@ before it is answered, no think time: a batch pipeline's or an agent's traffic),
 the users doubled; there the request rate is the server's answer to its users, not their input. `--max-num-seqs N`
 caps the requests vLLM runs at once (its `--max-num-seqs`): a closed loop of N users keeps it at its capacity, and
 the users a rate_x2 adds wait in its queue (the rate stays, the requests in the server double).
+`--uni-executor` runs the model in the engine-core process itself (vLLM's `uni` executor; its CPU build otherwise
+runs it in a `VLLM::Worker` process that the engine core spins on, and the worker on it, between steps): the engine
+core's wait is then the model's (the thirty-third step). Each row says which (`executor`: uni or mp).
 """
 
 from __future__ import annotations
@@ -213,6 +216,9 @@ def main() -> None:
     ap.add_argument("--speed-probe", action="store_true",
                     help="each row also holds `speed`: the host's own speed beside the server (speed_probe.py: "
                          "the CPU time of fixed tasks, medians over the window)")
+    ap.add_argument("--uni-executor", action="store_true",
+                    help="run the model in vLLM's engine-core process (VLLM_ENABLE_V1_MULTIPROCESSING=0, "
+                         "--distributed-executor-backend uni) instead of a worker process the engine core spins on")
     ap.add_argument("--lead-s", type=float, default=600.0,
                     help="--interleave, --life: the stationary stretch before the first change, seconds (default 600)")
     args = ap.parse_args()
@@ -248,8 +254,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         model = write_checkpoint(tmp / "tiny", "tiny", max_model_len=MAX_MODEL_LEN)
+        extra = ["--max-model-len", str(MAX_MODEL_LEN)]
+        env: dict[str, str] = {}
+        if args.uni_executor:  # the CPU platform keeps `uni` only when the engine runs without its own MP workers
+            extra += ["--distributed-executor-backend", "uni"]
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         target = VllmTarget(VllmOptions(model=str(model), python=str(VLLM_PYTHON), device="cpu",
-                                        extra_args=["--max-model-len", str(MAX_MODEL_LEN)]), agent_dir=tmp)
+                                        extra_args=extra, env=env), agent_dir=tmp)
         ctx = TrialContext(trial_number=0, state_dir=tmp / "state", label="record-vllm")
         config: dict[str, Any] = {"enforce_eager": True, "cpu_kvcache_space_gib": 1}
         if args.max_num_seqs:
@@ -272,7 +283,8 @@ def main() -> None:
                     r = {"t": time.time(), "phase": state["phase"], "step_delay_ms": 0.0,
                          "step_slowdown_frac": state["slowdown"], "base_rate": args.base_rate,
                          "closed_concurrency": args.closed, "max_num_seqs": args.max_num_seqs,
-                         "load_seed": state["seed"], "server": "vllm", "text": text, "cpu": cpu_readings(core)}
+                         "load_seed": state["seed"], "server": "vllm", "text": text, "cpu": cpu_readings(core),
+                         "executor": "uni" if args.uni_executor else "mp"}
                     if worker is not None:  # the model's own process (worker_wait.py reads its wait)
                         r["cpu"]["worker_schedstat"] = thread_schedstats(worker)
                     if probe is not None:
