@@ -33,7 +33,9 @@ caps the requests vLLM runs at once (its `--max-num-seqs`): a closed loop of N u
 the users a rate_x2 adds wait in its queue (the rate stays, the requests in the server double).
 `--uni-executor` runs the model in the engine-core process itself (vLLM's `uni` executor; its CPU build otherwise
 runs it in a `VLLM::Worker` process that the engine core spins on, and the worker on it, between steps): the engine
-core's wait is then the model's (the thirty-third step). Each row says which (`executor`: uni or mp).
+core's wait is then the model's (the thirty-third step); `--omp-threads N` sets its OpenMP threads (by default one
+per CPU, unpinned: the model then runs on both CPUs, its second thread spinning at OpenMP's barriers). Each row
+says which (`executor`: uni or mp; `omp_threads`: 0 for OpenMP's own).
 """
 
 from __future__ import annotations
@@ -219,6 +221,9 @@ def main() -> None:
     ap.add_argument("--uni-executor", action="store_true",
                     help="run the model in vLLM's engine-core process (VLLM_ENABLE_V1_MULTIPROCESSING=0, "
                          "--distributed-executor-backend uni) instead of a worker process the engine core spins on")
+    ap.add_argument("--omp-threads", type=int, default=0, metavar="N",
+                    help="--uni-executor: the model's OpenMP threads (OMP_NUM_THREADS; default: OpenMP's own, one "
+                         "per CPU; vLLM's multiprocess executor pins its worker to the CPUs less one reserved)")
     ap.add_argument("--lead-s", type=float, default=600.0,
                     help="--interleave, --life: the stationary stretch before the first change, seconds (default 600)")
     args = ap.parse_args()
@@ -229,6 +234,8 @@ def main() -> None:
         ap.error(f"--base-rate must be > 0 requests/s, got {args.base_rate}")
     if args.max_num_seqs < 0:
         ap.error(f"--max-num-seqs must be >= 1 requests, or 0 for vLLM's own (got {args.max_num_seqs})")
+    if args.omp_threads < 0 or (args.omp_threads and not args.uni_executor):
+        ap.error(f"--omp-threads N: N >= 1 threads, with --uni-executor (got {args.omp_threads})")
     if args.interleave < 0 or not args.lead_s > 0:
         ap.error(f"--interleave must be >= 0 (got {args.interleave}) and --lead-s > 0 seconds (got {args.lead_s})")
     only = {p for p in args.only.split(",") if p}
@@ -259,6 +266,8 @@ def main() -> None:
         if args.uni_executor:  # the CPU platform keeps `uni` only when the engine runs without its own MP workers
             extra += ["--distributed-executor-backend", "uni"]
             env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+            if args.omp_threads:
+                env["OMP_NUM_THREADS"] = str(args.omp_threads)
         target = VllmTarget(VllmOptions(model=str(model), python=str(VLLM_PYTHON), device="cpu",
                                         extra_args=extra, env=env), agent_dir=tmp)
         ctx = TrialContext(trial_number=0, state_dir=tmp / "state", label="record-vllm")
@@ -284,7 +293,7 @@ def main() -> None:
                          "step_slowdown_frac": state["slowdown"], "base_rate": args.base_rate,
                          "closed_concurrency": args.closed, "max_num_seqs": args.max_num_seqs,
                          "load_seed": state["seed"], "server": "vllm", "text": text, "cpu": cpu_readings(core),
-                         "executor": "uni" if args.uni_executor else "mp"}
+                         "executor": "uni" if args.uni_executor else "mp", "omp_threads": args.omp_threads}
                     if worker is not None:  # the model's own process (worker_wait.py reads its wait)
                         r["cpu"]["worker_schedstat"] = thread_schedstats(worker)
                     if probe is not None:
