@@ -158,6 +158,9 @@ def test_record_vllm_refuses_only_with_a_life_and_a_bad_duration_or_change(tmp_p
                         (["--life", "rate_x2", "--only", "base"], "--only is for the plan's phases"),
                         (["--closed", "2"], "--closed N: N >= 1 requests in flight, with --interleave or --life"),
                         (["--life", "rate_x2", "--closed", "-1"], "--closed N: N >= 1 requests in flight"),
+                        (["--life", "rate_x2", "--omp-threads", "1"], "--omp-threads N: N >= 1 threads, with "
+                                                                      "--uni-executor (got 1)"),
+                        (["--life", "rate_x2", "--uni-executor", "--omp-threads", "-2"], "--omp-threads N: N >= 1"),
                         (["--life", "rate_x2", "--out", str(DETECTION / "recorded-vllm-life.jsonl.gz")],
                          "recorded-vllm-life.jsonl.gz exists (a recording of its own?)")):
         proc = subprocess.run([sys.executable, str(DETECTION / "record_vllm.py"), "--out",

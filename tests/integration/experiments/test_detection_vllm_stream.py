@@ -107,17 +107,17 @@ def test_record_vllm_life_switches_a_real_vllm_right_after_a_scrape(tmp_path: Pa
     """record_vllm.py --life: the server slowed once, then a second load beside the first (a rate x2), then the
     load's prompts twice as long; each switch right after a scrape, each segment's load's first request sent at
     its switch, the prompts' mean doubled in the prompt_x2 windows. With --uni-executor: the model runs in the
-    engine core's own process (no worker; each row says so)."""
+    engine core's own process (no worker; each row says so), on one OpenMP thread."""
     out = tmp_path / "v.jsonl.gz"
     proc = _record_vllm(out, "--life", "slowdown30,rate_x2,prompt_x2", "--lead-s", "12", "--seconds",
                         "slowdown30=8", "rate_x2=8", "prompt_x2=8", "stationary_b=8", "--interval-s", "2", "--seed",
-                        "3", "--base-rate", "2", "--uni-executor")
+                        "3", "--base-rate", "2", "--uni-executor", "--omp-threads", "1")
     rows = [r for line in gzip.open(out, "rt", encoding="utf-8") if (r := json.loads(line))["phase"]]
     ready = re.search(r"vLLM ready: server (\d+), engine core (\d+), model worker None", proc.stdout)
     assert ready, proc.stdout[-2000:]
     assert ready[1] != ready[2]  # the engine core its own process still, running the model itself
-    assert all(r["executor"] == "uni" and "worker_schedstat" not in r["cpu"] and r["cpu"]["schedstat"]
-               for r in rows)
+    assert all(r["executor"] == "uni" and r["omp_threads"] == 1 and "worker_schedstat" not in r["cpu"]
+               and r["cpu"]["schedstat"] for r in rows)
     phases = [r["phase"] for r in rows]
     assert list(dict.fromkeys(phases)) == ["stationary_b", "slowdown30", "rate_x2", "prompt_x2"]
     assert phases[-1] == "stationary_b"
