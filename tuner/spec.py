@@ -460,6 +460,11 @@ class MonitorSpec(_Strict):
                                          "added to the CPU wait")
     cpu_steal_selector: str = Field(default="", max_length=4096, description="label matchers of that host's "
                                     'node_exporter series in Prometheus, e.g. instance="node-1:9100"')
+    host_speed_probe: bool = Field(default=False, description="time a fixed task that streams 4 MB through the "
+                                   "shared cache every half second where the daemon runs (tuner.monitor."
+                                   "hostspeed; about 1 ms of CPU each), and judge latencies at the host's speed "
+                                   "where that explains them (the daemon on the server's host: a neighbour on "
+                                   "the cache and memory bus is the environment, not a slower champion)")
     expect_from_champion: bool = Field(default=True, description="latency expectations from the champion's trial "
                                        "carried to the observed load by the agent's screening simulator "
                                        "(sampler.screen.model), where it has one")

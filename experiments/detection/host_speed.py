@@ -3,7 +3,7 @@
 For each recorded vLLM stream (record_vllm.py) and each window (run.py's windows: the same numbering as its
 tables): the engine loop's CPU time per engine step (the engine core's busiest thread's schedstat run time over
 the window's steps, vllm:iteration_tokens_total's count), its run-queue wait, the ITL mean, and where the stream
-was recorded with `--speed-probe` the probe's medians (speed_probe.py: the CPU time of a 4-MB matrix-vector
+was recorded with `--speed-probe` the probe's medians (tuner.monitor.hostspeed: the CPU time of a 4-MB matrix-vector
 product, a 64x64 matrix product, a Python loop). Each is read against its median over the stream's calm windows
 (its stationary phase, after `--skip` warm-up windows). A window "slow" where the engine's CPU per step is at
 least `--slow` times its median.

@@ -32,6 +32,7 @@ from tuner.monitor.classify import Event, Monitor
 from tuner.monitor.config import MonitorConfig
 from tuner.monitor.contention import CpuSteal, CpuWait
 from tuner.monitor.expect import ChampionExpectation
+from tuner.monitor.hostspeed import HostSpeedReader, shared
 from tuner.monitor.records import record_event, record_response
 from tuner.monitor.telemetry import DcgmTelemetry, NvmlTelemetry
 from tuner.spec import AgentSpec
@@ -55,6 +56,7 @@ class MonitorFeed:
                      if ms.dcgm_prometheus_url else None)
         self.cpu_wait = CpuWait(ms.cpu_wait_source) if ms.cpu_wait_source else None
         self.cpu_steal = CpuSteal(ms.cpu_steal_source, ms.cpu_steal_selector) if ms.cpu_steal_source else None
+        self.host_speed = HostSpeedReader(shared()) if ms.host_speed_probe else None
         self._expecting = ms.expect_from_champion  # build the expectation at the next scrape
         self.tracker = Tracker.for_agent(spec, Path(rt.state_dir))
         self.responding: threading.Thread | None = None
@@ -65,7 +67,7 @@ class MonitorFeed:
     def gpu(self) -> dict[str, float]:
         out: dict[str, float] = {}
         # this host's NVML over the exporter when both are given
-        for src in (self.dcgm, self.nvml, self.cpu_wait, self.cpu_steal):
+        for src in (self.dcgm, self.nvml, self.cpu_wait, self.cpu_steal, self.host_speed):
             if src is not None:
                 out.update(src.read())
         return out

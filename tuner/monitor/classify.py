@@ -149,6 +149,11 @@ class Monitor:
         # whether the latencies' residuals are corrected for that share: off for a baseline whose learning windows
         # the correction widened (MonitorConfig.wait_checked; _check_wait)
         self._corrected = True
+        # the host's speed: window end -> log host_probe_us, and the correction's reference (the learning windows'
+        # median) and elasticity (0: off; MonitorConfig.host_speed_narrows, _check_speed)
+        self._speed: dict[float, float] = {}
+        self._speed_ref = 0.0
+        self._speed_e = 0.0
         self.unjudged = 0  # windows whose latencies were not judged (tuner.monitor.config.MonitorConfig)
         self._blind = False
         self._blind_times: set[float] = set()  # ends of the windows not judged (nor learnt from)
@@ -214,7 +219,15 @@ class Monitor:
             x /= self.expectation.factor(name, self.last_signals)
         if self._wait_now is not None and self._corrected:
             x *= 1.0 - self._wait_now
+        probe = self.last_signals.get("host_probe_us", 0.0)
+        if self._speed_e and probe > 0:
+            x *= math.exp(-self._speed_e * (math.log(probe) - self._speed_ref))
         return x
+
+    @property
+    def host_speed_elasticity(self) -> float:
+        """The exponent the latencies are judged at the host's speed with (0: not; _check_speed)."""
+        return self._speed_e
 
     def _wait(self, law: str | None = None) -> float | None:
         """The share of the last window's work the server could not run (MonitorConfig.contention): its own wait
@@ -325,6 +338,10 @@ class Monitor:
                 del self._stretch[next(iter(self._stretch))]
         if self._blind and self.learning:
             self._blind_times.add(t)
+        if self.last_signals.get("host_probe_us", 0.0) > 0:
+            self._speed[t] = math.log(self.last_signals["host_probe_us"])
+            if len(self._speed) > self.tracks["itl_ms_mean"].keep:
+                del self._speed[next(iter(self._speed))]
         for name, x in self.last_signals.items():
             lo, hi = (signals.get(k) for k in bucket_keys(name))
             bucket = (lo, hi) if lo is not None and hi is not None else None
@@ -415,6 +432,7 @@ class Monitor:
         n = self.config.learn_windows
         self._closed_loop = self._steady_inside(n)
         self._check_wait()
+        self._check_speed()
         self._rho = self._pooled_rho(self._latency_rho()) if self.config.autocorrelation else 0.0
         times = self.tracks["itl_ms_mean"].times[-n:]
         self._calm = [t for t in times if t not in self._blind_times]
@@ -473,6 +491,38 @@ class Monitor:
                              for t, r in zip(lat.times, lat.residuals, strict=True)]
         log.info("latencies %s for the CPU wait from this baseline on (MonitorConfig.wait_checked)",
                  "corrected" if corrected else "not corrected")
+
+    def _check_speed(self) -> None:
+        """The host's speed's correction for this baseline (MonitorConfig.host_speed_narrows): over the learning
+        windows judged that read the probe, the slope of the log ITL mean's residual on the log probe (0 to 1),
+        kept where the residual corrected by it spreads at most host_speed_narrows times as wide as without; the
+        latencies' stored residuals are turned to the new form, so every baseline and relearning reads one."""
+        c, tr = self.config, self.tracks["itl_ms_mean"]
+        n = c.learn_windows
+        seen = [(self._speed[t], math.log(r)) for t, r in zip(tr.times[-n:], tr.residuals[-n:], strict=True)
+                if t in self._speed and r > 0 and t not in self._blind_times]
+        e, ref = 0.0, self._speed_ref
+        if c.host_speed_narrows is not None and len(seen) >= max(3, self._enough):
+            raw = [x + self._speed_e * (sp - self._speed_ref) for sp, x in seen]  # the stored form's undone
+            speeds = [sp for sp, _ in seen]
+            ref = statistics.median(speeds)
+            if statistics.pvariance(speeds) > 0:
+                slope = statistics.covariance(speeds, raw) / statistics.variance(speeds)
+                fit = min(1.0, max(0.0, slope))
+                fixed = [x - fit * (sp - ref) for sp, x in zip(speeds, raw, strict=True)]
+                if fit > 0 and statistics.stdev(fixed) <= c.host_speed_narrows * statistics.stdev(raw):
+                    e = fit
+        if e == self._speed_e and (e == 0.0 or ref == self._speed_ref):
+            return
+        for name in LATENCIES:  # into the new form: the old correction put back, the new one taken out
+            lat = self.tracks[name]
+            lat.residuals = [r * math.exp(self._speed_e * (self._speed[t] - self._speed_ref)
+                                          - e * (self._speed[t] - ref)) if t in self._speed else r
+                             for t, r in zip(lat.times, lat.residuals, strict=True)]
+        if e != self._speed_e:
+            log.info("latencies judged at the host's speed with elasticity %.2f from this baseline on "
+                     "(MonitorConfig.host_speed_narrows)", e)
+        self._speed_e, self._speed_ref = e, ref
 
     def _learn_track(self, tr: SignalTrack, vals: list[float]) -> Baseline | None:
         """A track's baseline from `vals` and its CUSUM restarted; none where too few windows carried the signal

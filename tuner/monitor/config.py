@@ -52,6 +52,7 @@ RULES: dict[str, SignalRule] = {
     "gpu_fb_used_mb": SignalRule("up", 256.0), "gpu_throttled": SignalRule("up", 0.05),
     "cpu_wait_frac": SignalRule("up", 0.02, tested=False), "cpu_steal_frac": SignalRule("up", 0.02, tested=False),
     "cpu_ready_wait_frac": SignalRule("up", 0.02, tested=False),
+    "host_probe_us": SignalRule("up", 1.0, "log", tested=False),
     "finished_per_s": SignalRule("both", 0.01, tested=False),
     # Little's law's mean requests in the server: it judges whether a fall of the rate is fewer users (it falls
     # too) or a closed loop answered more slowly (it does not: MonitorConfig.paced_rate); never alarms itself
@@ -260,6 +261,14 @@ class MonitorConfig:
     # on the closed loops whose wait was their own clients': vllm11 0.12 -> 1.38 and vllm13 0.48 -> 1.08 a day.
     # None: always corrected
     wait_checked: float | None = 1.25
+    # the host's own speed (the signal host_probe_us, tuner.monitor.hostspeed: the CPU time of a fixed task that
+    # streams 4 MB through the shared cache): a server on a shared host gets slower at unchanged load, without
+    # waiting for a CPU, when another guest fills the cache and memory bus. Its latencies are judged at the
+    # host's speed, x (probe / the baseline's median probe) ** e, with e the slope of the learning windows' log ITL
+    # mean on the log probe (0 to 1), kept where it narrows their spread to at most this share of it (else 0).
+    # vLLM on one CPU thread at capacity (experiments/detection, thirty-third step): slope 0.64, the log ITL
+    # mean's spread 0.102 -> 0.068 and its lag-1 autocorrelation 0.67 -> 0.26. None: never corrected
+    host_speed_narrows: float | None = 0.9
     wait_memory: int = 3  # windows whose CPU wait a latency's uncertainty takes (this one and those before)
     # a latency is not judged while the server waited more than this share of one of those windows (the
     # window's share): the neighbours, not the server, set it then (the windows are counted in `unjudged`).

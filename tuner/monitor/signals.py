@@ -14,7 +14,8 @@ Little's law: the seconds its finished requests spent there, the end-to-end hist
 window; what tells a closed loop's slower answers from fewer users, tuner.monitor.classify). GPU signals come
 from tuner.monitor.telemetry, the environment's
 (cpu_wait_frac: the share of the window the server waited for a CPU; cpu_ready_wait_frac: the share of the time
-it was ready to run that it waited; cpu_steal_frac: the share of its host's CPU
+it was ready to run that it waited; host_probe_us: the CPU time a fixed memory-streaming task took on the host
+(tuner.monitor.hostspeed: the host's own speed); cpu_steal_frac: the share of its host's CPU
 time the hypervisor gave other guests) from tuner.monitor.contention; the caller merges them in.
 
 A counter that went down (the server restarted) makes the window unusable: None. A signal whose series the
@@ -45,7 +46,7 @@ OUTPUTS = (*LATENCIES, "token_throughput_per_s", "error_frac")
 GPU = ("gpu_util_pct", "gpu_power_w", "gpu_sm_clock_mhz", "gpu_dram_active_frac", "gpu_fb_used_mb",
        "gpu_throttled")
 # the environment: explains the outputs, never alarms on its own (tuner.monitor.contention)
-ENVIRONMENT = ("cpu_wait_frac", "cpu_ready_wait_frac", "cpu_steal_frac")
+ENVIRONMENT = ("cpu_wait_frac", "cpu_ready_wait_frac", "cpu_steal_frac", "host_probe_us")
 SIGNALS = (*INPUTS, *OUTPUTS, *STATE, *GPU, *ENVIRONMENT)
 
 # which series each server signal needs (the names the scraper maps vLLM's series to)

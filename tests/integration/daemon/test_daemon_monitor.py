@@ -202,3 +202,17 @@ def test_a_watched_title_follows_the_process_that_holds_it(tmp_path: Path) -> No
     assert seen == [2, 4], seen
     with pytest.raises(ConfigError, match=r"watch\.monitor\.cpu_wait_source: .*title:<text> needs"):
         _feed(tmp_path, cpu_wait_source="title: ")
+
+
+def test_the_host_speed_probe_gives_the_monitor_the_hosts_speed_at_every_scrape(tmp_path: Path) -> None:
+    """`host_speed_probe: true`: the daemon's one probe (tuner.monitor.hostspeed) timed every half second, each
+    scrape's window of it in the monitor's track; off by default."""
+    feed = _feed(tmp_path, host_speed_probe=True)
+    assert _feed(tmp_path).host_speed is None
+    server = VllmSeries()
+    for i in range(3):
+        time.sleep(0.8)  # the probe runs between the scrapes
+        server.finish(60, 100, 16)
+        feed.consume(1000.0 + 15 * i, parse(server.text()))
+    got = feed.monitor.tracks["host_probe_us"].values
+    assert len(got) == 2 and all(v > 0 for v in got), got  # a window from the second scrape on

@@ -1,4 +1,4 @@
-"""The detection experiment's host-speed probe (speed_probe.py) and its reading beside a recorded vLLM
+"""The detection experiment's host-speed probe (tuner.monitor.hostspeed) and its reading beside a recorded vLLM
 (host_speed.py): the probe's medians are CPU time of fixed tasks, each take a new window; a recorded stream's
 slower windows are found in the engine's CPU time per step, and the injected slowdown (the server stopped from
 outside) raises it too."""
@@ -17,11 +17,12 @@ DETECTION = ROOT / "experiments" / "detection"
 sys.path.insert(0, str(DETECTION))
 
 import host_speed  # noqa: E402
-from speed_probe import TASKS, SpeedProbe  # noqa: E402
+
+from tuner.monitor.hostspeed import TASKS, HostSpeed  # noqa: E402
 
 
 def test_the_probe_times_its_tasks_in_cpu_time_and_each_take_starts_a_new_window() -> None:
-    probe = SpeedProbe(period_s=0.05).start()
+    probe = HostSpeed(period_s=0.05).start()
     try:
         time.sleep(0.6)
         first = probe.take()
