@@ -462,9 +462,14 @@ class MonitorSpec(_Strict):
                                     'node_exporter series in Prometheus, e.g. instance="node-1:9100"')
     host_speed_probe: bool = Field(default=False, description="time a fixed task that streams 4 MB through the "
                                    "shared cache every half second where the daemon runs (tuner.monitor."
-                                   "hostspeed; about 1 ms of CPU each), and judge latencies at the host's speed "
-                                   "where that explains them (the daemon on the server's host: a neighbour on "
-                                   "the cache and memory bus is the environment, not a slower champion)")
+                                   "hostspeed; about 1 ms of CPU each), the signal host_probe_us; the daemon on "
+                                   "the server's host")
+    host_speed_elasticity: float | None = Field(default=None, ge=0, le=2, description="with host_speed_probe: "
+                                                "latencies judged at the host's speed, x (probe / the baseline's) "
+                                                "** -this (a neighbour on the cache and memory bus is the "
+                                                "environment, not a slower champion); the server's slope of log "
+                                                "ITL on the log probe over a long calm stretch (vLLM's CPU build "
+                                                "on one thread: 0.64)")
     expect_from_champion: bool = Field(default=True, description="latency expectations from the champion's trial "
                                        "carried to the observed load by the agent's screening simulator "
                                        "(sampler.screen.model), where it has one")
@@ -479,6 +484,9 @@ class MonitorSpec(_Strict):
         if self.history_windows is not None and self.history_windows < self.learn_windows:
             raise ValueError(f"history_windows ({self.history_windows}) must be at least learn_windows "
                              f"({self.learn_windows}): a baseline is learnt from learn_windows windows")
+        if self.host_speed_elasticity is not None and not self.host_speed_probe:
+            raise ValueError("host_speed_elasticity judges latencies at the probe's readings: set host_speed_probe: "
+                             "true too")
         return self
 
     @field_validator("cpu_wait_source")

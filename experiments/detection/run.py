@@ -611,7 +611,7 @@ def _at_least_one(text: str) -> int:
 
 
 def _wait_factor(text: str) -> float:
-    """--wait-checked's and --host-speed-narrows' factor: 0 (off) or a positive number (argparse's type)."""
+    """--wait-checked's factor: 0 (off) or a positive number (argparse's type)."""
     try:
         x = float(text)
     except ValueError:
@@ -680,10 +680,9 @@ def parser() -> argparse.ArgumentParser:
                     help="a level shift of an input, or of a closed loop's requests in the server, inside a "
                          "baseline's learning windows is a drift and restarts the learning at it "
                          "(MonitorConfig.learning_shift; --no-learning-shift: the baseline learnt across it)")
-    ap.add_argument("--host-speed-narrows", type=_wait_factor, default=MonitorConfig.host_speed_narrows,
-                    metavar="FACTOR", help="the latencies judged at the host's speed (a stream recorded with the "
-                                           "probe) where that narrows the log ITL mean to this share (MonitorConfig."
-                                           f"host_speed_narrows; default {MonitorConfig.host_speed_narrows}; 0: never)")
+    ap.add_argument("--host-speed-elasticity", type=float, default=None, metavar="E",
+                    help="the latencies judged at the host's speed (a stream recorded with the probe) with this "
+                         "elasticity (MonitorConfig.host_speed_elasticity; default: not)")
     ap.add_argument("--wait-checked", type=_wait_factor, default=MonitorConfig.wait_checked, metavar="FACTOR",
                     help="judge a closed loop's baseline's latencies uncorrected for the CPU wait where the correction "
                          "spreads its learning windows' log ITL mean more than FACTOR times as wide "
@@ -788,7 +787,7 @@ def setup(args: argparse.Namespace) -> tuple[Phases, dict[str, dict[str, float]]
                         rate_poisson_floor=args.rate_poisson_floor, paced_rate=args.paced_rate,
                         queued_load=args.queued_load, learning_shift=args.learning_shift,
                         wait_checked=args.wait_checked or None,
-                        host_speed_narrows=args.host_speed_narrows or None,
+                        host_speed_elasticity=args.host_speed_elasticity,
                         history_windows=args.history_windows, history_usual_wait=args.history_usual_wait,
                         bucket_error=not args.no_bucket_error,
                         input_history_windows=args.input_history_windows or None,
@@ -873,7 +872,7 @@ def main() -> None:
           f"{cfg.queued_load}; "
           f"{'' if cfg.learning_shift else 'no '}drift looked for inside the learning windows; "
           f"the correction for the CPU wait dropped for a baseline it widens more than: {cfg.wait_checked}; "
-          f"latencies judged at the host's speed where that narrows them to: {cfg.host_speed_narrows}; "
+          f"latencies judged at the host's speed with elasticity: {cfg.host_speed_elasticity}; "
           f"quantiles widened in another bucket than their baseline's: {cfg.bucket_error}; "
           f"latency baselines learnt again from up to {cfg.history_windows or 0} calm windows"
           f"{' at the usual CPU wait' if cfg.history_windows and cfg.history_usual_wait else ''}; "

@@ -150,7 +150,7 @@ class Monitor:
         # the correction widened (MonitorConfig.wait_checked; _check_wait)
         self._corrected = True
         # the host's speed: window end -> log host_probe_us, and the correction's reference (the learning windows'
-        # median) and elasticity (0: off; MonitorConfig.host_speed_narrows, _check_speed)
+        # median) and elasticity (0: off until a baseline is learnt; MonitorConfig.host_speed_elasticity)
         self._speed: dict[float, float] = {}
         self._speed_ref = 0.0
         self._speed_e = 0.0
@@ -493,35 +493,21 @@ class Monitor:
                  "corrected" if corrected else "not corrected")
 
     def _check_speed(self) -> None:
-        """The host's speed's correction for this baseline (MonitorConfig.host_speed_narrows): over the learning
-        windows judged that read the probe, the slope of the log ITL mean's residual on the log probe (0 to 1),
-        kept where the residual corrected by it spreads at most host_speed_narrows times as wide as without; the
-        latencies' stored residuals are turned to the new form, so every baseline and relearning reads one."""
-        c, tr = self.config, self.tracks["itl_ms_mean"]
-        n = c.learn_windows
-        seen = [(self._speed[t], math.log(r)) for t, r in zip(tr.times[-n:], tr.residuals[-n:], strict=True)
-                if t in self._speed and r > 0 and t not in self._blind_times]
-        e, ref = 0.0, self._speed_ref
-        if c.host_speed_narrows is not None and len(seen) >= max(3, self._enough):
-            raw = [x + self._speed_e * (sp - self._speed_ref) for sp, x in seen]  # the stored form's undone
-            speeds = [sp for sp, _ in seen]
-            ref = statistics.median(speeds)
-            if statistics.pvariance(speeds) > 0:
-                slope = statistics.covariance(speeds, raw) / statistics.variance(speeds)
-                fit = min(1.0, max(0.0, slope))
-                fixed = [x - fit * (sp - ref) for sp, x in zip(speeds, raw, strict=True)]
-                if fit > 0 and statistics.stdev(fixed) <= c.host_speed_narrows * statistics.stdev(raw):
-                    e = fit
-        if e == self._speed_e and (e == 0.0 or ref == self._speed_ref):
+        """The host's speed's correction for this baseline (MonitorConfig.host_speed_elasticity): its reference,
+        the median probe of the learning windows judged that read it; the latencies' stored residuals are turned
+        to the new form, so every baseline and relearning reads one."""
+        e = self.config.host_speed_elasticity
+        tr = self.tracks["itl_ms_mean"]
+        speeds = [self._speed[t] for t in tr.times[-self.config.learn_windows:]
+                  if t in self._speed and t not in self._blind_times]
+        if not e or not speeds:
             return
-        for name in LATENCIES:  # into the new form: the old correction put back, the new one taken out
+        ref = statistics.median(speeds)
+        for name in LATENCIES:  # into the new form: the old reference put back, the new one taken out
             lat = self.tracks[name]
             lat.residuals = [r * math.exp(self._speed_e * (self._speed[t] - self._speed_ref)
                                           - e * (self._speed[t] - ref)) if t in self._speed else r
                              for t, r in zip(lat.times, lat.residuals, strict=True)]
-        if e != self._speed_e:
-            log.info("latencies judged at the host's speed with elasticity %.2f from this baseline on "
-                     "(MonitorConfig.host_speed_narrows)", e)
         self._speed_e, self._speed_ref = e, ref
 
     def _learn_track(self, tr: SignalTrack, vals: list[float]) -> Baseline | None:

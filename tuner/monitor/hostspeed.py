@@ -16,9 +16,10 @@ how many runs that median is of; `read()` the monitor's signal, {'host_probe_us'
 ({} where nothing ran since the last read). About 1 ms of CPU every half second, BLAS held to one thread while
 the tasks run (threadpoolctl: their CPU time is then this thread's).
 
-The monitor judges latencies at the host's speed (tuner.monitor.config.MonitorConfig.host_speed_narrows): vLLM's
-CPU build on one thread at its capacity slowed with the probe (experiments/detection, thirty-third step: the
-probe at least x1.1 in all 14 windows where vLLM's CPU per step was x1.15, correlation 0.76).
+The monitor judges latencies at the host's speed with the server's elasticity to it
+(tuner.monitor.config.MonitorConfig.host_speed_elasticity): vLLM's CPU build on one thread at its capacity slowed
+with the probe (experiments/detection, thirty-third step: the probe at least x1.1 in all 14 windows where vLLM's
+CPU per step was x1.15, correlation 0.76).
 
 Measured here (2 vCPUs, KVM, alone: 4-MB product 150-165 us): a neighbour copying 24 MB arrays on the other
 core x1.4, 256 MB arrays x1.1, a pure-Python loop on the other core x1.0; the 64x64 product and the Python loop

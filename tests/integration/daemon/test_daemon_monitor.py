@@ -216,3 +216,7 @@ def test_the_host_speed_probe_gives_the_monitor_the_hosts_speed_at_every_scrape(
         feed.consume(1000.0 + 15 * i, parse(server.text()))
     got = feed.monitor.tracks["host_probe_us"].values
     assert len(got) == 2 and all(v > 0 for v in got), got  # a window from the second scrape on
+    with pytest.raises(ConfigError, match=r"watch\.monitor.*host_speed_elasticity judges latencies .* set "
+                                          r"host_speed_probe: true too"):
+        _feed(tmp_path, host_speed_elasticity=0.6)
+    assert _feed(tmp_path, host_speed_probe=True, host_speed_elasticity=0.6).monitor.config.host_speed_elasticity == 0.6
