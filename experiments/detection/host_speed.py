@@ -79,6 +79,21 @@ def corr(xs: list[float], ys: list[float]) -> float:
     return statistics.correlation([p[0] for p in pairs], [p[1] for p in pairs])
 
 
+def lag1(xs: list[float]) -> float:
+    return statistics.correlation(xs[:-1], xs[1:])
+
+
+def elasticity(calm: list[dict[str, Any]]) -> str:
+    """The slope of the calm windows' log ITL mean on their log 4-MB probe (the server's elasticity to its host's
+    speed: tuner.monitor.config.MonitorConfig.host_speed_elasticity), the spread of the log ITL mean corrected by
+    it, and the lag-1 autocorrelation of the log ITL mean before and after."""
+    y = [math.log(r["itl_ms"]) for r in calm]
+    x = [math.log(r["mv4_us"]) for r in calm]
+    slope = statistics.covariance(x, y) / statistics.variance(x)
+    res = [b - slope * a for a, b in zip(x, y, strict=True)]
+    return f"{slope:.2f}, {statistics.stdev(res):.3f}, {lag1(y):.2f} -> {lag1(res):.2f}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("streams", nargs="+", type=Path)
@@ -90,15 +105,16 @@ def main() -> None:
     print(f"| stream | calm windows | slow (CPU per step >= x{args.slow:g}) | of those, the probe >= x{args.probe:g} | "
           f"corr(CPU per step, probe) | corr(CPU per step, ITL mean) | calm: probe >= x{args.probe:g} | slowdown: "
           "probe ratio (median, max) | slowdown: CPU per step ratio (median) | sd of log ITL mean: raw, x (1 - the "
-          "loop's ready wait) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---|---|---|")
+          "loop's ready wait) | log ITL mean on the log probe: slope (host_speed_elasticity), sd corrected by it, "
+          "lag-1 autocorrelation raw -> corrected |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|---|---|---|")
     listed = []
     for path in args.streams:
         rows = rows_of(path)
         calm = [r for r in rows if r["phase"] == CALM and r["window"] >= args.skip
                 and not math.isnan(r["cpu_us_per_step"])]
         if not calm:
-            print(f"| {path.name} | 0 | - | - | - | - | - | - | - | - |")
+            print(f"| {path.name} | 0 | - | - | - | - | - | - | - | - | - |")
             continue
         med = {k: statistics.median(r[k] for r in calm) for k in ("cpu_us_per_step", "itl_ms")}
         probed = all("mv4_us" in r for r in calm)
@@ -122,7 +138,7 @@ def main() -> None:
         raw = statistics.stdev(math.log(r["itl_ms"]) for r in calm)
         fixed = statistics.stdev(math.log(r["itl_ms"] * (1.0 - r["ready_wait"])) for r in calm)
         print(f"| {path.name} | {len(calm)} | {len(slow)} | {cells[0]} | {cells[1]} | {c_itl:.2f} | {cells[2]} | "
-              f"{cells[3]} | {s_cell} | {raw:.3f}, {fixed:.3f} |")
+              f"{cells[3]} | {s_cell} | {raw:.3f}, {fixed:.3f} | {elasticity(calm) if probed else '-'} |")
         listed.append((path, rows, med))
     if args.windows:
         for path, rows, med in listed:
