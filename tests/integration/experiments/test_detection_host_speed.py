@@ -93,3 +93,33 @@ def test_worker_wait_gives_each_row_the_model_workers_schedstat() -> None:
     assert "cpu" not in out[2] and missing == 1  # the nearest read 1 s away: no wait for it
     assert out[3] == rows[3] and rows[1]["cpu"]["schedstat"] == engine  # the input rows untouched
     assert worker_wait.convert(rows[1:2], None, 0.5)[1] == 1  # no worker's read anywhere
+
+
+def test_vllm21s_wander_follows_the_hosts_speed_and_vllm22s_does_not() -> None:
+    """The model in vLLM's engine core on one thread (record_vllm.py --uni-executor --omp-threads 1): vllm21's slow
+    windows all had the probe slower, its slope 0.64 narrowing the log ITL mean by a third; vllm22's slower
+    stretch (after its injected slowdown) had the probe flat (README, thirty-third step)."""
+    def calm_of(name: str) -> list[dict[str, Any]]:
+        rows = host_speed.rows_of(DETECTION / name)
+        return [r for r in rows if r["phase"] == "stationary_b" and r["window"] >= 2]
+
+    c21, c22 = calm_of("recorded-vllm-capacity4-uni1.jsonl.gz"), calm_of("recorded-vllm-capacity4-uni1b.jsonl.gz")
+    med = statistics.median(r["cpu_us_per_step"] for r in c21)
+    probe = statistics.median(r["mv4_us"] for r in c21)
+    slow = [r for r in c21 if r["cpu_us_per_step"] >= 1.15 * med]
+    assert len(slow) >= 10 and all(r["mv4_us"] >= 1.1 * probe for r in slow)
+    slope, sd, _ = host_speed.elasticity(c21).split(", ")
+    raw = statistics.stdev(math.log(r["itl_ms"]) for r in c21)
+    assert 0.5 < float(slope) < 0.8 and float(sd) < 0.75 * raw
+    _, sd22, _ = host_speed.elasticity(c22).split(", ")
+    assert float(sd22) > 0.85 * statistics.stdev(math.log(r["itl_ms"]) for r in c22)
+
+
+def test_run_gives_the_monitor_a_probed_streams_host_speed() -> None:
+    import run
+
+    sig = [s for phase, _, s, _, _ in run.windows(DETECTION / "recorded-vllm-capacity4-uni1.jsonl.gz")
+           if phase == "stationary_b"]
+    assert len(sig) > 100 and all(s["host_probe_us"] > 0 for s in sig)
+    unprobed = [s for _, _, s, _, _ in run.windows(DETECTION / "recorded-vllm-capacity4-long.jsonl.gz")]
+    assert unprobed and all("host_probe_us" not in s for s in unprobed)
