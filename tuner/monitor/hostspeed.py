@@ -45,7 +45,7 @@ class HostSpeed:
     """The probe's thread and its runs: `take()` each task's medians since the last take (one reader: a
     recorder), `median_since(t)` the 4-MB product's since a time (any number of readers: HostSpeedReader)."""
 
-    def __init__(self, period_s: float = 0.5, seed: int = 0) -> None:
+    def __init__(self, period_s: float = 0.5, seed: int = 0, keep_s: float = KEEP_S) -> None:
         rng = np.random.default_rng(seed)
         n = int((4e6 / 4) ** 0.5)  # 4 MB of float32
         self._w = rng.standard_normal((n, n), dtype=np.float32)
@@ -56,8 +56,9 @@ class HostSpeed:
             "mm64_us": (lambda: self._a @ self._a, 50),
             "py_us": (lambda: sum(range(2000)), 5),
         }
-        self._runs: dict[str, list[float]] = {k: [] for k in TASKS}
-        self._recent: deque[tuple[float, float]] = deque(maxlen=int(KEEP_S / period_s) + 1)  # (monotonic s, us)
+        self._keep = int(keep_s / period_s) + 1  # runs kept: a probe nobody takes from holds no more
+        self._runs: dict[str, deque[float]] = {k: deque(maxlen=self._keep) for k in TASKS}
+        self._recent: deque[tuple[float, float]] = deque(maxlen=self._keep)  # (monotonic s, us)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._period_s = period_s
@@ -93,7 +94,7 @@ class HostSpeed:
     def take(self) -> dict[str, float]:
         """Each task's median CPU microseconds per run since the last take, and `runs`: how many (0: no field)."""
         with self._lock:
-            runs, self._runs = self._runs, {k: [] for k in TASKS}
+            runs, self._runs = self._runs, {k: deque(maxlen=self._keep) for k in TASKS}
         n = min(len(v) for v in runs.values())
         out: dict[str, float] = {"runs": float(n)}
         if n:

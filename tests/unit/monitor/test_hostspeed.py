@@ -85,3 +85,12 @@ def test_the_probe_times_the_4mb_task_for_every_reader_of_its_windows() -> None:
     reader = HostSpeedReader(probe)
     time.sleep(0.1)
     assert reader.read() == {}  # stopped: no run since this reader's start
+
+
+def test_a_probe_nobody_takes_from_keeps_only_its_latest_runs() -> None:
+    probe = HostSpeed(period_s=0.01, keep_s=0.05).start()  # six runs kept
+    try:
+        time.sleep(0.5)
+    finally:
+        probe.stop()
+    assert 1 <= probe.take()["runs"] <= 6
