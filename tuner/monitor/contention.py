@@ -31,7 +31,8 @@ Two sources of the wait, both cumulative counters of Linux, differenced between 
   (`title:VLLM::Worker`) while its engine core (`title:EngineCore`) waits for each step's result on a
   shared-memory queue; both spin there between their turns, so neither's wait is the model's alone: at
   capacity the worker's followed its latency better, below it the engine core's (experiments/detection,
-  thirty-second step).
+  thirty-second step). Served with vLLM's `uni` executor (VLLM_ENABLE_V1_MULTIPROCESSING=0) on one OpenMP
+  thread, the engine core runs the model itself, nothing spins, and its wait is the model's (thirty-third step).
 
 The first read gives nothing (no window yet); a thread that ended, a counter that went down (a new process)
 or an unreadable file gives nothing for that window (named once in the log), never an error. The same for
