@@ -89,7 +89,7 @@ def elasticity(calm: list[dict[str, Any]]) -> str:
     it, and the lag-1 autocorrelation of the log ITL mean before and after."""
     y = [math.log(r["itl_ms"]) for r in calm]
     x = [math.log(r["mv4_us"]) for r in calm]
-    slope = statistics.covariance(x, y) / statistics.variance(x)
+    slope = statistics.linear_regression(x, y).slope
     res = [b - slope * a for a, b in zip(x, y, strict=True)]
     return f"{slope:.2f}, {statistics.stdev(res):.3f}, {lag1(y):.2f} -> {lag1(res):.2f}"
 

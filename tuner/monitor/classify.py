@@ -149,9 +149,8 @@ class Monitor:
         # whether the latencies' residuals are corrected for that share: off for a baseline whose learning windows
         # the correction widened (MonitorConfig.wait_checked; _check_wait)
         self._corrected = True
-        # the host's speed: window end -> log host_probe_us, and the correction's reference (the learning windows'
-        # median) and elasticity (0: off until a baseline is learnt; MonitorConfig.host_speed_elasticity)
-        self._speed: dict[float, float] = {}
+        # the host's speed's correction: its reference (the learning windows' median log host_probe_us) and
+        # elasticity (0: off until a baseline is learnt; MonitorConfig.host_speed_elasticity)
         self._speed_ref = 0.0
         self._speed_e = 0.0
         self.unjudged = 0  # windows whose latencies were not judged (tuner.monitor.config.MonitorConfig)
@@ -338,10 +337,6 @@ class Monitor:
                 del self._stretch[next(iter(self._stretch))]
         if self._blind and self.learning:
             self._blind_times.add(t)
-        if self.last_signals.get("host_probe_us", 0.0) > 0:
-            self._speed[t] = math.log(self.last_signals["host_probe_us"])
-            if len(self._speed) > self.tracks["itl_ms_mean"].keep:
-                del self._speed[next(iter(self._speed))]
         for name, x in self.last_signals.items():
             lo, hi = (signals.get(k) for k in bucket_keys(name))
             bucket = (lo, hi) if lo is not None and hi is not None else None
@@ -497,17 +492,19 @@ class Monitor:
         the median probe of the learning windows judged that read it; the latencies' stored residuals are turned
         to the new form, so every baseline and relearning reads one."""
         e = self.config.host_speed_elasticity
-        tr = self.tracks["itl_ms_mean"]
-        speeds = [self._speed[t] for t in tr.times[-self.config.learn_windows:]
-                  if t in self._speed and t not in self._blind_times]
-        if not e or not speeds:
+        if not e:
+            return
+        probe = self.tracks["host_probe_us"]  # window end -> log probe, from the probe's own track
+        speed = {t: math.log(v) for t, v in zip(probe.times, probe.values, strict=True) if v > 0}
+        speeds = [speed[t] for t in self.tracks["itl_ms_mean"].times[-self.config.learn_windows:]
+                  if t in speed and t not in self._blind_times]
+        if not speeds:
             return
         ref = statistics.median(speeds)
         for name in LATENCIES:  # into the new form: the old reference put back, the new one taken out
             lat = self.tracks[name]
-            lat.residuals = [r * math.exp(self._speed_e * (self._speed[t] - self._speed_ref)
-                                          - e * (self._speed[t] - ref)) if t in self._speed else r
-                             for t, r in zip(lat.times, lat.residuals, strict=True)]
+            lat.residuals = [r * math.exp(self._speed_e * (speed[t] - self._speed_ref) - e * (speed[t] - ref))
+                             if t in speed else r for t, r in zip(lat.times, lat.residuals, strict=True)]
         self._speed_e, self._speed_ref = e, ref
 
     def _learn_track(self, tr: SignalTrack, vals: list[float]) -> Baseline | None:
