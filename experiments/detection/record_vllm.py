@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import os
 import sys
 import tempfile
 import threading
@@ -74,7 +75,7 @@ from tuner.measure.datasets import plans_for  # noqa: E402
 from tuner.measure.loadgen import config_for, run_sync  # noqa: E402
 from tuner.measure.tokenize import load_tokenizer  # noqa: E402
 from tuner.monitor.contention import titled  # noqa: E402
-from tuner.monitor.hostspeed import HostSpeed  # noqa: E402
+from tuner.monitor.hostspeed import HostSpeed, ThreadCpu  # noqa: E402
 from tuner.spec import WorkloadSpec  # noqa: E402
 from tuner.targets.base import TrialContext  # noqa: E402
 from tuner.targets.vllm import VllmOptions, VllmTarget  # noqa: E402
@@ -217,7 +218,8 @@ def main() -> None:
                     help="vLLM's --max-num-seqs: the most requests it runs at once (default 0: vLLM's own)")
     ap.add_argument("--speed-probe", action="store_true",
                     help="each row also holds `speed`: the host's own speed beside the server (tuner.monitor."
-                         "hostspeed: the CPU time of fixed tasks, medians over the window)")
+                         "hostspeed: the CPU time of fixed tasks, medians over the window; unpinned, pinned on each "
+                         "CPU (`cpu<n>`) and on the CPU the engine core's busiest thread was on (`own`, `own_cpus`))")
     ap.add_argument("--uni-executor", action="store_true",
                     help="run the model in vLLM's engine-core process (VLLM_ENABLE_V1_MULTIPROCESSING=0, "
                          "--distributed-executor-backend uni) instead of a worker process the engine core spins on")
@@ -283,7 +285,8 @@ def main() -> None:
             print(f"{time.strftime('%H:%M:%S')} vLLM ready: server {dep.pid}, engine core {core}, model worker "
                   f"{worker}", flush=True)
             state: dict[str, Any] = {"phase": "", "slowdown": 0.0, "seed": "", "starts": False}
-            probe = HostSpeed().start() if args.speed_probe else None
+            probe = (HostSpeed(follow=ThreadCpu(core), cpus=sorted(os.sched_getaffinity(0))).start()
+                     if args.speed_probe else None)
             lock = threading.Lock()
             scraped = threading.Condition(lock)
 

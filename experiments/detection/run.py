@@ -57,6 +57,7 @@ from tuner.monitor.config import RULES, TESTS, MonitorConfig  # noqa: E402
 from tuner.monitor.contention import CpuSteal, CpuWait, proc_stat_steal, schedstat_ns  # noqa: E402
 from tuner.monitor.detect import windows_to_find  # noqa: E402
 from tuner.monitor.expect import ChampionExpectation, from_simulator  # noqa: E402
+from tuner.monitor.hostspeed import TASKS, probe_index  # noqa: E402
 from tuner.monitor.signals import GPU, INPUTS, LATENCIES, window_signals  # noqa: E402
 from tuner.monitor.telemetry import NvmlTelemetry  # noqa: E402
 from tuner.sim.refcost import StepModel  # noqa: E402
@@ -101,14 +102,16 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 Row = dict[str, Any]
 
 
-def windows(path: Path, gpu_readings: str = "gpu", every: int = 1) -> Iterator[tuple[str, float, Window, Row, Row]]:
+def windows(path: Path, gpu_readings: str = "gpu", every: int = 1,
+            host_probe: str = "index") -> Iterator[tuple[str, float, Window, Row, Row]]:
     """(phase, end time, signals, the start and end rows) of each window of a recorded stream in order: consecutive
     scrapes of one phase, or a scrape and the next that starts a phase (`starts_phase`: record_vllm.py --interleave
     switched right after the first, so the window was all in the second's phase), with cpu_wait_frac from the
     engine's schedstat through the monitor's own CpuWait (streams recorded before it have none) and cpu_steal_frac
     from the host's /proc/stat line through its CpuSteal (where recorded), and a GPU's readings (the row's
     `gpu_readings`: "gpu", the monitor's, or "gpu_instant", one read at the window's end, where recorded; else
-    "gpu"). `every`: a window spans that many scrape intervals (every n-th scrape kept: a slower scrape of the same
+    "gpu"), and the host's speed where probed (`host_probe`: "index", the product's probe_index, or one task's
+    median). `every`: a window spans that many scrape intervals (every n-th scrape kept: a slower scrape of the same
     traffic; a GPU reading then is of the last interval only)."""
     rows = read_rows(path)[::every]
     for a, b in zip(rows, rows[1:], strict=False):
@@ -126,8 +129,10 @@ def windows(path: Path, gpu_readings: str = "gpu", every: int = 1) -> Iterator[t
                 steal.update(proc_stat_steal(a["cpu"]["stat"]))
                 sig.update(steal.update(proc_stat_steal(b["cpu"]["stat"])))
         speed = b.get("speed") or {}  # the host's speed probe beside the server (record_vllm.py --speed-probe)
-        if speed.get("runs") and speed.get("mv4_us", 0) > 0:
-            sig["host_probe_us"] = speed["mv4_us"]
+        probe = (probe_index(speed) if host_probe == "index" else probe_index(speed.get("own") or {})
+                 if host_probe == "own" else speed.get(host_probe, 0.0) or None)
+        if speed.get("runs") and probe:
+            sig["host_probe_us"] = probe
         sig.update(b.get(gpu_readings, b.get("gpu")) or {})  # a GPU's readings of the window (record_gpu.py)
         yield b["phase"], b["t"], sig, a, b
 
@@ -137,7 +142,7 @@ Order = list[tuple[str, Window]]  # (phase, signals) of every window in recorded
 
 
 def load_stream(path: Path, gpu_readings: str = "gpu",
-                every: int = 1) -> tuple[Phases, dict[str, dict[str, float]], Order | None]:
+                every: int = 1, host_probe: str = "index") -> tuple[Phases, dict[str, dict[str, float]], Order | None]:
     """One read of a stream: phase -> its windows (end time, signals; windows()), each phase's settings and median
     load average, and, for a stream recorded by record_vllm.py --interleave (a window that starts its phase), the
     same windows in recorded order (None for a stream of phases recorded apart)."""
@@ -146,7 +151,7 @@ def load_stream(path: Path, gpu_readings: str = "gpu",
     loads: dict[str, list[float]] = {}
     order: Order = []
     marked = False
-    for phase, t, sig, a, b in windows(path, gpu_readings, every):
+    for phase, t, sig, a, b in windows(path, gpu_readings, every, host_probe):
         if "cpu" in a and "cpu" in b:
             loads.setdefault(phase, []).append(float(b["cpu"]["loadavg"].split()[0]))
         out.setdefault(phase, []).append((t, sig))
@@ -683,6 +688,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--host-speed-elasticity", type=float, default=None, metavar="E",
                     help="the latencies judged at the host's speed (a stream recorded with the probe) with this "
                          "elasticity (MonitorConfig.host_speed_elasticity; default: not)")
+    ap.add_argument("--host-probe", choices=("index", "own", *TASKS), default="index",
+                    help="what a probed stream's host_probe_us is: the product's index (tuner.monitor.hostspeed."
+                         "probe_index: the geometric mean of the probe's three tasks, unpinned; default), the same "
+                         "of the runs on the engine's own CPU (own: recorded from the thirty-fourth step on) or one "
+                         "task's median (mv4_us: the 4-MB product alone, the thirty-third step's)")
     ap.add_argument("--wait-checked", type=_wait_factor, default=MonitorConfig.wait_checked, metavar="FACTOR",
                     help="judge a closed loop's baseline's latencies uncorrected for the CPU wait where the correction "
                          "spreads its learning windows' log ITL mean more than FACTOR times as wide "
@@ -758,7 +768,7 @@ def setup(args: argparse.Namespace) -> tuple[Phases, dict[str, dict[str, float]]
     lives: dict[str, Order] = {}
     for arg in args.streams:
         tag, _, path = arg.rpartition("=")
-        p, d, order = load_stream(Path(path), args.gpu_readings)
+        p, d, order = load_stream(Path(path), args.gpu_readings, host_probe=args.host_probe)
         phases.update({f"{tag}/{k}" if tag else k: v for k, v in p.items()})
         info.update({f"{tag}/{k}" if tag else k: v for k, v in d.items()})
         if order is not None:
@@ -872,7 +882,8 @@ def main() -> None:
           f"{cfg.queued_load}; "
           f"{'' if cfg.learning_shift else 'no '}drift looked for inside the learning windows; "
           f"the correction for the CPU wait dropped for a baseline it widens more than: {cfg.wait_checked}; "
-          f"latencies judged at the host's speed with elasticity: {cfg.host_speed_elasticity}; "
+          f"latencies judged at the host's speed with elasticity: {cfg.host_speed_elasticity} "
+          f"(its probe: {args.host_probe}); "
           f"quantiles widened in another bucket than their baseline's: {cfg.bucket_error}; "
           f"latency baselines learnt again from up to {cfg.history_windows or 0} calm windows"
           f"{' at the usual CPU wait' if cfg.history_windows and cfg.history_usual_wait else ''}; "

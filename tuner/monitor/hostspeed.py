@@ -28,24 +28,95 @@ x1.0 under all three.
 
 from __future__ import annotations
 
+import math
+import os
 import statistics
 import threading
 import time
-from collections import deque
-from collections.abc import Callable
+from collections import Counter, deque
+from collections.abc import Callable, Collection, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
 TASKS = ("mv4_us", "mm64_us", "py_us")
+
+
+def probe_index(medians: Mapping[str, float]) -> float | None:
+    """The host's speed as one reading: the geometric mean of the three tasks' median CPU microseconds (their
+    ratios to a reference multiply: the index moves by the mean of the tasks' log slowdowns). The work of a
+    server on a CPU mixes the three kinds (interpreted Python, small products in the core's cache, weights
+    streamed through the shared cache), and vLLM's CPU build on one thread slowed with this mean at an
+    elasticity near 1 on three recordings (experiments/detection, thirty-fourth step). None where a task is
+    missing or not positive."""
+    vals = [medians.get(k, 0.0) for k in TASKS]
+    if min(vals) <= 0:
+        return None
+    return math.exp(sum(math.log(v) for v in vals) / len(vals))
 KEEP_S = 1800.0  # how long the 4-MB product's runs are kept for readers (HostSpeedReader)
+
+
+class ThreadCpu:
+    """The CPU a process's busiest thread ran on last (`/proc/<pid>/task/<tid>/stat`'s 39th field): the core a
+    server's work is on, for a probe to follow. The busiest thread (the most CPU time since the previous choice) is
+    chosen again every `every` calls (its stat files all read then; one file the calls between). None where the
+    process is gone."""
+
+    def __init__(self, pid: int, every: int = 20, proc_root: Path = Path("/proc")) -> None:
+        self.pid, self.every, self.proc_root = pid, every, proc_root
+        self._calls = 0
+        self._tid: str | None = None
+        self._cpu_ticks: dict[str, int] = {}
+
+    def _stat(self, tid: str) -> list[str] | None:
+        try:
+            text = (self.proc_root / str(self.pid) / "task" / tid / "stat").read_text()
+        except OSError:
+            return None
+        return text[text.rindex(")") + 2:].split()  # the fields after the command's name (which may hold spaces)
+
+    def _choose(self) -> None:
+        try:
+            tids = [t.name for t in (self.proc_root / str(self.pid) / "task").iterdir()]
+        except OSError:
+            self._tid = None
+            return
+        ticks = {}
+        for tid in tids:
+            f = self._stat(tid)
+            if f is not None and len(f) > 12:
+                ticks[tid] = int(f[11]) + int(f[12])  # utime + stime (fields 14 and 15)
+        if ticks:
+            self._tid = max(ticks, key=lambda t: ticks[t] - self._cpu_ticks.get(t, 0))
+        self._cpu_ticks = ticks
+
+    def __call__(self) -> int | None:
+        if self._calls % self.every == 0 or self._tid is None:
+            self._choose()
+        self._calls += 1
+        f = self._stat(self._tid) if self._tid is not None else None
+        if f is None or len(f) <= 36:
+            self._tid = None
+            return None
+        return int(f[36])  # processor (field 39)
 
 
 class HostSpeed:
     """The probe's thread and its runs: `take()` each task's medians since the last take (one reader: a
-    recorder), `median_since(t)` the 4-MB product's since a time (any number of readers: HostSpeedReader)."""
+    recorder), `median_since(t)` the index (probe_index) since a time (any number of readers: HostSpeedReader).
 
-    def __init__(self, period_s: float = 0.5, seed: int = 0, keep_s: float = KEEP_S) -> None:
+    Each CPU of a host has a speed of its own: on this 2-vCPU guest each flips between a fast and a slow state
+    (a pure-Python loop x1.5, the 4-MB product x1.3) at a few seconds' scale, apart from the other's (the
+    hypervisor's other guests on the cores beneath; experiments/detection, thirty-fourth step). A probe that runs
+    where the scheduler puts it reads mostly the core the server leaves free. `follow`: a function giving the CPU
+    the server works on (ThreadCpu); each period the tasks then also run pinned there, and those runs are the
+    readers' (`own` in take()). `cpus`: CPUs the tasks also run pinned on each period, for a recorder (`cpu<n>`
+    in take())."""
+
+    def __init__(self, period_s: float = 0.5, seed: int = 0, keep_s: float = KEEP_S, *,
+                 follow: Callable[[], int | None] | None = None, cpus: Sequence[int] = ()) -> None:
         rng = np.random.default_rng(seed)
         n = int((4e6 / 4) ** 0.5)  # 4 MB of float32
         self._w = rng.standard_normal((n, n), dtype=np.float32)
@@ -57,8 +128,12 @@ class HostSpeed:
             "py_us": (lambda: sum(range(2000)), 5),
         }
         self._keep = int(keep_s / period_s) + 1  # runs kept: a probe nobody takes from holds no more
-        self._runs: dict[str, deque[float]] = {k: deque(maxlen=self._keep) for k in TASKS}
-        self._recent: deque[tuple[float, float]] = deque(maxlen=self._keep)  # (monotonic s, us)
+        self._follow = follow
+        self._cpus = tuple(cpus)
+        # runs since the last take: "" unpinned, "own" on the followed CPU, "cpu<n>" pinned on CPU n
+        self._runs: dict[str, deque[dict[str, float]]] = {}
+        self._own_cpus: Counter[int] = Counter()  # the followed CPU of each period since the last take
+        self._recent: deque[tuple[float, dict[str, float]]] = deque(maxlen=self._keep)  # (monotonic s, a run)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._period_s = period_s
@@ -75,13 +150,43 @@ class HostSpeed:
                 out[name] = (time.thread_time_ns() - t0) / reps / 1e3
         return out
 
+    def _pinned(self, cpu: int) -> dict[str, float] | None:
+        """One run of the tasks on `cpu` alone (None where this thread may not run there)."""
+        try:
+            os.sched_setaffinity(0, {cpu})  # 0: this thread
+        except OSError:
+            return None
+        return self._once()
+
+    def _period(self) -> tuple[dict[str, dict[str, float]], int | None]:
+        runs = {"": self._once()}
+        own = self._follow() if self._follow is not None else None
+        wanted = set(self._cpus) | ({own} if own is not None else set())
+        if wanted:
+            mask = os.sched_getaffinity(0)
+            try:
+                for cpu in sorted(wanted):
+                    one = self._pinned(cpu)
+                    if one is not None:
+                        if cpu in self._cpus:
+                            runs[f"cpu{cpu}"] = one
+                        if cpu == own:
+                            runs["own"] = one
+            finally:
+                os.sched_setaffinity(0, mask)
+        return runs, own
+
     def _loop(self) -> None:
         while not self._stop.wait(self._period_s):
-            one = self._once()
+            runs, own = self._period()
             with self._lock:
-                for k, v in one.items():
-                    self._runs[k].append(v)
-                self._recent.append((time.monotonic(), one["mv4_us"]))
+                for where, one in runs.items():
+                    self._runs.setdefault(where, deque(maxlen=self._keep)).append(one)
+                if own is not None:
+                    self._own_cpus[own] += 1
+                read = runs.get("own") if self._follow is not None else runs[""]
+                if read is not None:
+                    self._recent.append((time.monotonic(), read))
 
     def start(self) -> HostSpeed:
         self._thread.start()
@@ -91,21 +196,34 @@ class HostSpeed:
         self._stop.set()
         self._thread.join(5)
 
-    def take(self) -> dict[str, float]:
-        """Each task's median CPU microseconds per run since the last take, and `runs`: how many (0: no field)."""
+    def take(self) -> dict[str, Any]:
+        """Each task's median CPU microseconds per run since the last take (unpinned), and `runs`: how many (0: no
+        task field); with `follow`, `own` (the same of the runs on the followed CPU) and `own_cpus` (CPU -> the
+        periods it was the followed one); with `cpus`, `cpu<n>` of the runs pinned on each."""
         with self._lock:
-            runs, self._runs = self._runs, {k: deque(maxlen=self._keep) for k in TASKS}
-        n = min(len(v) for v in runs.values())
-        out: dict[str, float] = {"runs": float(n)}
-        if n:
-            out.update({k: statistics.median(v) for k, v in runs.items()})
+            runs, self._runs = self._runs, {}
+            own_cpus, self._own_cpus = self._own_cpus, Counter()
+        unpinned = runs.get("", deque())
+        out: dict[str, Any] = {"runs": float(len(unpinned))}
+        if unpinned:
+            out.update(_medians(unpinned))
+        for where, got in runs.items():
+            if where:
+                out[where] = {"runs": float(len(got)), **_medians(got)}
+        if self._follow is not None:
+            out["own_cpus"] = {str(c): n for c, n in sorted(own_cpus.items())}
         return out
 
     def median_since(self, t0: float) -> float | None:
-        """The 4-MB product's median CPU microseconds over its runs since `t0` (time.monotonic()), None if none."""
+        """The index (probe_index) of the readers' runs since `t0` (time.monotonic()): each task's median, their
+        geometric mean; None if none."""
         with self._lock:
-            got = [us for t, us in self._recent if t > t0]
-        return statistics.median(got) if got else None
+            got = [one for t, one in self._recent if t > t0]
+        return probe_index(_medians(got)) if got else None
+
+
+def _medians(runs: Collection[dict[str, float]]) -> dict[str, float]:
+    return {k: statistics.median(r[k] for r in runs) for k in TASKS}
 
 
 _shared: HostSpeed | None = None
@@ -130,7 +248,7 @@ class HostSpeedReader:
         self._since = time.monotonic()
 
     def read(self) -> dict[str, float]:
-        """{'host_probe_us': the 4-MB product's median CPU microseconds since the last read}, or {} where it did
+        """{'host_probe_us': the probe's index (probe_index) over its runs since the last read}, or {} where it did
         not run since."""
         now = time.monotonic()
         got = self.probe.median_since(self._since)
