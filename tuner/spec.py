@@ -460,16 +460,23 @@ class MonitorSpec(_Strict):
                                          "added to the CPU wait")
     cpu_steal_selector: str = Field(default="", max_length=4096, description="label matchers of that host's "
                                     'node_exporter series in Prometheus, e.g. instance="node-1:9100"')
-    host_speed_probe: bool = Field(default=False, description="time a fixed task that streams 4 MB through the "
-                                   "shared cache every half second where the daemon runs (tuner.monitor."
-                                   "hostspeed; about 1 ms of CPU each), the signal host_probe_us; the daemon on "
-                                   "the server's host")
+    host_speed_probe: bool = Field(default=False, description="time three fixed tasks (a 4-MB product streamed "
+                                   "through the shared cache, a small product in the core's cache, a Python "
+                                   "loop) every half second where the daemon runs (tuner.monitor.hostspeed; "
+                                   "about 1-2 ms of CPU each), the signal host_probe_us (their geometric mean); "
+                                   "the daemon on the server's host. Where cpu_wait_source names the server's "
+                                   "processes (pid: or title:) the tasks run on the CPU its busiest thread is on "
+                                   "(each CPU has a speed of its own)")
     host_speed_elasticity: float | None = Field(default=None, ge=0, le=2, description="with host_speed_probe: "
                                                 "latencies judged at the host's speed, x (probe / the baseline's) "
-                                                "** -this (a neighbour on the cache and memory bus is the "
-                                                "environment, not a slower champion); the server's slope of log "
-                                                "ITL on the log probe over a long calm stretch (vLLM's CPU build "
-                                                "on one thread: 0.64)")
+                                                "** -this (the hypervisor's other guests on the server's core or "
+                                                "cache are the environment, not a slower champion); the server's "
+                                                "slope of log ITL on the log probe over a long calm stretch: 1.0 "
+                                                "for vLLM's CPU build with its model in the engine core on one "
+                                                "thread (--distributed-executor-backend uni, "
+                                                "VLLM_ENABLE_V1_MULTIPROCESSING=0, OMP_NUM_THREADS=1: measured "
+                                                "1.01-1.06); none for its default multiprocess executor (the probe "
+                                                "explains nothing there) nor a GPU's work unmeasured")
     expect_from_champion: bool = Field(default=True, description="latency expectations from the champion's trial "
                                        "carried to the observed load by the agent's screening simulator "
                                        "(sampler.screen.model), where it has one")

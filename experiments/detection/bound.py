@@ -48,6 +48,7 @@ from tuner.monitor.classify import MAX_SLOWDOWN_WINDOWS, Monitor  # noqa: E402
 from tuner.monitor.config import TESTS, MonitorConfig  # noqa: E402
 from tuner.monitor.detect import SECONDS_PER_DAY, Baseline, Cusum, lag1, smallest_rise, windows_to_find  # noqa: E402
 from tuner.monitor.expect import ChampionExpectation  # noqa: E402
+from tuner.monitor.hostspeed import TASKS  # noqa: E402
 from tuner.monitor.signals import LATENCIES  # noqa: E402
 
 Window = run.Window
@@ -156,6 +157,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--every", type=int, default=1,
                     help="a window spans this many recorded scrape intervals (a slower scrape of the same traffic)")
     ap.add_argument("--step", type=int, default=5, help="windows between the starts of the learnt baselines")
+    ap.add_argument("--host-speed-elasticity", type=float, default=None, metavar="E",
+                    help="the latencies judged at the host's speed with this elasticity (run.py's option)")
+    ap.add_argument("--host-probe", choices=("index", "own", *TASKS), default="index",
+                    help="what a probed stream's host_probe_us is (run.py's option)")
     return ap
 
 
@@ -179,13 +184,14 @@ def steady_states(args: argparse.Namespace, cuts: dict[str, int]) -> list[Steady
         label = label or Path(path).name
         if not Path(path).is_file():
             raise SystemExit(f"bound.py: --streams {arg}: no such file")
-        phases, _ = run.load(Path(path), every=args.every)
+        phases, _ = run.load(Path(path), every=args.every, host_probe=args.host_probe)
         if len(phases.get("stationary_b", [])) < MIN_STEADY + 2:
             raise SystemExit(f"bound.py: {path}: the phase stationary_b needs at least {MIN_STEADY + 2} windows "
                              f"(it has {len(phases.get('stationary_b', []))}; phases: {', '.join(phases) or 'none'})")
         times = [t for t, _ in phases["stationary_b"]]
         interval = round(statistics.median(b - a for a, b in zip(times, times[1:], strict=False)))
-        cfg = MonitorConfig(interval_s=interval, false_alarms_per_day=args.false_alarms_per_day)
+        cfg = MonitorConfig(interval_s=interval, false_alarms_per_day=args.false_alarms_per_day,
+                            host_speed_elasticity=args.host_speed_elasticity)
         expect = run.expectation(args.sim_model) if interval > 10 and args.sim_model else None
         windows = [w for _, w in phases["stationary_b"]]
         cut = (cuts[label] + args.every - 1) // args.every if label in cuts else run.warmup(windows, cfg, expect)

@@ -15,7 +15,9 @@ times its median, the correlations over the calm windows (log engine CPU per ste
 against the log ITL mean), and the probe's ratio in the injected slowdown's windows (its host not slower);
 `--windows` lists every window. And the spread of the calm windows' log ITL mean, raw and corrected by the loop's
 ready wait (the monitor's correction, MonitorConfig.wait_law "ready"): a wait that stretches the server's work
-narrows it (worker_wait.py: a stream whose loop is vLLM's model worker instead of its engine core).
+narrows it (worker_wait.py: a stream whose loop is vLLM's model worker instead of its engine core). Then, per
+stream and reading of the probe (the 4-MB product; the index of the three tasks, tuner.monitor.hostspeed.probe_index,
+unpinned, on the engine's own CPU and on each CPU where recorded), how much of the log ITL mean it explains.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import windows  # noqa: E402
 
 from tuner.monitor.contention import busiest, schedstat_ns  # noqa: E402
+from tuner.monitor.hostspeed import probe_index  # noqa: E402
 
 CALM = "stationary_b"
 SLOWED = "slowdown30"
@@ -68,7 +71,41 @@ def rows_of(path: Path) -> list[dict[str, Any]]:
                     "cpu_us_per_step": run / steps / 1e3 if steps > 0 else math.nan,
                     "ready_wait": wait / (run + wait) if run + wait > 0 else math.nan,
                     "itl_ms": sig.get("itl_ms_mean", math.nan),
-                    **{name: speed[name] for name in ("mv4_us", "mm64_us", "py_us") if speed.get("runs")}})
+                    **{name: speed[name] for name in ("mv4_us", "mm64_us", "py_us") if speed.get("runs")},
+                    **{f"{where}_index": v for where, v in readings(speed).items()}})
+    return out
+
+
+def readings(speed: dict[str, Any]) -> dict[str, float]:
+    """The probe's index (tuner.monitor.hostspeed.probe_index) of each set of runs a row holds: `unpinned`, `own`
+    (on the engine's CPU) and `cpu<n>` (pinned on CPU n), where recorded (record_vllm.py from the thirty-fourth
+    step on)."""
+    out = {}
+    for where, runs in (("unpinned", speed), *((k, v) for k, v in speed.items() if isinstance(v, dict))):
+        if where == "own_cpus" or not runs.get("runs"):
+            continue
+        got = probe_index(runs)
+        if got is not None:
+            out[where] = got
+    return out
+
+
+def index_rows(path: Path, calm: list[dict[str, Any]]) -> list[str]:
+    """One table row per reading of the probe a stream holds: how much of the calm windows' log ITL mean it
+    explains (the slope, the spread left at it and at an elasticity of 1, the lag-1 autocorrelation raw and at 1)."""
+    y = [math.log(r["itl_ms"]) for r in calm]
+    out = []
+    for key in ("mv4_us", *sorted({k for r in calm for k in r if k.endswith("_index")})):
+        if not all(r.get(key, 0) > 0 for r in calm):
+            continue
+        x = [math.log(r[key]) for r in calm]
+        slope = statistics.linear_regression(x, y).slope
+        at = [b - slope * a for a, b in zip(x, y, strict=True)]
+        one = [b - a for a, b in zip(x, y, strict=True)]
+        c = corr([r[key] for r in calm], [r["itl_ms"] for r in calm])
+        sd = " | ".join(f"{statistics.stdev(v):.3f}" for v in (y, at, one))
+        out.append(f"| {path.name} | {key} | {len(calm)} | {c:.2f} | {slope:.2f} | {sd} | "
+                   f"{lag1(y):.2f} -> {lag1(one):.2f} |")
     return out
 
 
@@ -139,9 +176,17 @@ def main() -> None:
         fixed = statistics.stdev(math.log(r["itl_ms"] * (1.0 - r["ready_wait"])) for r in calm)
         print(f"| {path.name} | {len(calm)} | {len(slow)} | {cells[0]} | {cells[1]} | {c_itl:.2f} | {cells[2]} | "
               f"{cells[3]} | {s_cell} | {raw:.3f}, {fixed:.3f} | {elasticity(calm) if probed else '-'} |")
-        listed.append((path, rows, med))
+        listed.append((path, rows, med, calm))
+    print("\nEach reading of the probe against the calm windows' log ITL mean: its correlation, the slope (the "
+          "server's elasticity to it), the log ITL mean's spread raw, left at that slope and at an elasticity of 1 "
+          "(probe_index's readings), and its lag-1 autocorrelation raw -> at 1\n")
+    print("| stream | reading | calm windows | corr | slope | sd raw | sd at the slope | sd at 1 | lag-1 raw -> at 1 |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+    for path, _, _, calm in listed:
+        for line in index_rows(path, calm):
+            print(line)
     if args.windows:
-        for path, rows, med in listed:
+        for path, rows, med, _ in listed:
             print(f"\n{path.name}: each window's value over its calm median (CPU per step {med['cpu_us_per_step']:.0f}"
                   f" us, ITL mean {med['itl_ms']:.2f} ms" + (f", 4-MB probe {med['mv4_us']:.0f} us" if "mv4_us" in med
                                                             else "") + ")\n")

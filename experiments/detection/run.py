@@ -162,9 +162,10 @@ def load_stream(path: Path, gpu_readings: str = "gpu",
     return out, info, order if marked else None
 
 
-def load(path: Path, gpu_readings: str = "gpu", every: int = 1) -> tuple[Phases, dict[str, dict[str, float]]]:
+def load(path: Path, gpu_readings: str = "gpu", every: int = 1,
+         host_probe: str = "index") -> tuple[Phases, dict[str, dict[str, float]]]:
     """Phase -> its windows, and each phase's settings and median load average (load_stream())."""
-    phases, info, _ = load_stream(path, gpu_readings, every)
+    phases, info, _ = load_stream(path, gpu_readings, every, host_probe)
     return phases, info
 
 

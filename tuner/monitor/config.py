@@ -261,16 +261,18 @@ class MonitorConfig:
     # on the closed loops whose wait was their own clients': vllm11 0.12 -> 1.38 and vllm13 0.48 -> 1.08 a day.
     # None: always corrected
     wait_checked: float | None = 1.25
-    # the host's own speed (the signal host_probe_us, tuner.monitor.hostspeed: the CPU time of a fixed task that
-    # streams 4 MB through the shared cache): a server on a shared host gets slower at unchanged load, without
-    # waiting for a CPU, when another guest fills the cache and memory bus. With an elasticity e its latencies are
-    # judged at the host's speed, x (probe / the baseline's median probe) ** -e. e is the server's on its host,
-    # measured over a long calm stretch (the slope of its log ITL mean on the log probe: experiments/detection's
-    # host_speed.py): vLLM's CPU build on one thread at its capacity, 0.64 (thirty-third step: the log ITL mean's
-    # spread 0.102 -> 0.068, its lag-1 autocorrelation 0.67 -> 0.26). Each baseline's own fit over its 20 learning
-    # windows was tried and dropped: it ranged 0-1 from one start to the next and raised the false alarms of the
-    # streams whose latencies the probe does not explain (vllm17 and vllm18 window by window 0.40 -> 2.20 and
-    # 0.04 -> 2.56 a day). None: not corrected (the signal still recorded)
+    # the host's own speed (the signal host_probe_us, tuner.monitor.hostspeed: the geometric mean of the CPU time of
+    # three fixed tasks, on the CPU the server works on where the daemon follows its processes): a server on a
+    # shared host gets slower at unchanged load, without waiting for a CPU, when the hypervisor's other guests
+    # share its core or fill the cache and memory bus. With an elasticity e its latencies are judged at the host's
+    # speed, x (probe / the baseline's median probe) ** -e. e is the server's on its host (the slope of its log ITL
+    # mean on the log probe over a long calm stretch: experiments/detection's host_speed.py). vLLM's CPU build with
+    # its model in the engine core on one thread (the uni executor): 1.0 (the thirty-fourth step: 1.06, 1.01, 1.05
+    # on three streams, 1.01 on a fourth recorded after, whose log ITL mean's spread it took 0.159 -> 0.063 read on
+    # the engine's own CPU). In vLLM's default multiprocess executor its processes spin on each other and the probe
+    # explains nothing: 1.0 there raised vllm17's false alarms (window by window 0.40 -> 2.20 a day), so there is
+    # no default. Each baseline's own fit over its 20 learning windows was tried and dropped (thirty-third step:
+    # it ranged 0-1 from one start to the next). None: not corrected (the signal still recorded)
     host_speed_elasticity: float | None = None
     wait_memory: int = 3  # windows whose CPU wait a latency's uncertainty takes (this one and those before)
     # a latency is not judged while the server waited more than this share of one of those windows (the

@@ -12,14 +12,19 @@ work slower on the same CPU.
 shared cache, streamed like a small model's weights: slower when a neighbour streams memory), a 64x64
 matrix product (in the core's own cache: slower only when the core is) and a short pure-Python loop
 (the interpreter's speed). `take()` gives each task's median CPU microseconds per run since the last take and
-how many runs that median is of; `read()` the monitor's signal, {'host_probe_us': the 4-MB product's median}
-({} where nothing ran since the last read). About 1 ms of CPU every half second, BLAS held to one thread while
-the tasks run (threadpoolctl: their CPU time is then this thread's).
+how many runs that median is of; `read()` the monitor's signal, {'host_probe_us': the index}, the geometric mean
+of the three tasks' medians (probe_index; {} where nothing ran since the last read). About 1-2 ms of CPU every
+half second, BLAS held to one thread while the tasks run (threadpoolctl: their CPU time is then this thread's).
+
+Each CPU has a speed of its own: on a 2-vCPU guest here each flipped between a fast and a slow state (the Python
+loop x1.5) every few seconds, apart from the other (the hypervisor's other guests on the cores beneath). A probe
+left where the scheduler puts it runs mostly on the CPU a busy server leaves free. Given a server to follow
+(`shared("pid:<N>")` or `shared("title:<text>")`, the monitor's CPU wait source), the probe also runs its tasks
+pinned on the CPU the server's busiest thread last ran on (ThreadCpu), and its readers read those runs.
 
 The monitor judges latencies at the host's speed with the server's elasticity to it
 (tuner.monitor.config.MonitorConfig.host_speed_elasticity): vLLM's CPU build on one thread at its capacity slowed
-with the probe (experiments/detection, thirty-third step: the probe at least x1.1 in all 14 windows where vLLM's
-CPU per step was x1.15, correlation 0.76).
+with the index at an elasticity near 1 on three recordings (experiments/detection, thirty-fourth step).
 
 Measured here (2 vCPUs, KVM, alone: 4-MB product 150-165 us): a neighbour copying 24 MB arrays on the other
 core x1.4, 256 MB arrays x1.1, a pure-Python loop on the other core x1.0; the 64x64 product and the Python loop
@@ -41,6 +46,8 @@ from typing import Any
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
+from tuner.monitor.contention import titled
+
 TASKS = ("mv4_us", "mm64_us", "py_us")
 
 
@@ -59,46 +66,48 @@ KEEP_S = 1800.0  # how long the 4-MB product's runs are kept for readers (HostSp
 
 
 class ThreadCpu:
-    """The CPU a process's busiest thread ran on last (`/proc/<pid>/task/<tid>/stat`'s 39th field): the core a
-    server's work is on, for a probe to follow. The busiest thread (the most CPU time since the previous choice) is
-    chosen again every `every` calls (its stat files all read then; one file the calls between). None where the
-    process is gone."""
+    """The CPU a server's busiest thread ran on last (`/proc/<pid>/task/<tid>/stat`'s 39th field): the core its
+    work is on, for a probe to follow. `pids`: the server's process id, or a function giving its processes' ids
+    (tuner.monitor.contention.titled: a restarted server's new ones). The busiest thread (the most CPU time since
+    the previous choice) is chosen again every `every` calls (all its processes' stat files read then; one file
+    the calls between). None where no process is readable."""
 
-    def __init__(self, pid: int, every: int = 20, proc_root: Path = Path("/proc")) -> None:
-        self.pid, self.every, self.proc_root = pid, every, proc_root
+    def __init__(self, pids: int | Callable[[], list[int]], every: int = 20,
+                 proc_root: Path = Path("/proc")) -> None:
+        self.pids: Callable[[], list[int]] = (lambda: [pids]) if isinstance(pids, int) else pids
+        self.every, self.proc_root = every, proc_root
         self._calls = 0
-        self._tid: str | None = None
-        self._cpu_ticks: dict[str, int] = {}
+        self._chosen: tuple[int, str] | None = None  # (pid, tid)
+        self._cpu_ticks: dict[tuple[int, str], int] = {}
 
-    def _stat(self, tid: str) -> list[str] | None:
+    def _stat(self, pid: int, tid: str) -> list[str] | None:
         try:
-            text = (self.proc_root / str(self.pid) / "task" / tid / "stat").read_text()
+            text = (self.proc_root / str(pid) / "task" / tid / "stat").read_text()
         except OSError:
             return None
         return text[text.rindex(")") + 2:].split()  # the fields after the command's name (which may hold spaces)
 
     def _choose(self) -> None:
-        try:
-            tids = [t.name for t in (self.proc_root / str(self.pid) / "task").iterdir()]
-        except OSError:
-            self._tid = None
-            return
         ticks = {}
-        for tid in tids:
-            f = self._stat(tid)
-            if f is not None and len(f) > 12:
-                ticks[tid] = int(f[11]) + int(f[12])  # utime + stime (fields 14 and 15)
-        if ticks:
-            self._tid = max(ticks, key=lambda t: ticks[t] - self._cpu_ticks.get(t, 0))
+        for pid in self.pids():
+            try:
+                tids = [t.name for t in (self.proc_root / str(pid) / "task").iterdir()]
+            except OSError:
+                continue
+            for tid in tids:
+                f = self._stat(pid, tid)
+                if f is not None and len(f) > 12:
+                    ticks[(pid, tid)] = int(f[11]) + int(f[12])  # utime + stime (fields 14 and 15)
+        self._chosen = max(ticks, key=lambda k: ticks[k] - self._cpu_ticks.get(k, 0)) if ticks else None
         self._cpu_ticks = ticks
 
     def __call__(self) -> int | None:
-        if self._calls % self.every == 0 or self._tid is None:
+        if self._calls % self.every == 0 or self._chosen is None:
             self._choose()
         self._calls += 1
-        f = self._stat(self._tid) if self._tid is not None else None
+        f = self._stat(*self._chosen) if self._chosen is not None else None
         if f is None or len(f) <= 36:
-            self._tid = None
+            self._chosen = None
             return None
         return int(f[36])  # processor (field 39)
 
@@ -226,17 +235,28 @@ def _medians(runs: Collection[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.median(r[k] for r in runs) for k in TASKS}
 
 
-_shared: HostSpeed | None = None
+_shared: dict[str, HostSpeed] = {}
 _shared_lock = threading.Lock()
 
 
-def shared() -> HostSpeed:
-    """This process's one probe, started at the first call (the host's speed is the host's, not an agent's)."""
-    global _shared
+def shared(follow: str = "") -> HostSpeed:
+    """This process's one probe, started at the first call (the host's speed is the host's, not an agent's); with
+    `follow` (a CPU wait source naming the server's processes, `pid:<N>` or `title:<text>`:
+    tuner.monitor.contention.CpuWait) one per server, following the CPU its busiest thread is on (ThreadCpu)."""
     with _shared_lock:
-        if _shared is None:
-            _shared = HostSpeed().start()
-        return _shared
+        if follow not in _shared:
+            _shared[follow] = HostSpeed(follow=follows(follow) if follow else None).start()
+        return _shared[follow]
+
+
+def follows(source: str) -> ThreadCpu:
+    """The ThreadCpu of a CPU wait source that names processes: `pid:<N>` or `title:<text>`."""
+    if source.startswith("pid:") and source[4:].isdigit():
+        return ThreadCpu(int(source[4:]))
+    if source.startswith("title:") and source[6:].strip():
+        title = source[6:]
+        return ThreadCpu(lambda: titled(title))
+    raise ValueError(f"a probe follows a server's processes, pid:<N> or title:<text>; got {source!r}")
 
 
 class HostSpeedReader:

@@ -4,6 +4,7 @@ recorded as the event's answer), GPU telemetry read through NVML (a double) on e
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from tuner.daemon.monitoring import MonitorFeed
 from tuner.daemon.runtime import AgentState, Runtime, job_id
 from tuner.errors import ConfigError
 from tuner.measure.scrape import parse
+from tuner.monitor.hostspeed import shared
 from tuner.monitor.records import read_events
 from tuner.monitor.telemetry import NvmlTelemetry
 
@@ -220,3 +222,11 @@ def test_the_host_speed_probe_gives_the_monitor_the_hosts_speed_at_every_scrape(
                                           r"host_speed_probe: true too"):
         _feed(tmp_path, host_speed_elasticity=0.6)
     assert _feed(tmp_path, host_speed_probe=True, host_speed_elasticity=0.6).monitor.config.host_speed_elasticity == 0.6
+    assert feed.monitor.config.host_speed_elasticity is None  # the probe recorded, nothing judged at it unless told
+    # where the wait's source names the server's process the probe runs on its busiest thread's CPU: one per server
+    me = f"pid:{os.getpid()}"
+    followed = _feed(tmp_path, host_speed_probe=True, cpu_wait_source=me).host_speed
+    assert followed is not None and feed.host_speed is not None
+    assert followed.probe is shared(me) and followed.probe is not feed.host_speed.probe
+    time.sleep(0.8)
+    assert followed.probe.take()["own_cpus"], "the followed probe ran no pinned runs"

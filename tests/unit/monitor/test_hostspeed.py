@@ -4,13 +4,19 @@ not."""
 
 from __future__ import annotations
 
+import math
+import os
 import random
+import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
 
 from tuner.monitor.classify import Monitor
 from tuner.monitor.config import MonitorConfig
-from tuner.monitor.hostspeed import HostSpeed, HostSpeedReader
+from tuner.monitor.hostspeed import HostSpeed, HostSpeedReader, ThreadCpu, follows, probe_index, shared
 
 Events = list[tuple[int, str, str]]
 
@@ -94,3 +100,79 @@ def test_a_probe_nobody_takes_from_keeps_only_its_latest_runs() -> None:
     finally:
         probe.stop()
     assert 1 <= probe.take()["runs"] <= 6
+
+
+def test_the_index_is_the_geometric_mean_of_the_three_tasks() -> None:
+    got = probe_index({"mv4_us": 160.0, "mm64_us": 6.0, "py_us": 25.0, "runs": 30.0})
+    assert got is not None and math.isclose(got, (160.0 * 6.0 * 25.0) ** (1 / 3))
+    # each task twice as slow: the index twice; one task alone x8: the index x2 as well
+    assert math.isclose(probe_index({"mv4_us": 320.0, "mm64_us": 12.0, "py_us": 50.0}) or 0, 2 * got)
+    assert math.isclose(probe_index({"mv4_us": 8 * 160.0, "mm64_us": 6.0, "py_us": 25.0}) or 0, 2 * got)
+    assert probe_index({"mv4_us": 160.0, "mm64_us": 6.0}) is None  # a task missing: no reading
+    assert probe_index({"mv4_us": 160.0, "mm64_us": 0.0, "py_us": 25.0}) is None
+
+
+def _task(root: Path, pid: int, tid: int, comm: str, ticks: int, cpu: int) -> None:
+    """A /proc/<pid>/task/<tid>/stat line (proc(5)): utime, stime fields 14-15, processor field 39."""
+    fields = ["S"] + ["0"] * 10 + [str(ticks), "0"] + ["0"] * 23 + [str(cpu)] + ["0"] * 13
+    d = root / str(pid) / "task" / str(tid)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "stat").write_text(f"{tid} ({comm}) " + " ".join(fields) + "\n")
+
+
+def test_the_followed_cpu_is_the_busiest_threads_last_one(tmp_path: Path) -> None:
+    _task(tmp_path, 10, 10, "vllm serve", 100, 0)
+    _task(tmp_path, 10, 11, "VLLM::Engine) x", 500, 1)  # a name with a space and a parenthesis
+    follow = ThreadCpu(10, every=2, proc_root=tmp_path)
+    assert follow() == 1  # the busiest so far: 11
+    _task(tmp_path, 10, 11, "VLLM::Engine) x", 500, 0)  # moved to CPU 0
+    assert follow() == 0  # the same thread read again between choices
+    _task(tmp_path, 10, 10, "vllm serve", 900, 1)  # 10 now the busiest since the last choice (+800 vs +0)
+    assert follow() == 1
+    assert ThreadCpu(99, proc_root=tmp_path)() is None  # no such process
+    both = ThreadCpu(lambda: [10, 20], proc_root=tmp_path)
+    _task(tmp_path, 20, 20, "EngineCore", 5000, 0)
+    assert both() == 0  # the busiest of all the processes'
+
+
+def test_the_followed_cpu_of_a_real_busy_thread_is_one_this_process_may_run_on() -> None:
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            sum(range(1000))
+    t = threading.Thread(target=spin, daemon=True)
+    t.start()
+    try:
+        time.sleep(0.2)
+        cpu = ThreadCpu(os.getpid())()
+        assert cpu is not None and cpu in os.sched_getaffinity(0)
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_a_following_probe_runs_its_tasks_on_the_followed_cpu_and_its_readers_read_those() -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    probe = HostSpeed(period_s=0.05, follow=lambda: cpus[-1], cpus=cpus).start()
+    try:
+        reader = HostSpeedReader(probe)
+        time.sleep(0.6)
+        got = probe.take()
+        assert got["runs"] >= 2 and got["own"]["runs"] >= 2, got
+        assert got["own_cpus"] == {str(cpus[-1]): got["own"]["runs"]}, got
+        assert all(got[f"cpu{c}"]["runs"] >= 2 and got[f"cpu{c}"]["py_us"] > 0 for c in cpus), got
+        assert reader.read()["host_probe_us"] > 0
+    finally:
+        probe.stop()
+    assert os.sched_getaffinity(0) == set(cpus)  # the caller's own mask untouched (the probe pins its thread)
+
+
+def test_a_probe_follows_a_named_servers_processes_and_is_one_per_server() -> None:
+    assert follows(f"pid:{os.getpid()}")() in os.sched_getaffinity(0)
+    assert follows("title:no-such-process-title-here")() is None
+    for bad in ("pid:x", "title: ", "/sys/fs/cgroup/cpu.pressure"):
+        with pytest.raises(ValueError, match="pid:<N> or title:<text>"):
+            follows(bad)
+    one = shared(f"pid:{os.getpid()}")
+    assert shared(f"pid:{os.getpid()}") is one and shared() is not one
