@@ -270,9 +270,10 @@ class MonitorConfig:
     # its model in the engine core on one thread (the uni executor): 1.0 (the thirty-fourth step: 1.06, 1.01, 1.05
     # on three streams, 1.01 on a fourth recorded after, whose log ITL mean's spread it took 0.159 -> 0.063 read on
     # the engine's own CPU). In vLLM's default multiprocess executor its processes spin on each other and the probe
-    # explains nothing: 1.0 there raised vllm17's false alarms (window by window 0.40 -> 2.20 a day), so there is
-    # no default. Each baseline's own fit over its 20 learning windows was tried and dropped (thirty-third step:
-    # it ranged 0-1 from one start to the next). None: not corrected (the signal still recorded)
+    # explains nothing: 1.0 there raised vllm17's false alarms (from every start 15.77 -> 23.94 a day, window by
+    # window 0.40 -> 0.76 at 1200 h), so there is no default. Each baseline's own fit over its 20 learning windows
+    # was tried and dropped (thirty-third step: it ranged 0-1 from one start to the next). None: not corrected (the
+    # signal still recorded)
     host_speed_elasticity: float | None = None
     wait_memory: int = 3  # windows whose CPU wait a latency's uncertainty takes (this one and those before)
     # a latency is not judged while the server waited more than this share of one of those windows (the

@@ -49,6 +49,7 @@ from threadpoolctl import ThreadpoolController
 from tuner.monitor.contention import titled
 
 TASKS = ("mv4_us", "mm64_us", "py_us")
+KEEP_S = 1800.0  # how long the runs are kept for readers (HostSpeedReader)
 
 
 def probe_index(medians: Mapping[str, float]) -> float | None:
@@ -62,7 +63,6 @@ def probe_index(medians: Mapping[str, float]) -> float | None:
     if min(vals) <= 0:
         return None
     return math.exp(sum(math.log(v) for v in vals) / len(vals))
-KEEP_S = 1800.0  # how long the 4-MB product's runs are kept for readers (HostSpeedReader)
 
 
 class ThreadCpu:
@@ -168,7 +168,8 @@ class HostSpeed:
         return self._once()
 
     def _period(self) -> tuple[dict[str, dict[str, float]], int | None]:
-        runs = {"": self._once()}
+        # unpinned where nothing is followed, or for a recorder's comparison (one that pins on `cpus` too)
+        runs = {"": self._once()} if self._follow is None or self._cpus else {}
         own = self._follow() if self._follow is not None else None
         wanted = set(self._cpus) | ({own} if own is not None else set())
         if wanted:
@@ -193,7 +194,7 @@ class HostSpeed:
                     self._runs.setdefault(where, deque(maxlen=self._keep)).append(one)
                 if own is not None:
                     self._own_cpus[own] += 1
-                read = runs.get("own") if self._follow is not None else runs[""]
+                read = runs.get("own" if self._follow is not None else "")
                 if read is not None:
                     self._recent.append((time.monotonic(), read))
 

@@ -14,9 +14,10 @@ Little's law: the seconds its finished requests spent there, the end-to-end hist
 window; what tells a closed loop's slower answers from fewer users, tuner.monitor.classify). GPU signals come
 from tuner.monitor.telemetry, the environment's
 (cpu_wait_frac: the share of the window the server waited for a CPU; cpu_ready_wait_frac: the share of the time
-it was ready to run that it waited; host_probe_us: the CPU time a fixed memory-streaming task took on the host
-(tuner.monitor.hostspeed: the host's own speed); cpu_steal_frac: the share of its host's CPU
-time the hypervisor gave other guests) from tuner.monitor.contention; the caller merges them in.
+it was ready to run that it waited; host_probe_us: the geometric mean of the CPU time three fixed tasks took on
+the host, on the server's own CPU where followed (tuner.monitor.hostspeed: the host's own speed);
+cpu_steal_frac: the share of its host's CPU time the hypervisor gave other guests) from tuner.monitor.contention;
+the caller merges them in.
 
 A counter that went down (the server restarted) makes the window unusable: None. A signal whose series the
 server does not export is named once in the log and left out, never fatal.

@@ -123,3 +123,48 @@ def test_run_gives_the_monitor_a_probed_streams_host_speed() -> None:
     assert len(sig) > 100 and all(s["host_probe_us"] > 0 for s in sig)
     unprobed = [s for _, _, s, _, _ in run.windows(DETECTION / "recorded-vllm-capacity4-long.jsonl.gz")]
     assert unprobed and all("host_probe_us" not in s for s in unprobed)
+
+
+def test_vllm23s_wander_is_its_own_cpus_speed() -> None:
+    """The probe pinned on the CPU the engine core's busiest thread was on (record_vllm.py --speed-probe, the
+    thirty-fourth step): the log ITL mean on that index at a slope near 1, the spread it leaves half the raw and
+    below the unpinned index's; the index of the three tasks explains the earlier uni streams at a slope near 1
+    too, and the multiprocess executor's stream not at all."""
+    def calm_of(name: str) -> list[dict[str, Any]]:
+        rows = host_speed.rows_of(DETECTION / name)
+        return [r for r in rows if r["phase"] == "stationary_b" and r["window"] >= 2]
+
+    c23 = calm_of("recorded-vllm-capacity4-uni1c.jsonl.gz")
+    y = [math.log(r["itl_ms"]) for r in c23]
+
+    def left_at_1(key: str, calm: list[dict[str, Any]]) -> float:
+        return statistics.stdev(math.log(r["itl_ms"] / r[key]) for r in calm)
+    own = [math.log(r["own_index"]) for r in c23]
+    assert 0.7 < statistics.linear_regression(own, y).slope < 1.3
+    assert left_at_1("own_index", c23) < 0.5 * statistics.stdev(y)
+    assert left_at_1("own_index", c23) < left_at_1("unpinned_index", c23)
+    assert {"cpu0_index", "cpu1_index", "own_index", "unpinned_index"} <= set(c23[0])
+    for name in ("recorded-vllm-capacity4-uni.jsonl.gz", "recorded-vllm-capacity4-uni1.jsonl.gz",
+                 "recorded-vllm-capacity4-uni1b.jsonl.gz"):
+        calm = calm_of(name)
+        x, yy = [math.log(r["unpinned_index"]) for r in calm], [math.log(r["itl_ms"]) for r in calm]
+        assert 0.9 < statistics.linear_regression(x, yy).slope < 1.2, name
+        assert "own_index" not in calm[0]  # recorded before the probe followed the engine
+    mp = calm_of("recorded-vllm-capacity4-probe.jsonl.gz")
+    assert host_speed.corr([r["unpinned_index"] for r in mp], [r["itl_ms"] for r in mp]) < 0.4
+
+
+def test_run_reads_the_probe_as_asked() -> None:
+    import run
+
+    from tuner.monitor.hostspeed import probe_index
+
+    path = DETECTION / "recorded-vllm-capacity4-uni1c.jsonl.gz"
+    rows = {b["t"]: b for _, _, _, _, b in run.windows(path)}
+    for how in ("index", "own", "mv4_us"):
+        for _, t, sig, _, _ in run.windows(path, host_probe=how):
+            speed = rows[t]["speed"]
+            want = (probe_index(speed) if how == "index" else probe_index(speed["own"]) if how == "own"
+                    else speed["mv4_us"])
+            assert sig["host_probe_us"] == want
+    assert host_speed.readings({"runs": 0.0}) == {}  # a window the probe did not run in
