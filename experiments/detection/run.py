@@ -110,9 +110,10 @@ def windows(path: Path, gpu_readings: str = "gpu", every: int = 1,
     engine's schedstat through the monitor's own CpuWait (streams recorded before it have none) and cpu_steal_frac
     from the host's /proc/stat line through its CpuSteal (where recorded), and a GPU's readings (the row's
     `gpu_readings`: "gpu", the monitor's, or "gpu_instant", one read at the window's end, where recorded; else
-    "gpu"), and the host's speed where probed (`host_probe`: "index", the product's probe_index, or one task's
-    median). `every`: a window spans that many scrape intervals (every n-th scrape kept: a slower scrape of the same
-    traffic; a GPU reading then is of the last interval only)."""
+    "gpu"), and the host's speed where probed (`host_probe`: "index", the product's probe_index of the unpinned
+    runs; "own", of the runs on the engine's CPU; or one task's median). `every`: a window spans that many scrape
+    intervals (every n-th scrape kept: a slower scrape of the same traffic; a GPU reading then is of the last
+    interval only)."""
     rows = read_rows(path)[::every]
     for a, b in zip(rows, rows[1:], strict=False):
         if a["phase"] != b["phase"] and not (every == 1 and b.get("starts_phase")):
@@ -770,6 +771,10 @@ def setup(args: argparse.Namespace) -> tuple[Phases, dict[str, dict[str, float]]
     for arg in args.streams:
         tag, _, path = arg.rpartition("=")
         p, d, order = load_stream(Path(path), args.gpu_readings, host_probe=args.host_probe)
+        if args.host_speed_elasticity and not any("host_probe_us" in w for ws in p.values() for _, w in ws):
+            raise SystemExit(f"run.py: --host-speed-elasticity with --host-probe {args.host_probe}: {path} holds no "
+                             "such reading (recorded without --speed-probe, or before the probe followed the "
+                             "engine's CPU: `own` from the thirty-fourth step on)")
         phases.update({f"{tag}/{k}" if tag else k: v for k, v in p.items()})
         info.update({f"{tag}/{k}" if tag else k: v for k, v in d.items()})
         if order is not None:

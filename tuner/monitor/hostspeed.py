@@ -26,13 +26,14 @@ The monitor judges latencies at the host's speed with the server's elasticity to
 (tuner.monitor.config.MonitorConfig.host_speed_elasticity): vLLM's CPU build on one thread at its capacity slowed
 with the index at an elasticity near 1 on three recordings (experiments/detection, thirty-fourth step).
 
-Measured here (2 vCPUs, KVM, alone: 4-MB product 150-165 us): a neighbour copying 24 MB arrays on the other
-core x1.4, 256 MB arrays x1.1, a pure-Python loop on the other core x1.0; the 64x64 product and the Python loop
-x1.0 under all three.
+Measured here (2 vCPUs, KVM; alone, the 4-MB product 150-165 us one day, 55-110 us another): a neighbour copying
+24 MB arrays on the other core x1.4, 256 MB arrays x1.1, a pure-Python loop on the other core x1.0; the 64x64
+product and the Python loop x1.0 under all three.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import statistics
@@ -47,6 +48,8 @@ import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from tuner.monitor.contention import titled
+
+log = logging.getLogger(__name__)
 
 TASKS = ("mv4_us", "mm64_us", "py_us")
 KEEP_S = 1800.0  # how long the runs are kept for readers (HostSpeedReader)
@@ -187,8 +190,15 @@ class HostSpeed:
         return runs, own
 
     def _loop(self) -> None:
+        failed = False
         while not self._stop.wait(self._period_s):
-            runs, own = self._period()
+            try:
+                runs, own = self._period()
+            except Exception:  # a probe that failed once (an unreadable /proc, a CPU taken away) tries again
+                if not failed:
+                    log.warning("host speed probe: a period failed; it goes on (named once)", exc_info=True)
+                failed = True
+                continue
             with self._lock:
                 for where, one in runs.items():
                     self._runs.setdefault(where, deque(maxlen=self._keep)).append(one)

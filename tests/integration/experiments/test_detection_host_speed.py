@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[3]
 DETECTION = ROOT / "experiments" / "detection"
 sys.path.insert(0, str(DETECTION))
@@ -168,3 +170,8 @@ def test_run_reads_the_probe_as_asked() -> None:
                     else speed["mv4_us"])
             assert sig["host_probe_us"] == want
     assert host_speed.readings({"runs": 0.0}) == {}  # a window the probe did not run in
+    older = DETECTION / "recorded-vllm-capacity4-uni1b.jsonl.gz"  # recorded before the probe followed the engine
+    args = run.parser().parse_args(["--streams", f"v={older}", "--tuned", "none", "--held-out", "v/stationary_b",
+                                    "--host-probe", "own", "--host-speed-elasticity", "1"])
+    with pytest.raises(SystemExit, match="holds no such reading"):
+        run.setup(args)

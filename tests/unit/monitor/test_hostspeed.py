@@ -176,3 +176,22 @@ def test_a_probe_follows_a_named_servers_processes_and_is_one_per_server() -> No
             follows(bad)
     one = shared(f"pid:{os.getpid()}")
     assert shared(f"pid:{os.getpid()}") is one and shared() is not one
+
+
+def test_a_probe_whose_period_fails_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    calls = []
+
+    def follow() -> int | None:
+        calls.append(1)
+        if len(calls) <= 2:
+            raise OSError("proc unreadable")  # the first two periods fail
+        return min(os.sched_getaffinity(0))
+    probe = HostSpeed(period_s=0.05, follow=follow).start()
+    try:
+        reader = HostSpeedReader(probe)
+        time.sleep(0.6)
+        assert reader.read()["host_probe_us"] > 0  # the later periods ran
+    finally:
+        probe.stop()
+    assert [r.message for r in caplog.records].count(
+        "host speed probe: a period failed; it goes on (named once)") == 1
