@@ -171,8 +171,9 @@ class HostSpeed:
         return self._once()
 
     def _period(self) -> tuple[dict[str, dict[str, float]], int | None]:
-        # unpinned where nothing is followed, or for a recorder's comparison (one that pins on `cpus` too)
-        runs = {"": self._once()} if self._follow is None or self._cpus else {}
+        # unpinned first, every period: a followed probe's pinned runs then come after it as they did in the
+        # recordings that measured them (their cache warmed by it; experiments/detection, thirty-fourth step)
+        runs = {"": self._once()}
         own = self._follow() if self._follow is not None else None
         wanted = set(self._cpus) | ({own} if own is not None else set())
         if wanted:
