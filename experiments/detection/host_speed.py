@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import windows  # noqa: E402
 
 from tuner.monitor.contention import busiest, schedstat_ns  # noqa: E402
-from tuner.monitor.hostspeed import probe_index  # noqa: E402
+from tuner.monitor.hostspeed import reading  # noqa: E402
 
 CALM = "stationary_b"
 SLOWED = "slowdown30"
@@ -77,17 +77,11 @@ def rows_of(path: Path) -> list[dict[str, Any]]:
 
 
 def readings(speed: dict[str, Any]) -> dict[str, float]:
-    """The probe's index (tuner.monitor.hostspeed.probe_index) of each set of runs a row holds: `unpinned`, `own`
+    """The probe's index (tuner.monitor.hostspeed.reading) of each set of runs a row holds: `unpinned`, `own`
     (on the engine's CPU) and `cpu<n>` (pinned on CPU n), where recorded (record_vllm.py from the thirty-fourth
     step on)."""
-    out = {}
-    for where, runs in (("unpinned", speed), *((k, v) for k, v in speed.items() if isinstance(v, dict))):
-        if where == "own_cpus" or not runs.get("runs"):
-            continue
-        got = probe_index(runs)
-        if got is not None:
-            out[where] = got
-    return out
+    ways = {"unpinned": "index", **{k: k for k, v in speed.items() if isinstance(v, dict) and k != "own_cpus"}}
+    return {where: got for where, how in ways.items() if (got := reading(speed, how)) is not None}
 
 
 def index_rows(path: Path, calm: list[dict[str, Any]]) -> list[str]:
@@ -98,9 +92,7 @@ def index_rows(path: Path, calm: list[dict[str, Any]]) -> list[str]:
     for key in ("mv4_us", *sorted({k for r in calm for k in r if k.endswith("_index")})):
         if not all(r.get(key, 0) > 0 for r in calm):
             continue
-        x = [math.log(r[key]) for r in calm]
-        slope = statistics.linear_regression(x, y).slope
-        at = [b - slope * a for a, b in zip(x, y, strict=True)]
+        x, slope, at = fit(calm, key)
         one = [b - a for a, b in zip(x, y, strict=True)]
         c = corr([r[key] for r in calm], [r["itl_ms"] for r in calm])
         sd = " | ".join(f"{statistics.stdev(v):.3f}" for v in (y, at, one))
@@ -125,10 +117,17 @@ def elasticity(calm: list[dict[str, Any]]) -> str:
     speed: tuner.monitor.config.MonitorConfig.host_speed_elasticity), the spread of the log ITL mean corrected by
     it, and the lag-1 autocorrelation of the log ITL mean before and after."""
     y = [math.log(r["itl_ms"]) for r in calm]
-    x = [math.log(r["mv4_us"]) for r in calm]
-    slope = statistics.linear_regression(x, y).slope
-    res = [b - slope * a for a, b in zip(x, y, strict=True)]
+    _, slope, res = fit(calm, "mv4_us")
     return f"{slope:.2f}, {statistics.stdev(res):.3f}, {lag1(y):.2f} -> {lag1(res):.2f}"
+
+
+def fit(calm: list[dict[str, Any]], key: str) -> tuple[list[float], float, list[float]]:
+    """The calm windows' log `key`, the slope of their log ITL mean on it, and the log ITL mean less that slope
+    times it."""
+    y = [math.log(r["itl_ms"]) for r in calm]
+    x = [math.log(r[key]) for r in calm]
+    slope = statistics.linear_regression(x, y).slope
+    return x, slope, [b - slope * a for a, b in zip(x, y, strict=True)]
 
 
 def main() -> None:

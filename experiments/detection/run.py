@@ -57,7 +57,7 @@ from tuner.monitor.config import RULES, TESTS, MonitorConfig  # noqa: E402
 from tuner.monitor.contention import CpuSteal, CpuWait, proc_stat_steal, schedstat_ns  # noqa: E402
 from tuner.monitor.detect import windows_to_find  # noqa: E402
 from tuner.monitor.expect import ChampionExpectation, from_simulator  # noqa: E402
-from tuner.monitor.hostspeed import TASKS, probe_index  # noqa: E402
+from tuner.monitor.hostspeed import TASKS, reading  # noqa: E402
 from tuner.monitor.signals import GPU, INPUTS, LATENCIES, window_signals  # noqa: E402
 from tuner.monitor.telemetry import NvmlTelemetry  # noqa: E402
 from tuner.sim.refcost import StepModel  # noqa: E402
@@ -130,9 +130,8 @@ def windows(path: Path, gpu_readings: str = "gpu", every: int = 1,
                 steal.update(proc_stat_steal(a["cpu"]["stat"]))
                 sig.update(steal.update(proc_stat_steal(b["cpu"]["stat"])))
         speed = b.get("speed") or {}  # the host's speed probe beside the server (record_vllm.py --speed-probe)
-        probe = (probe_index(speed) if host_probe == "index" else probe_index(speed.get("own") or {})
-                 if host_probe == "own" else speed.get(host_probe, 0.0) or None)
-        if speed.get("runs") and probe:
+        probe = reading(speed, host_probe)
+        if probe:
             sig["host_probe_us"] = probe
         sig.update(b.get(gpu_readings, b.get("gpu")) or {})  # a GPU's readings of the window (record_gpu.py)
         yield b["phase"], b["t"], sig, a, b

@@ -166,13 +166,23 @@ class CpuWait:
         else:
             self.pid = None
 
+    @property
+    def names_processes(self) -> bool:
+        """Whether the source names the server's processes (pid: or title:), not a PSI file."""
+        return self.pid is not None or self.title is not None
+
+    def processes(self) -> list[int]:
+        """The ids of the processes the source names, looked up now for a title ([] for a PSI file)."""
+        if self.pid is not None:
+            return [self.pid]
+        return titled(self.title, self.proc_root) if self.title is not None else []
+
     def read(self) -> dict[str, float]:
         """{'cpu_wait_frac': share of the time since the previous read, and from a process 'cpu_ready_wait_frac'},
         or {} (first read, nothing readable)."""
         t = self.clock()
-        if self.pid is not None or self.title is not None:
-            pids = [self.pid] if self.pid is not None else titled(self.title or "", self.proc_root)
-            threads = {k: v for pid in pids for k, v in read_schedstat(pid, self.proc_root).items()}
+        if self.names_processes:
+            threads = {k: v for pid in self.processes() for k, v in read_schedstat(pid, self.proc_root).items()}
             return self.update(t, schedstat_ns(threads) if threads else None)
         try:
             text = Path(self.source).read_text()

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from tuner.monitor.contention import titled
+from tuner.monitor.contention import CpuWait
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,16 @@ def probe_index(medians: Mapping[str, float]) -> float | None:
     if min(vals) <= 0:
         return None
     return math.exp(sum(math.log(v) for v in vals) / len(vals))
+
+
+def reading(taken: Mapping[str, Any], how: str = "index") -> float | None:
+    """One reading of a take() (a recorded row's `speed`): "index", probe_index of the unpinned runs; "own" or
+    "cpu<n>", that of the runs pinned there; a task's name (TASKS), its unpinned median. None where those runs
+    are not in it."""
+    runs = taken if how == "index" or how in TASKS else taken.get(how)
+    if not isinstance(runs, Mapping) or not runs.get("runs"):
+        return None
+    return probe_index(runs) if how not in TASKS else (runs.get(how) or None)
 
 
 class ThreadCpu:
@@ -265,13 +275,15 @@ def shared(follow: str = "") -> HostSpeed:
 
 
 def follows(source: str) -> ThreadCpu:
-    """The ThreadCpu of a CPU wait source that names processes: `pid:<N>` or `title:<text>`."""
-    if source.startswith("pid:") and source[4:].isdigit():
-        return ThreadCpu(int(source[4:]))
-    if source.startswith("title:") and source[6:].strip():
-        title = source[6:]
-        return ThreadCpu(lambda: titled(title))
-    raise ValueError(f"a probe follows a server's processes, pid:<N> or title:<text>; got {source!r}")
+    """The ThreadCpu of a CPU wait source that names processes, `pid:<N>` or `title:<text>` (read as
+    tuner.monitor.contention.CpuWait reads it)."""
+    try:
+        wait = CpuWait(source)
+    except ValueError:
+        wait = None
+    if wait is None or not wait.names_processes or (wait.title is not None and not wait.title.strip()):
+        raise ValueError(f"a probe follows a server's processes, pid:<N> or title:<text>; got {source!r}")
+    return ThreadCpu(wait.processes)
 
 
 class HostSpeedReader:
