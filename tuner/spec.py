@@ -429,7 +429,9 @@ class MonitorSpec(_Strict):
                                         "over the hours is judged against its longer normal (fewer false alarms; "
                                         "a slowdown found a window later where the speed wanders, a slow one "
                                         "partly learnt); at least learn_windows; null: the first baseline kept "
-                                        "until a drift (experiments/detection)")
+                                        "until a drift; unset: null, or 160 where host_speed_elasticity judges "
+                                        "the latencies at the host's speed, whose wander is then read out of "
+                                        "them first (experiments/detection, thirty-fifth step)")
     autocorrelation_baselines: int = Field(default=1, ge=1, le=100, description="the autocorrelation that "
                                            "widens a latency baseline: the mean of its own estimate and those of "
                                            "up to this many - 1 baselines learnt before it in the monitor's life "

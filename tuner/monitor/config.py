@@ -304,6 +304,8 @@ class MonitorConfig:
     # orders kept within one false alarm a day (quiet5 1.09 -> 0), but the quiet stream's +30 % found in a median
     # of 3 windows instead of 2 (experiments/detection, twenty-first step)
     history_windows: int | None = None
+    # (the agent file's default: off, but HOST_SPEED_HISTORY_WINDOWS where its latencies are judged at the host's
+    # speed, MonitorConfig.from_spec)
     # with history_windows: a calm window joins that history only while the server's wait for a CPU (over the
     # wait memory) is within wait_error of its baseline's usual share, so a busy host's history holds the windows
     # its baseline was learnt at, not every contention the wait law corrects for (experiments/detection)
@@ -355,8 +357,23 @@ class MonitorConfig:
                    recovery_windows=spec.recovery_windows, reopen_gap_s=spec.reopen_gap_s,
                    slowdown_to_find_frac=spec.slowdown_to_find_frac,
                    drift_to_find_frac=spec.drift_to_find_frac,
-                   history_windows=spec.history_windows,
+                   history_windows=history_windows(spec),
                    autocorrelation_baselines=spec.autocorrelation_baselines, kv_full_frac=spec.kv_full_frac,
                    dram_limit_frac=spec.dram_limit_frac, host_speed_elasticity=spec.host_speed_elasticity)
 
 
+# the latencies' history where they are judged at the host's speed (host_speed_elasticity) and the agent file names
+# none: the wander that kept it off (a host's speed filling the longer normal's scale) is then read out of the
+# latencies first, and a baseline of more windows is a tighter bound on the server's own spread. On the probed
+# streams of experiments/detection (thirty-fifth step) it took vllm23h's false alarms in blocks of 8 from 1.32 to
+# 0.04 episodes a day and found vllm24h's slowdowns a window sooner, nothing worse by more than 0.02 a day
+HOST_SPEED_HISTORY_WINDOWS = 160
+
+
+def history_windows(spec: MonitorSpec) -> int | None:
+    """The latencies' history the agent file's monitor asks for: its own `history_windows` where it names one (null
+    included: off), else HOST_SPEED_HISTORY_WINDOWS (at least its learn_windows) where the latencies are judged at
+    the host's speed, else none."""
+    if "history_windows" in spec.model_fields_set or spec.host_speed_elasticity is None:
+        return spec.history_windows
+    return max(HOST_SPEED_HISTORY_WINDOWS, spec.learn_windows)

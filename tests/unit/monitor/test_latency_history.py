@@ -16,7 +16,7 @@ from tests.support import agents
 from tuner.agent import load_agent
 from tuner.errors import ConfigError
 from tuner.monitor.classify import Monitor
-from tuner.monitor.config import MonitorConfig
+from tuner.monitor.config import HOST_SPEED_HISTORY_WINDOWS, MonitorConfig
 
 
 def _windows(rng: random.Random, n: int, level: Callable[[int], float],
@@ -97,3 +97,20 @@ def test_the_history_is_the_agent_files_and_checked(tmp_path: Path) -> None:
     watch["monitor"] = {"history_windows": 10, "learn_windows": 20}
     with pytest.raises(ConfigError, match=r"c\.yaml[\s\S]*history_windows \(10\) must be at least learn_windows"):
         load_agent(agents.write_agent(tmp_path / "c.yaml", name="c", watch=watch))
+
+
+def test_latencies_judged_at_the_hosts_speed_keep_the_longer_normal_unless_told(tmp_path: Path) -> None:
+    """With host_speed_elasticity the history is on at 160 windows (at least learn_windows) unless the agent
+    file names one, null included."""
+    def cfg(name: str, monitor: dict[str, object]) -> MonitorConfig:
+        watch = {"url": "http://127.0.0.1:9/metrics", "interval_s": 15, "monitor": monitor}
+        spec = load_agent(agents.write_agent(tmp_path / f"{name}.yaml", name=name, watch=watch)).spec
+        assert spec.watch is not None and spec.watch.monitor is not None
+        return MonitorConfig.from_spec(spec.watch.monitor, 15.0)
+
+    probed = {"host_speed_probe": True, "host_speed_elasticity": 1.0}
+    assert cfg("a", probed).history_windows == HOST_SPEED_HISTORY_WINDOWS == 160
+    assert cfg("b", {**probed, "learn_windows": 200}).history_windows == 200
+    assert cfg("c", {**probed, "history_windows": None}).history_windows is None
+    assert cfg("d", {**probed, "history_windows": 40}).history_windows == 40
+    assert cfg("e", {"host_speed_probe": True}).history_windows is None  # the probe recorded, not judged by
