@@ -357,7 +357,7 @@ class MonitorConfig:
                    recovery_windows=spec.recovery_windows, reopen_gap_s=spec.reopen_gap_s,
                    slowdown_to_find_frac=spec.slowdown_to_find_frac,
                    drift_to_find_frac=spec.drift_to_find_frac,
-                   history_windows=history_windows(spec),
+                   history_windows=history_windows_of(spec),
                    autocorrelation_baselines=spec.autocorrelation_baselines, kv_full_frac=spec.kv_full_frac,
                    dram_limit_frac=spec.dram_limit_frac, host_speed_elasticity=spec.host_speed_elasticity)
 
@@ -370,7 +370,7 @@ class MonitorConfig:
 HOST_SPEED_HISTORY_WINDOWS = 160
 
 
-def history_windows(spec: MonitorSpec) -> int | None:
+def history_windows_of(spec: MonitorSpec) -> int | None:
     """The latencies' history the agent file's monitor asks for: its own `history_windows` where it names one (null
     included: off), else HOST_SPEED_HISTORY_WINDOWS (at least its learn_windows) where the latencies are judged at
     the host's speed, else none."""
