@@ -689,6 +689,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--host-speed-elasticity", type=float, default=None, metavar="E",
                     help="the latencies judged at the host's speed (a stream recorded with the probe) with this "
                          "elasticity (MonitorConfig.host_speed_elasticity; default: not)")
+    ap.add_argument("--host-speed-signals", nargs="+", choices=LATENCIES, metavar="LATENCY",
+                    default=list(MonitorConfig.host_speed_signals),
+                    help="the latencies judged at the host's speed (MonitorConfig.host_speed_signals; default "
+                         f"{' '.join(MonitorConfig.host_speed_signals)}; the thirty-fourth step's tables: all six)")
     ap.add_argument("--host-probe", choices=("index", "own", *TASKS), default="index",
                     help="what a probed stream's host_probe_us is: the product's index (tuner.monitor.hostspeed."
                          "probe_index: the geometric mean of the probe's three tasks, unpinned; default), the same "
@@ -803,6 +807,7 @@ def setup(args: argparse.Namespace) -> tuple[Phases, dict[str, dict[str, float]]
                         queued_load=args.queued_load, learning_shift=args.learning_shift,
                         wait_checked=args.wait_checked or None,
                         host_speed_elasticity=args.host_speed_elasticity,
+                        host_speed_signals=tuple(args.host_speed_signals),
                         history_windows=args.history_windows, history_usual_wait=args.history_usual_wait,
                         bucket_error=not args.no_bucket_error,
                         input_history_windows=args.input_history_windows or None,
@@ -888,7 +893,7 @@ def main() -> None:
           f"{'' if cfg.learning_shift else 'no '}drift looked for inside the learning windows; "
           f"the correction for the CPU wait dropped for a baseline it widens more than: {cfg.wait_checked}; "
           f"latencies judged at the host's speed with elasticity: {cfg.host_speed_elasticity} "
-          f"(its probe: {args.host_probe}); "
+          f"(its probe: {args.host_probe}; {', '.join(cfg.host_speed_signals)}); "
           f"quantiles widened in another bucket than their baseline's: {cfg.bucket_error}; "
           f"latency baselines learnt again from up to {cfg.history_windows or 0} calm windows"
           f"{' at the usual CPU wait' if cfg.history_windows and cfg.history_usual_wait else ''}; "

@@ -219,7 +219,7 @@ class Monitor:
         if self._wait_now is not None and self._corrected:
             x *= 1.0 - self._wait_now
         probe = self.last_signals.get("host_probe_us", 0.0)
-        if self._speed_e and probe > 0:
+        if self._speed_e and probe > 0 and name in self.config.host_speed_signals:
             x *= math.exp(-self._speed_e * (math.log(probe) - self._speed_ref))
         return x
 
@@ -501,8 +501,8 @@ class Monitor:
         if not speeds:
             return
         ref = statistics.median(speeds)
-        for name in LATENCIES:  # into the new form: the old reference put back, the new one taken out
-            lat = self.tracks[name]
+        for name in self.config.host_speed_signals:  # into the new form: the old reference put back, the new one
+            lat = self.tracks[name]  # taken out
             lat.residuals = [r * math.exp(self._speed_e * (speed[t] - self._speed_ref) - e * (speed[t] - ref))
                              if t in speed else r for t, r in zip(lat.times, lat.residuals, strict=True)]
         self._speed_e, self._speed_ref = e, ref

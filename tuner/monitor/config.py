@@ -275,6 +275,12 @@ class MonitorConfig:
     # was tried and dropped (thirty-third step: it ranged 0-1 from one start to the next). None: not corrected (the
     # signal still recorded)
     host_speed_elasticity: float | None = None
+    # the latencies judged at the host's speed: by default the one read exactly, the ITL mean (a sum over a count),
+    # on which the elasticity was measured. A histogram's quantile is interpolated inside its bucket, and a bucket
+    # wider than the host's wander holds it still: vllm25's end-to-end p50 and p90 sat at 150 and 270 ms inside
+    # vLLM's 100-300 ms bucket while the host ran x0.7-1.3, and judged at the host's speed they read that wander
+    # as their own and called the fast host's minutes an anomaly (experiments/detection, thirty-fifth step)
+    host_speed_signals: tuple[str, ...] = ("itl_ms_mean",)
     wait_memory: int = 3  # windows whose CPU wait a latency's uncertainty takes (this one and those before)
     # a latency is not judged while the server waited more than this share of one of those windows (the
     # window's share): the neighbours, not the server, set it then (the windows are counted in `unjudged`).

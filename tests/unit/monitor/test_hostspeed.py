@@ -195,3 +195,30 @@ def test_a_probe_whose_period_fails_goes_on(caplog: pytest.LogCaptureFixture) ->
         probe.stop()
     assert [r.message for r in caplog.records].count(
         "host speed probe: a period failed; it goes on (named once)") == 1
+
+
+def _bucket_held(signals: tuple[str, ...], seed: int) -> Events:
+    """A server whose ITL mean follows its host's speed (fast for 15-window stretches, x0.7) while its end-to-end
+    p50 and p90 stay inside one histogram bucket (100-300 ms: interpolated at 150 and 270 whatever the speed),
+    judged at the host's speed with elasticity 1 on `signals`."""
+    rng = random.Random(seed)
+    m = Monitor(MonitorConfig(interval_s=15.0, host_speed_elasticity=1.0, host_speed_signals=signals))
+    out: Events = []
+    for i in range(160):
+        level = 0.7 if 30 <= i % 60 < 45 else 1.0
+        sig = {"rate_per_s": rng.gauss(8.0, 0.3), "prompt_tokens_mean": rng.gauss(100, 5),
+               "output_tokens_mean": rng.gauss(16, 1), "itl_ms_mean": 5.0 * level * rng.lognormvariate(0, 0.04),
+               "e2el_ms_p50": 150.0, "e2el_ms_p90": 270.0, "e2el_ms_p50_bucket_lo": 100.0,
+               "e2el_ms_p50_bucket_hi": 300.0, "e2el_ms_p90_bucket_lo": 100.0, "e2el_ms_p90_bucket_hi": 300.0,
+               "host_probe_us": 30.0 * level * rng.lognormvariate(0, 0.03)}
+        out += [(i, e.kind, e.cause) for e in m.observe(15.0 * i, sig)]
+    return out
+
+
+def test_quantiles_a_bucket_holds_still_are_not_judged_at_the_hosts_speed() -> None:
+    """The host's speed corrects the latency read exactly (the ITL mean, MonitorConfig.host_speed_signals); the
+    quantiles held in their bucket, corrected too, read the fast host's stretches as a slower server."""
+    for seed in range(3):
+        assert _bucket_held(("itl_ms_mean",), seed) == []
+        wrong = _bucket_held(("itl_ms_mean", "e2el_ms_p50", "e2el_ms_p90"), seed)
+        assert ("anomaly", "latency") in [(k, c) for _, k, c in wrong], wrong
