@@ -225,7 +225,8 @@ class Monitor:
 
     @property
     def host_speed_elasticity(self) -> float:
-        """The exponent the latencies are judged at the host's speed with (0: not; _check_speed)."""
+        """The exponent the latencies of MonitorConfig.host_speed_signals are judged at the host's speed with (0: not;
+        _check_speed)."""
         return self._speed_e
 
     def _wait(self, law: str | None = None) -> float | None:

@@ -262,18 +262,17 @@ class MonitorConfig:
     # None: always corrected
     wait_checked: float | None = 1.25
     # the host's own speed (the signal host_probe_us, tuner.monitor.hostspeed: the geometric mean of the CPU time of
-    # three fixed tasks, on the CPU the server works on where the daemon follows its processes): a server on a
-    # shared host gets slower at unchanged load, without waiting for a CPU, when the hypervisor's other guests
-    # share its core or fill the cache and memory bus. With an elasticity e its latencies are judged at the host's
-    # speed, x (probe / the baseline's median probe) ** -e. e is the server's on its host (the slope of its log ITL
-    # mean on the log probe over a long calm stretch: experiments/detection's host_speed.py). vLLM's CPU build with
-    # its model in the engine core on one thread (the uni executor): 1.0 (the thirty-fourth step: 1.06, 1.01, 1.05
-    # on three streams, 1.01 on a fourth recorded after, whose log ITL mean's spread it took 0.159 -> 0.063 read on
-    # the engine's own CPU). In vLLM's default multiprocess executor its processes spin on each other and the probe
-    # explains nothing: 1.0 there raised vllm17's false alarms (from every start 15.77 -> 23.94 a day, window by
-    # window 0.40 -> 0.76 at 1200 h), so there is no default. Each baseline's own fit over its 20 learning windows
-    # was tried and dropped (thirty-third step: it ranged 0-1 from one start to the next). None: not corrected (the
-    # signal still recorded)
+    # three fixed tasks, on the CPU the server works on where the daemon follows its processes): a server on a shared
+    # host gets slower at unchanged load, without waiting for a CPU, when the hypervisor's other guests share its core
+    # or fill the cache and memory bus. With an elasticity e its ITL mean (host_speed_signals) is judged at the host's
+    # speed, x (probe / the baseline's median probe) ** -e. e is the server's on its host (the slope of its log ITL mean
+    # on the log probe over a long calm stretch: experiments/detection's host_speed.py). vLLM's CPU build with its model
+    # in the engine core on one thread (the uni executor): 1.0 (the thirty-fourth step: 1.06, 1.01, 1.05 on three
+    # streams, 1.01 on a fourth recorded after, whose log ITL mean's spread it took 0.159 -> 0.063 read on the engine's
+    # own CPU). In vLLM's default multiprocess executor its processes spin on each other and the probe explains nothing:
+    # 1.0 there raised vllm17's false alarms (from every start 15.77 -> 23.94 a day, window by window 0.40 -> 0.76 at
+    # 1200 h), so there is no default. Each baseline's own fit over its 20 learning windows was tried and dropped
+    # (thirty-third step: it ranged 0-1 from one start to the next). None: not corrected (the signal still recorded)
     host_speed_elasticity: float | None = None
     # the latencies judged at the host's speed: by default the one read exactly, the ITL mean (a sum over a count),
     # on which the elasticity was measured. A histogram's quantile is interpolated inside its bucket, and a bucket

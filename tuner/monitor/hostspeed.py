@@ -25,9 +25,10 @@ read those runs: they explained a vLLM server's wander better than the unpinned 
 against 0.087-0.089), though over a 15-s window the two CPUs' pinned readings moved together (correlation
 0.87-0.90): the pinned run's place after a cache-warming one may count as much as its CPU (thirty-fourth step).
 
-The monitor judges latencies at the host's speed with the server's elasticity to it
-(tuner.monitor.config.MonitorConfig.host_speed_elasticity): vLLM's CPU build on one thread at its capacity slowed
-with the index at an elasticity near 1 on three recordings (experiments/detection, thirty-fourth step).
+The monitor judges the ITL mean at the host's speed with the server's elasticity to it
+(tuner.monitor.config.MonitorConfig.host_speed_elasticity, host_speed_signals): vLLM's CPU build on one thread at
+its capacity slowed with the index at an elasticity near 1 on three recordings (experiments/detection, thirty-fourth
+step).
 
 Measured here (2 vCPUs, KVM; alone, the 4-MB product 150-165 us one day, 55-110 us another): a neighbour copying
 24 MB arrays on the other core x1.4, 256 MB arrays x1.1, a pure-Python loop on the other core x1.0; the 64x64
