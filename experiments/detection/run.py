@@ -689,6 +689,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--host-speed-elasticity", type=float, default=None, metavar="E",
                     help="the latencies judged at the host's speed (a stream recorded with the probe) with this "
                          "elasticity (MonitorConfig.host_speed_elasticity; default: not)")
+    ap.add_argument("--autocorrelation-apart", action="store_true",
+                    help="the host-speed-judged latencies' autocorrelation pooled apart from the rest's "
+                         "(MonitorConfig.autocorrelation_apart)")
     ap.add_argument("--host-speed-signals", nargs="+", choices=LATENCIES, metavar="LATENCY",
                     default=list(MonitorConfig.host_speed_signals),
                     help="the latencies judged at the host's speed (MonitorConfig.host_speed_signals; default "
@@ -795,6 +798,7 @@ def setup(args: argparse.Namespace) -> tuple[Phases, dict[str, dict[str, float]]
                         settle_windows=args.settle_windows, contention=not args.no_contention,
                         autocorrelation=not args.no_autocorrelation,
                         autocorrelation_baselines=args.autocorrelation_baselines, wait_error=args.wait_error,
+                        autocorrelation_apart=args.autocorrelation_apart,
                         wait_memory=args.wait_memory, robust=args.robust, max_wait_judged=args.max_wait_judged,
                         wait_law_error=args.wait_law_error, wait_law=args.wait_law,
                         wait_law_relative=args.wait_law_relative, wait_error_relative=args.wait_error_relative,

@@ -167,6 +167,7 @@ class Monitor:
         # baseline being learnt has one there yet (MonitorConfig.autocorrelation_baselines)
         self._rhos: list[float] = []
         self._rho_new = True
+        self._rho_speed: float | None = None  # the host-speed-judged latencies' (MonitorConfig.autocorrelation_apart)
         self._paced_note: tuple[int, str] | None = None  # (window, what) of the latest rate move a closed loop made
         self._paced_now: float | None = None  # this window's (_paced), judged once per window
         self._queue_floor = 0.0  # the lower quartile of the requests waiting in the baseline's windows (_learn)
@@ -430,6 +431,7 @@ class Monitor:
         self._check_wait()
         self._check_speed()
         self._rho = self._pooled_rho(self._latency_rho()) if self.config.autocorrelation else 0.0
+        self._learn_rho_speed(None)
         times = self.tracks["itl_ms_mean"].times[-n:]
         self._calm = [t for t in times if t not in self._blind_times]
         enough = self._enough
@@ -607,6 +609,7 @@ class Monitor:
         still = self._warming(calm)
         if c.autocorrelation:  # the warm-up's trend made the first baseline's
             self._rho = self._pooled_rho(self._latency_rho(calm))
+            self._learn_rho_speed(calm)
         self._relearn_latencies(calm, self._half, reset=True)
         if not still or self._spent >= c.warmup_max_factor * n:
             self._warm_calm = None
@@ -663,7 +666,7 @@ class Monitor:
         if name == "rate_per_s" and self.config.rate_poisson_floor:  # a Poisson count's spread at the median rate
             floor_abs = max(floor_abs, math.sqrt(max(statistics.median(vals), 0.0) / self.config.interval_s))
         return Baseline.learn(vals, floor_abs, confidence, transform=rule.transform, rel_floor=floor,
-                              rho=self._rho if latency else 0.0, robust=latency and self.config.robust,
+                              rho=self._rho_of(name) if latency else 0.0, robust=latency and self.config.robust,
                               centre=centre)
 
     def slowdown_windows(self) -> float | None:
@@ -709,13 +712,31 @@ class Monitor:
                 return bool(kendalltau(range(len(vals)), vals, alternative="less").pvalue < c.warmup_p)
         return False
 
-    def _latency_rho(self, times: set[float] | None = None) -> float:
+    def _rho_of(self, name: str) -> float:
+        """The autocorrelation that widens latency `name`'s baseline (MonitorConfig.autocorrelation_apart)."""
+        if self._rho_speed is not None and name in self.config.host_speed_signals:
+            return self._rho_speed
+        return self._rho
+
+    def _learn_rho_speed(self, times: set[float] | None) -> None:
+        """With MonitorConfig.autocorrelation_apart and the latencies judged at the host's speed, the
+        autocorrelation of those judged so, apart from the rest's (this baseline's own estimate: not pooled with
+        earlier baselines', autocorrelation_baselines)."""
+        c = self.config
+        on = c.autocorrelation and c.autocorrelation_apart and self._speed_e
+        self._rho_speed = self._latency_rho(times, c.host_speed_signals) if on else None
+
+    def _latency_rho(self, times: set[float] | None = None, names: tuple[str, ...] | None = None) -> float:
         """The latencies' residual lag-1 autocorrelation over the learning windows (all of them: a gap would hide
         the dependence; `times`: the ends of the windows to use instead), pooled (their mean): one signal's 20
-        windows say little, the latencies share their neighbours."""
+        windows say little, the latencies share their neighbours. `names`: those latencies only (else the rest of
+        them where MonitorConfig.autocorrelation_apart sets the host-speed-judged ones apart, else all six)."""
         n = self.config.learn_windows
+        if names is None:
+            apart = self.config.autocorrelation_apart and self._speed_e
+            names = tuple(x for x in LATENCIES if not (apart and x in self.config.host_speed_signals))
         series = [tr.residuals[-n:] if times is None else tr.residuals_at(times)
-                  for tr in (self.tracks[name] for name in LATENCIES)]
+                  for tr in (self.tracks[name] for name in names)]
         got = [r for vals in series if (r := lag1(vals, transform="log")) is not None]
         return statistics.fmean(got) if got else 0.0
 

@@ -202,6 +202,11 @@ class MonitorConfig:
     # 0.2, and one wander in them widened a relearnt scale x1.51: experiments/detection, twenty-fourth step);
     # 1: this baseline's alone
     autocorrelation_baselines: int = 1
+    # with the latencies judged at the host's speed, the autocorrelation of those judged so (host_speed_signals)
+    # pooled apart from the rest's, each group's widening its own: the quantiles left with the host's wander are
+    # autocorrelated where the corrected ITL mean is less so, and pooled with them it widened the ITL mean's scale
+    # (experiments/detection, thirty-fifth step: bound.py's learnt scale 1.45 -> 1.59 on vllm23h). Off: all six pooled
+    autocorrelation_apart: bool = False
     # the CPU wait's own error (a share of the window): a latency corrected by 1 - w is uncertain by about
     # wait_error / (1 - w) on the log scale, which widens its scale in that window (and the next: the queue
     # a starved window built drains in the one after it)

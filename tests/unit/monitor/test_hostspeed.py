@@ -222,3 +222,26 @@ def test_quantiles_a_bucket_holds_still_are_not_judged_at_the_hosts_speed() -> N
         assert _bucket_held(("itl_ms_mean",), seed) == []
         wrong = _bucket_held(("itl_ms_mean", "e2el_ms_p50", "e2el_ms_p90"), seed)
         assert ("anomaly", "latency") in [(k, c) for _, k, c in wrong], wrong
+
+
+def test_the_itl_means_autocorrelation_apart_from_the_quantiles_left_with_the_hosts_wander() -> None:
+    """The quantiles not judged at the host's speed keep its wander (slow, autocorrelated); pooled with them the
+    ITL mean's scale is widened for their autocorrelation, apart from them (MonitorConfig.autocorrelation_apart)
+    for its own."""
+    def itl_scale(apart: bool, seed: int) -> float:
+        rng = random.Random(seed)
+        m = Monitor(MonitorConfig(interval_s=15.0, host_speed_elasticity=1.0, autocorrelation_apart=apart))
+        for i in range(20):
+            level = 1.0 + 0.25 * math.sin(2 * math.pi * i / 20)  # the host's wander over the learning windows
+            m.observe(15.0 * i, {"rate_per_s": rng.gauss(8.0, 0.3), "prompt_tokens_mean": rng.gauss(100, 5),
+                                 "output_tokens_mean": rng.gauss(16, 1),
+                                 "itl_ms_mean": 5.0 * level * rng.lognormvariate(0, 0.05),
+                                 "ttft_ms_p50": 16.0 * level * rng.lognormvariate(0, 0.05),
+                                 "e2el_ms_p50": 120.0 * level * rng.lognormvariate(0, 0.05),
+                                 "host_probe_us": 30.0 * level * rng.lognormvariate(0, 0.02)})
+        b = m.tracks["itl_ms_mean"].baseline
+        assert b is not None
+        return b.scale
+
+    for seed in range(3):
+        assert itl_scale(True, seed) < 0.85 * itl_scale(False, seed)
