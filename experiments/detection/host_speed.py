@@ -87,12 +87,11 @@ def readings(speed: dict[str, Any]) -> dict[str, float]:
 def index_rows(path: Path, calm: list[dict[str, Any]]) -> list[str]:
     """One table row per reading of the probe a stream holds: how much of the calm windows' log ITL mean it
     explains (the slope, the spread left at it and at an elasticity of 1, the lag-1 autocorrelation raw and at 1)."""
-    y = [math.log(r["itl_ms"]) for r in calm]
     out = []
     for key in ("mv4_us", *sorted({k for r in calm for k in r if k.endswith("_index")})):
         if not all(r.get(key, 0) > 0 for r in calm):
             continue
-        x, slope, at = fit(calm, key)
+        x, y, slope, at = fit(calm, key)
         one = [b - a for a, b in zip(x, y, strict=True)]
         c = corr([r[key] for r in calm], [r["itl_ms"] for r in calm])
         sd = " | ".join(f"{statistics.stdev(v):.3f}" for v in (y, at, one))
@@ -116,18 +115,17 @@ def elasticity(calm: list[dict[str, Any]]) -> str:
     """The slope of the calm windows' log ITL mean on their log 4-MB probe (the server's elasticity to its host's
     speed: tuner.monitor.config.MonitorConfig.host_speed_elasticity), the spread of the log ITL mean corrected by
     it, and the lag-1 autocorrelation of the log ITL mean before and after."""
-    y = [math.log(r["itl_ms"]) for r in calm]
-    _, slope, res = fit(calm, "mv4_us")
+    _, y, slope, res = fit(calm, "mv4_us")
     return f"{slope:.2f}, {statistics.stdev(res):.3f}, {lag1(y):.2f} -> {lag1(res):.2f}"
 
 
-def fit(calm: list[dict[str, Any]], key: str) -> tuple[list[float], float, list[float]]:
-    """The calm windows' log `key`, the slope of their log ITL mean on it, and the log ITL mean less that slope
-    times it."""
+def fit(calm: list[dict[str, Any]], key: str) -> tuple[list[float], list[float], float, list[float]]:
+    """The calm windows' log `key` and log ITL mean, the slope of the latter on the former, and the log ITL mean
+    less that slope times the log `key`."""
     y = [math.log(r["itl_ms"]) for r in calm]
     x = [math.log(r[key]) for r in calm]
     slope = statistics.linear_regression(x, y).slope
-    return x, slope, [b - slope * a for a, b in zip(x, y, strict=True)]
+    return x, y, slope, [b - slope * a for a, b in zip(x, y, strict=True)]
 
 
 def main() -> None:

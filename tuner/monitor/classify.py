@@ -430,8 +430,7 @@ class Monitor:
         self._closed_loop = self._steady_inside(n)
         self._check_wait()
         self._check_speed()
-        self._rho = self._pooled_rho(self._latency_rho()) if self.config.autocorrelation else 0.0
-        self._learn_rho_speed(None)
+        self._learn_rho()
         times = self.tracks["itl_ms_mean"].times[-n:]
         self._calm = [t for t in times if t not in self._blind_times]
         enough = self._enough
@@ -608,8 +607,7 @@ class Monitor:
         calm = set(self._warm_calm)
         still = self._warming(calm)
         if c.autocorrelation:  # the warm-up's trend made the first baseline's
-            self._rho = self._pooled_rho(self._latency_rho(calm))
-            self._learn_rho_speed(calm)
+            self._learn_rho(calm)
         self._relearn_latencies(calm, self._half, reset=True)
         if not still or self._spent >= c.warmup_max_factor * n:
             self._warm_calm = None
@@ -718,23 +716,24 @@ class Monitor:
             return self._rho_speed
         return self._rho
 
-    def _learn_rho_speed(self, times: set[float] | None) -> None:
-        """With MonitorConfig.autocorrelation_apart and the latencies judged at the host's speed, the
-        autocorrelation of those judged so, apart from the rest's (this baseline's own estimate: not pooled with
-        earlier baselines', autocorrelation_baselines)."""
+    def _learn_rho(self, times: set[float] | None = None) -> None:
+        """The autocorrelations that widen the latencies' baselines being learnt (0 where MonitorConfig.
+        autocorrelation is off): the latencies' pooled with earlier baselines' (_pooled_rho), and with
+        MonitorConfig.autocorrelation_apart, while the latencies are judged at the host's speed, those judged so
+        apart from the rest (this baseline's own estimate: not pooled with earlier baselines')."""
         c = self.config
-        on = c.autocorrelation and c.autocorrelation_apart and self._speed_e
-        self._rho_speed = self._latency_rho(times, c.host_speed_signals) if on else None
+        if not c.autocorrelation:
+            self._rho, self._rho_speed = 0.0, None
+            return
+        apart = c.host_speed_signals if c.autocorrelation_apart and self._speed_e else ()
+        self._rho = self._pooled_rho(self._latency_rho(times, tuple(x for x in LATENCIES if x not in apart)))
+        self._rho_speed = self._latency_rho(times, apart) if apart else None
 
-    def _latency_rho(self, times: set[float] | None = None, names: tuple[str, ...] | None = None) -> float:
-        """The latencies' residual lag-1 autocorrelation over the learning windows (all of them: a gap would hide
-        the dependence; `times`: the ends of the windows to use instead), pooled (their mean): one signal's 20
-        windows say little, the latencies share their neighbours. `names`: those latencies only (else the rest of
-        them where MonitorConfig.autocorrelation_apart sets the host-speed-judged ones apart, else all six)."""
+    def _latency_rho(self, times: set[float] | None = None, names: tuple[str, ...] = LATENCIES) -> float:
+        """The residual lag-1 autocorrelation of the latencies `names` over the learning windows (all of them: a
+        gap would hide the dependence; `times`: the ends of the windows to use instead), pooled (their mean): one
+        signal's 20 windows say little, the latencies share their neighbours."""
         n = self.config.learn_windows
-        if names is None:
-            apart = self.config.autocorrelation_apart and self._speed_e
-            names = tuple(x for x in LATENCIES if not (apart and x in self.config.host_speed_signals))
         series = [tr.residuals[-n:] if times is None else tr.residuals_at(times)
                   for tr in (self.tracks[name] for name in names)]
         got = [r for vals in series if (r := lag1(vals, transform="log")) is not None]
