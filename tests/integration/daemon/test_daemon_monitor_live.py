@@ -153,7 +153,8 @@ def test_the_daemon_finds_a_live_servers_slowdown_an_anomaly_and_its_recovery(tm
         rate_before = finished_per_s(lv.base, SLOWED_AFTER_S)
         events_before = lv.events()
         with Freezer([lv.server.pid], slowdown_frac=1.0):  # every piece of the server's work twice as long
-            lv.wait_for(lambda: any(e["kind"] == "anomaly" for e in lv.events()[len(events_before):]), 60,
+            # (60 s was once too short with two replays beside pytest on the 2 cores: a busier host's wider scale)
+            lv.wait_for(lambda: any(e["kind"] == "anomaly" for e in lv.events()[len(events_before):]), 120,
                         "waiting for the slowdown's anomaly")
             rate_slowed = finished_per_s(lv.base, SLOWED_AFTER_S)
         lv.wait_for(lambda: any(e["kind"] == "recovery" for e in lv.events()[len(events_before):]), 120,
@@ -211,7 +212,12 @@ def test_users_added_to_a_closed_loop_at_capacity_are_a_drift_that_starts_a_cycl
         cycles = lv.state / "live" / "cycles.jsonl"
         ran = len(cycles.read_text().splitlines()) if cycles.is_file() else 0
         lv.bench()  # the users doubled
-        lv.wait_for(lambda: any(e["kind"] == "drift" for e in lv.events()[len(events_before):]), 60,
+        # the drift waits for a window whose ITL mean and finished rate are each within their CUSUM's allowance
+        # (the speed per token unchanged): a CI neighbour that slowed the server after its baseline was learnt
+        # holds them beyond it (ITL z 1.6-2.6, finished z -1.4 to -2.0 for the windows around the users' arrival
+        # with two CPU burners started after the baseline), an anomaly meanwhile; once the neighbour's load
+        # passes the queue is named. Seen: no drift within 60 s in one full CI run of two workers
+        lv.wait_for(lambda: any(e["kind"] == "drift" for e in lv.events()[len(events_before):]), 240,
                     "waiting for the users' drift")
         lv.wait_for(lambda: cycles.is_file() and len(cycles.read_text().splitlines()) > ran, 300,
                     "waiting for the cycle the drift starts")
@@ -223,7 +229,9 @@ def test_users_added_to_a_closed_loop_at_capacity_are_a_drift_that_starts_a_cycl
     assert "users grew at its capacity" in drift["detail"], drift["detail"]
     assert drift["observed"]["in_server_mean"] > 3, drift["observed"]  # 4 users in the server
     before = [(e["kind"], e["cause"]) for e in new[:at]]
-    assert before in ([], [("anomaly", "latency")]), new
-    if before:
+    assert set(before) <= {("anomaly", "latency")}, new  # only the latencies' anomaly, the neighbour's or the queue's
+    every = lv.events()[len(events_before):]
+    prior = [e["kind"] for e in every[:every.index(drift)] if e["cause"] in ("latency", "anomaly")]
+    if prior and prior[-1] == "anomaly":  # open when the queue was named
         assert "the latency anomaly open since was this load" in drift["detail"], drift["detail"]
     assert "workload drift" in out
