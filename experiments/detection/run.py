@@ -692,6 +692,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--autocorrelation-apart", action="store_true",
                     help="the host-speed-judged latencies' autocorrelation pooled apart from the rest's "
                          "(MonitorConfig.autocorrelation_apart)")
+    ap.add_argument("--autocorrelation-horizon", type=_at_least_one, default=None, metavar="WINDOWS",
+                    help="the autocorrelation widens the latencies' scales to the mean of this many windows, not "
+                         "the long-run scale (MonitorConfig.autocorrelation_horizon; default: the long-run)")
     ap.add_argument("--host-speed-signals", nargs="+", choices=LATENCIES, metavar="LATENCY",
                     default=list(MonitorConfig.host_speed_signals),
                     help="the latencies judged at the host's speed (MonitorConfig.host_speed_signals; default "
@@ -799,6 +802,7 @@ def setup(args: argparse.Namespace) -> tuple[Phases, dict[str, dict[str, float]]
                         autocorrelation=not args.no_autocorrelation,
                         autocorrelation_baselines=args.autocorrelation_baselines, wait_error=args.wait_error,
                         autocorrelation_apart=args.autocorrelation_apart,
+                        autocorrelation_horizon=args.autocorrelation_horizon,
                         wait_memory=args.wait_memory, robust=args.robust, max_wait_judged=args.max_wait_judged,
                         wait_law_error=args.wait_law_error, wait_law=args.wait_law,
                         wait_law_relative=args.wait_law_relative, wait_error_relative=args.wait_error_relative,
@@ -874,6 +878,8 @@ def main() -> None:
     print(f"# detection experiment ({time.strftime('%Y-%m-%d %H:%M')})\n")
     n = cfg.autocorrelation_baselines
     pooled = f" (pooled over up to {n} baselines of the monitor's life)" if n > 1 else ""
+    horizon = (f" (to the mean of {cfg.autocorrelation_horizon} windows)" if cfg.autocorrelation_horizon
+               else "") + (" (the host-speed-judged latencies' apart)" if cfg.autocorrelation_apart else "")
     print(f"windows of {cfg.interval_s:g} s; {TESTS} one-sided tests; CUSUM k = {cfg.k}, h = {cfg.h:.3f} "
           f"(for {cfg.false_alarms_per_day:g} false alarm a day); baseline from {cfg.learn_windows} windows; "
           f"z clipped at {cfg.clip:.2f}; settle {cfg.settle_windows} window(s) while an input's CUSUM is at "
@@ -884,7 +890,7 @@ def main() -> None:
           f"{'the stretch away from the baseline' if cfg.wait_law_relative else 'the stretch'}, judged up to a "
           f"wait of {cfg.max_wait_judged:g} of the window{STARVED[cfg.starved_baseline]}); "
           f"latency scales widened for autocorrelation: "
-          f"{cfg.autocorrelation}{pooled}; expectation "
+          f"{cfg.autocorrelation}{pooled}{horizon}; expectation "
           f"from the simulator: {args.sim_model is not None}; latency scales at least {cfg.latency_rel_floor:g} (log); "
           f"a latency's allowance at least half of a slowdown of {cfg.slowdown_to_find_frac or 0:g} (log); "
           f"an input's at least half of a drift of {cfg.drift_to_find_frac or 0:g} "

@@ -665,7 +665,7 @@ class Monitor:
             floor_abs = max(floor_abs, math.sqrt(max(statistics.median(vals), 0.0) / self.config.interval_s))
         return Baseline.learn(vals, floor_abs, confidence, transform=rule.transform, rel_floor=floor,
                               rho=self._rho_of(name) if latency else 0.0, robust=latency and self.config.robust,
-                              centre=centre)
+                              centre=centre, horizon=self.config.autocorrelation_horizon if latency else None)
 
     def slowdown_windows(self) -> float | None:
         """The mean windows the ITL mean's test is expected to take to find a slowdown of

@@ -207,6 +207,12 @@ class MonitorConfig:
     # autocorrelated where the corrected ITL mean is less so, and pooled with them it widened the ITL mean's scale
     # (experiments/detection, thirty-fifth step: bound.py's learnt scale 1.45 -> 1.59 on vllm23h). Off: all six pooled
     autocorrelation_apart: bool = False
+    # the windows over which the autocorrelation widens a latency's scale: None, the long-run scale of an AR(1)
+    # series (every window's sum, however long); a number, that of the mean of so many consecutive windows
+    # (detect.ar1_mean_factor): a CUSUM whose allowance k is large sums about h / k windows (3 at k = 1.25,
+    # h = 4) before it resets or alarms, and the long-run factor widens it for sums it never makes
+    # (experiments/detection, thirty-sixth step)
+    autocorrelation_horizon: int | None = None
     # the CPU wait's own error (a share of the window): a latency corrected by 1 - w is uncertain by about
     # wait_error / (1 - w) on the log scale, which widens its scale in that window (and the next: the queue
     # a starved window built drains in the one after it)

@@ -131,6 +131,16 @@ def inverse(y: float, transform: Transform) -> float:
 CONFIDENCE = 0.9  # the upper confidence bound a baseline's spread is taken at (Baseline.learn)
 
 
+def ar1_mean_factor(rho: float, windows: int | None = None) -> float:
+    """How much wider the mean of `windows` consecutive windows of an AR(1) series of lag-1 autocorrelation `rho`
+    spreads than that of as many independent ones (sqrt(1 + 2 sum_j (1 - j/n) rho^j)); None: the long-run factor
+    sqrt((1 + rho) / (1 - rho)), its limit."""
+    if windows is None:
+        return math.sqrt((1 + rho) / (1 - rho))
+    n = max(1, windows)
+    return math.sqrt(1 + 2 * sum((1 - j / n) * rho ** j for j in range(1, n)))
+
+
 @dataclass(frozen=True)
 class Baseline:
     """A signal's normal value and the spread of one window around it, on its watched scale (Transform)."""
@@ -147,7 +157,7 @@ class Baseline:
     @classmethod
     def learn(cls, values: Sequence[float], floor: float, confidence: float = CONFIDENCE, *,
               transform: Transform = "identity", rel_floor: float = 0.0, rho: float = 0.0, robust: bool = False,
-              centre: tuple[float, int] | None = None) -> Baseline:
+              centre: tuple[float, int] | None = None, horizon: int | None = None) -> Baseline:
         """The median, and as scale the larger of the MAD's normal-consistent scale and the upper `confidence`
         bound of the standard deviation (chi-square), times sqrt(1 + 1/n) for the centre's own error: a
         baseline learnt from n windows misjudges both, and a CUSUM fed a scale too small alarms far more often
@@ -161,7 +171,10 @@ class Baseline:
         latency on a shared host, whose episodes the expectation's own uncertainty covers): a standard
         deviation would make the scale of the episodes the scale of every window. `centre`: (the centre on the
         watched scale, the number of windows it was learnt from) kept as it is, the scale alone learnt from
-        `values` (an input's longer history: a tighter bound on its spread, its normal where it was put)."""
+        `values` (an input's longer history: a tighter bound on its spread, its normal where it was put).
+        `horizon` (windows): `rho` widens the scale to that of the mean of so many consecutive windows instead of
+        the long-run one (ar1_mean_factor): a CUSUM whose allowance is large sums only a few windows before it
+        resets or alarms."""
         vals = [v for v in values if math.isfinite(v)]
         if not vals:
             raise ValueError("no values to learn a baseline from")
@@ -184,7 +197,7 @@ class Baseline:
             sd = statistics.stdev(vals) * math.sqrt((n - 1) / chi2.ppf(1 - confidence, n - 1)) if n > 1 else 0.0
         rho = min(max(rho, 0.0), MAX_RHO)
         at, n_at = centre if centre is not None else (mid, n)
-        return cls(centre=at, scale=max(sd, mad, floor) * math.sqrt(1 + 1 / n_at) * math.sqrt((1 + rho) / (1 - rho)),
+        return cls(centre=at, scale=max(sd, mad, floor) * math.sqrt(1 + 1 / n_at) * ar1_mean_factor(rho, horizon),
                    transform=transform)
 
     def z(self, x: float) -> float:

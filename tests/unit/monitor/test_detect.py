@@ -12,6 +12,7 @@ from tuner.monitor.detect import (
     Baseline,
     Cusum,
     Transform,
+    ar1_mean_factor,
     arl0,
     change_index,
     lag1,
@@ -125,6 +126,28 @@ def test_autocorrelated_windows_widen_the_scale() -> None:
     wide = Baseline.learn(ar, floor=0.01, rho=rho)
     assert wide.scale == pytest.approx(iid.scale * ((1 + rho) / (1 - rho)) ** 0.5)
     assert Baseline.learn(ar, floor=0.01, rho=-0.5).scale == iid.scale  # never narrower
+
+
+def test_the_autocorrelation_widens_to_the_spread_of_a_mean_of_so_many_windows() -> None:
+    """With a horizon the scale is that of the mean of so many consecutive windows of the AR(1) series: measured
+    on a simulated one, narrower than the long-run scale and wider than none."""
+    rng = random.Random(5)
+    rho, x, ar = 0.3, 0.0, []
+    for _ in range(60000):
+        x = rho * x + rng.gauss(0, 1)
+        ar.append(x)
+    sd1 = statistics.pstdev(ar)
+    for n in (1, 2, 3, 8):
+        means = [statistics.fmean(ar[i:i + n]) for i in range(0, len(ar) - n, n)]
+        measured = statistics.pstdev(means) * math.sqrt(n) / sd1  # the mean's spread over independent windows'
+        assert ar1_mean_factor(rho, n) == pytest.approx(measured, rel=0.04)
+    assert ar1_mean_factor(rho, 1) == 1.0
+    assert 1.0 < ar1_mean_factor(rho, 3) < ar1_mean_factor(rho, 30) < ar1_mean_factor(rho) == pytest.approx(
+        math.sqrt(1.3 / 0.7))
+    vals = ar[:20]
+    long_run = Baseline.learn(vals, floor=0.01, rho=rho)
+    three = Baseline.learn(vals, floor=0.01, rho=rho, horizon=3)
+    assert three.scale == pytest.approx(long_run.scale * ar1_mean_factor(rho, 3) / ar1_mean_factor(rho))
 
 
 def test_windows_to_find_a_slowdown_grow_with_the_noise_and_end_at_the_allowance() -> None:
