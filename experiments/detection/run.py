@@ -695,6 +695,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--autocorrelation-horizon", type=_at_least_one, default=None, metavar="WINDOWS",
                     help="the autocorrelation widens the latencies' scales to the mean of this many windows, not "
                          "the long-run scale (MonitorConfig.autocorrelation_horizon; default: the long-run)")
+    ap.add_argument("--autocorrelation-history", action="store_true",
+                    help="the latencies' autocorrelation estimated again from their history at each relearning "
+                         "(MonitorConfig.autocorrelation_history; with --history-windows)")
     ap.add_argument("--host-speed-signals", nargs="+", choices=LATENCIES, metavar="LATENCY",
                     default=list(MonitorConfig.host_speed_signals),
                     help="the latencies judged at the host's speed (MonitorConfig.host_speed_signals; default "
@@ -803,6 +806,7 @@ def setup(args: argparse.Namespace) -> tuple[Phases, dict[str, dict[str, float]]
                         autocorrelation_baselines=args.autocorrelation_baselines, wait_error=args.wait_error,
                         autocorrelation_apart=args.autocorrelation_apart,
                         autocorrelation_horizon=args.autocorrelation_horizon,
+                        autocorrelation_history=args.autocorrelation_history,
                         wait_memory=args.wait_memory, robust=args.robust, max_wait_judged=args.max_wait_judged,
                         wait_law_error=args.wait_law_error, wait_law=args.wait_law,
                         wait_law_relative=args.wait_law_relative, wait_error_relative=args.wait_error_relative,
@@ -879,7 +883,8 @@ def main() -> None:
     n = cfg.autocorrelation_baselines
     pooled = f" (pooled over up to {n} baselines of the monitor's life)" if n > 1 else ""
     horizon = (f" (to the mean of {cfg.autocorrelation_horizon} windows)" if cfg.autocorrelation_horizon
-               else "") + (" (the host-speed-judged latencies' apart)" if cfg.autocorrelation_apart else "")
+               else "") + (" (the host-speed-judged latencies' apart)" if cfg.autocorrelation_apart else "") + (
+        " (estimated again from the history at each relearning)" if cfg.autocorrelation_history else "")
     print(f"windows of {cfg.interval_s:g} s; {TESTS} one-sided tests; CUSUM k = {cfg.k}, h = {cfg.h:.3f} "
           f"(for {cfg.false_alarms_per_day:g} false alarm a day); baseline from {cfg.learn_windows} windows; "
           f"z clipped at {cfg.clip:.2f}; settle {cfg.settle_windows} window(s) while an input's CUSUM is at "

@@ -213,6 +213,11 @@ class MonitorConfig:
     # h = 4) before it resets or alarms, and the long-run factor widens it for sums it never makes
     # (experiments/detection, thirty-sixth step)
     autocorrelation_horizon: int | None = None
+    # with the latencies' history (history_windows), their autocorrelation estimated again from its windows at each
+    # relearning, as their spread is: one from the first baseline's 20 windows is uncertain by about 0.2 (1 /
+    # sqrt(20)), and the long-run widening it gives, x1.67 at 0.47 against x1.22 at 0.2, stayed with every
+    # relearnt baseline (experiments/detection, thirty-sixth step). Off: the learning stretch's, kept
+    autocorrelation_history: bool = False
     # the CPU wait's own error (a share of the window): a latency corrected by 1 - w is uncertain by about
     # wait_error / (1 - w) on the log scale, which widens its scale in that window (and the next: the queue
     # a starved window built drains in the one after it)

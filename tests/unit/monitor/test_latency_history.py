@@ -114,3 +114,28 @@ def test_latencies_judged_at_the_hosts_speed_keep_the_longer_normal_unless_told(
     assert cfg("c", {**probed, "history_windows": None}).history_windows is None
     assert cfg("d", {**probed, "history_windows": 40}).history_windows == 40
     assert cfg("e", {"host_speed_probe": True}).history_windows is None  # the probe recorded, not judged by
+
+
+def test_the_autocorrelation_is_estimated_again_from_the_history() -> None:
+    """The host wanders slowly (an AR(1) of lag-1 0.9 on the latencies) through the first 80 windows, the first
+    baseline's among them, and not after: with MonitorConfig.autocorrelation_history the baselines relearnt from
+    the history take its autocorrelation from their own windows and their latencies' scale narrows to the noise;
+    without, the first estimate keeps widening every relearnt one."""
+    for s in range(3):
+        rng = random.Random(100 + s)
+        x, wander = 0.0, []
+        for _ in range(80):
+            x = 0.9 * x + rng.gauss(0, 0.05)
+            wander.append(math.exp(x))
+
+        def level(i: int, wander: list[float] = wander) -> float:
+            return wander[i] if i < len(wander) else 1.0
+
+        kept = Monitor(MonitorConfig(interval_s=15.0, history_windows=160))
+        again = Monitor(MonitorConfig(interval_s=15.0, history_windows=160, autocorrelation_history=True))
+        assert _anomalies(kept, _windows(random.Random(s), 240, level)) == []
+        assert _anomalies(again, _windows(random.Random(s), 240, level)) == []
+        b_kept, b_again = kept.tracks["itl_ms_mean"].baseline, again.tracks["itl_ms_mean"].baseline
+        assert b_kept is not None and b_again is not None
+        assert kept._rho > 0.3 and again._rho < 0.15, (kept._rho, again._rho)
+        assert b_again.scale < 0.8 * b_kept.scale, (b_again.scale, b_kept.scale)
