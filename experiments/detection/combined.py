@@ -15,7 +15,6 @@ same two for the ITL mean alone.
 
 from __future__ import annotations
 
-import logging
 import statistics
 import sys
 from pathlib import Path
@@ -44,13 +43,7 @@ def judged(x: np.ndarray, at: list[int], test: list[int], slow: list[int]) -> tu
 
 
 def main() -> None:
-    args = run.parser().parse_args()
-    logging.getLogger("tuner.monitor").setLevel(logging.ERROR)
-    _, _, _, cfg, expect, lives = run.setup(args)
-    tag = args.held_out[0].rpartition("/")[0]
-    if tag not in lives:
-        raise SystemExit(f"combined.py: --held-out {args.held_out[0]}: not the stationary phase of a life")
-    seq = lives[tag]
+    tag, seq, cfg, expect = run.life_from_args("combined.py")
     res = bound.log_residuals([w for _, w in seq], cfg, expect)
     names = [n for n in LATENCIES if n in res]
     x = np.array([[res[n][i] for n in names] for i in range(len(seq))])

@@ -15,7 +15,6 @@ windows is a ramp the delay counted from the slowdown's first window includes.
 
 from __future__ import annotations
 
-import logging
 import math
 import statistics
 import sys
@@ -40,13 +39,7 @@ def shares(vals: list[float], a: int, b: int) -> tuple[float, list[float]]:
 
 
 def main() -> None:
-    args = run.parser().parse_args()
-    logging.getLogger("tuner.monitor").setLevel(logging.ERROR)
-    _, _, _, cfg, expect, lives = run.setup(args)
-    tag = args.held_out[0].rpartition("/")[0]
-    if tag not in lives:
-        raise SystemExit(f"ramp.py: --held-out {args.held_out[0]}: not the stationary phase of a life")
-    seq = lives[tag]
+    tag, seq, cfg, expect = run.life_from_args("ramp.py")
     ws = [w for _, w in seq]
     judged = bound.log_residuals(ws, cfg, expect)["itl_ms_mean"]
     raw = [math.log(w["itl_ms_mean"]) if w.get("itl_ms_mean", 0) > 0 else math.nan for w in ws]

@@ -529,6 +529,20 @@ def changes_of(seq: Order) -> list[tuple[int, int, str]]:
     return runs
 
 
+def life_from_args(script: str) -> tuple[str, Order, MonitorConfig, ChampionExpectation | None]:
+    """A script's life from run.py's options on its command line: the label of the first held-out set's stream,
+    its windows in recorded order (record_vllm.py --life or --interleave), the monitor's config and expectation;
+    exits naming `script` where that stream is no life."""
+    args = parser().parse_args()
+    logging.getLogger("tuner.monitor").setLevel(logging.ERROR)
+    _, _, _, cfg, expect, lives = setup(args)
+    tag = args.held_out[0].rpartition("/")[0]
+    if tag not in lives:
+        raise SystemExit(f"{script}: --held-out {args.held_out[0]}: not the stationary phase of a stream recorded "
+                         "with record_vllm.py --life or --interleave")
+    return tag, lives[tag], cfg, expect
+
+
 def episodes_of(seq: Order) -> list[tuple[int, int]]:
     """The (first, end) window indices of each run of slowdown windows in an interleaved stream (end exclusive)."""
     return [(a, b) for a, b, change in changes_of(seq) if change == SLOW]
@@ -797,6 +811,9 @@ def setup(args: argparse.Namespace) -> tuple[Phases, dict[str, dict[str, float]]
                 w.pop("cpu_steal_frac", None)
     sets = [(args.tuned, "tuned"), *((h, "held out") for h in args.held_out)]
     sets = [(name, label) for name, label in sets if name in phases]
+    if not sets:
+        raise SystemExit(f"--tuned {args.tuned} --held-out {' '.join(args.held_out)}: no such phase in the streams "
+                         f"given (they hold {', '.join(sorted(phases))})")
     times = [t for t, _ in phases[sets[0][0]]]
     interval = statistics.median(b - a for a, b in zip(times, times[1:], strict=False))
     cfg = MonitorConfig(interval_s=round(interval), false_alarms_per_day=args.false_alarms_per_day,
