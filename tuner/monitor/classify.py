@@ -551,9 +551,10 @@ class Monitor:
         if self._calm_new < c.learn_windows:
             return
         self._calm_new = 0
+        calm = set(self._calm)
         if c.autocorrelation_history:  # the autocorrelation from the history too, not its first 20 windows'
-            self._learn_rho(set(self._calm))
-        self._relearn_latencies(set(self._calm), c.learn_windows, reset=False)
+            self._learn_rho(calm)
+        self._relearn_latencies(calm, c.learn_windows, reset=False)
 
     def _usual_wait(self) -> bool:
         """Whether the latest windows' waits (the wait memory) are all within wait_error of the baseline's usual
