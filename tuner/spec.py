@@ -438,6 +438,16 @@ class MonitorSpec(_Strict):
                                            "(after each drift): a server that wanders now and then is not judged "
                                            "by one relearning's twenty windows alone; 1: each baseline's own "
                                            "(experiments/detection, twenty-fourth step)")
+    autocorrelation_horizon: int | None = Field(default=None, ge=1, le=MAX_WINDOWS, description="the windows "
+                                                "over which the latencies' autocorrelation widens their scales: "
+                                                "that of the mean of so many consecutive windows (a CUSUM of "
+                                                "large allowance sums about 3 before it resets or alarms); null: "
+                                                "the long-run scale of every sum; unset: null, or 3 where "
+                                                "host_speed_elasticity judges the latencies at the speed of the "
+                                                "server's own CPU (the probe follows the processes cpu_wait_source "
+                                                "names: pid: or title:), whose wander is then read out of them "
+                                                "first (experiments/detection, thirty-sixth and thirty-seventh "
+                                                "steps)")
     kv_full_frac: float = Field(default=0.95, gt=0, le=1)
     dram_limit_frac: float = Field(default=0.85, gt=0, le=1, description="DRAM active above it is saturation")
     gpus: list[int] = Field(default_factory=list, description="this host's GPU indices to read through NVML "
@@ -499,6 +509,12 @@ class MonitorSpec(_Strict):
             raise ValueError("host_speed_elasticity judges latencies at the probe's readings: set host_speed_probe: "
                              "true too")
         return self
+
+    @property
+    def waits_of_processes(self) -> bool:
+        """Whether cpu_wait_source names the server's processes (pid: or title:; validated), not a PSI file: the
+        host's speed probe then runs on the CPU its busiest thread is on (tuner.monitor.hostspeed.shared)."""
+        return self.cpu_wait_source is not None and self.cpu_wait_source.startswith(("pid:", "title:"))
 
     @field_validator("cpu_wait_source")
     @classmethod

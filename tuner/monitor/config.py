@@ -211,7 +211,8 @@ class MonitorConfig:
     # series (every window's sum, however long); a number, that of the mean of so many consecutive windows
     # (detect.ar1_mean_factor): a CUSUM whose allowance k is large sums about h / k windows (3 at k = 1.25,
     # h = 4) before it resets or alarms, and the long-run factor widens it for sums it never makes
-    # (experiments/detection, thirty-sixth step)
+    # (experiments/detection, thirty-sixth step). The agent file's default is 3 where the probe follows the server's
+    # CPU (autocorrelation_horizon_of)
     autocorrelation_horizon: int | None = None
     # with the latencies' history (history_windows), their autocorrelation estimated again from its windows at each
     # relearning, as their spread is: one from the first baseline's 20 windows is uncertain by about 0.2 (1 /
@@ -379,7 +380,8 @@ class MonitorConfig:
                    slowdown_to_find_frac=spec.slowdown_to_find_frac,
                    drift_to_find_frac=spec.drift_to_find_frac,
                    history_windows=history_windows_of(spec),
-                   autocorrelation_baselines=spec.autocorrelation_baselines, kv_full_frac=spec.kv_full_frac,
+                   autocorrelation_baselines=spec.autocorrelation_baselines,
+                   autocorrelation_horizon=autocorrelation_horizon_of(spec), kv_full_frac=spec.kv_full_frac,
                    dram_limit_frac=spec.dram_limit_frac, host_speed_elasticity=spec.host_speed_elasticity)
 
 
@@ -398,3 +400,25 @@ def history_windows_of(spec: MonitorSpec) -> int | None:
     if "history_windows" in spec.model_fields_set or spec.host_speed_elasticity is None:
         return spec.history_windows
     return max(HOST_SPEED_HISTORY_WINDOWS, spec.learn_windows)
+
+
+# the autocorrelation's horizon where the latencies are judged at the speed of the server's own CPU (the probe
+# follows the processes the CPU wait's source names) and the agent file names none: what is left of the host's
+# wander after that correction is short-ranged, and the long-run AR(1) widening (at a lag-1 of 0.47 from 20
+# windows, x1.67) held a +30 % slowdown a window past two. On the streams probed on the engine's CPU
+# (experiments/detection, thirty-sixth step) it took vllm23h's model and life slowdowns from 3 windows to 2 (its
+# false alarms in blocks of 8 0.06 -> 0.20 a day) and left the others' delays and false alarms as they were; on
+# vllm27h, recorded after it was chosen and judged blind (the thirty-seventh), its false alarms stayed within 0.06 a
+# day and no delay grew. Where the probe is unpinned the wander left is long-ranged and the horizon raised false
+# alarms (vllm20h from every start 2.38 -> 4.76 a day): no horizon there
+OWN_PROBE_AUTOCORRELATION_HORIZON = 3
+
+
+def autocorrelation_horizon_of(spec: MonitorSpec) -> int | None:
+    """The autocorrelation's horizon the agent file's monitor asks for: its own `autocorrelation_horizon` where it
+    names one (null included: the long-run scale), else OWN_PROBE_AUTOCORRELATION_HORIZON where the latencies are
+    judged at the host's speed read on the server's own CPU (host_speed_elasticity, and a cpu_wait_source naming its
+    processes: tuner.monitor.hostspeed.shared follows them), else none."""
+    if "autocorrelation_horizon" in spec.model_fields_set or spec.host_speed_elasticity is None:
+        return spec.autocorrelation_horizon
+    return OWN_PROBE_AUTOCORRELATION_HORIZON if spec.waits_of_processes else None

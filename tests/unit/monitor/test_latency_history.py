@@ -16,7 +16,7 @@ from tests.support import agents
 from tuner.agent import load_agent
 from tuner.errors import ConfigError
 from tuner.monitor.classify import Monitor
-from tuner.monitor.config import HOST_SPEED_HISTORY_WINDOWS, MonitorConfig
+from tuner.monitor.config import HOST_SPEED_HISTORY_WINDOWS, OWN_PROBE_AUTOCORRELATION_HORIZON, MonitorConfig
 
 
 def _windows(rng: random.Random, n: int, level: Callable[[int], float],
@@ -114,6 +114,29 @@ def test_latencies_judged_at_the_hosts_speed_keep_the_longer_normal_unless_told(
     assert cfg("c", {**probed, "history_windows": None}).history_windows is None
     assert cfg("d", {**probed, "history_windows": 40}).history_windows == 40
     assert cfg("e", {"host_speed_probe": True}).history_windows is None  # the probe recorded, not judged by
+
+
+def test_latencies_judged_at_the_speed_of_the_servers_own_cpu_widen_over_a_cusums_horizon(tmp_path: Path) -> None:
+    """With host_speed_elasticity and a probe that follows the server's processes (cpu_wait_source pid: or title:)
+    the autocorrelation widens the latencies' scales over 3 windows unless the agent file names a horizon; an
+    unpinned probe (no source, or a PSI file's) keeps the long-run scale."""
+    def cfg(name: str, monitor: dict[str, object]) -> MonitorConfig:
+        watch = {"url": "http://127.0.0.1:9/metrics", "interval_s": 15, "monitor": monitor}
+        spec = load_agent(agents.write_agent(tmp_path / f"{name}.yaml", name=name, watch=watch)).spec
+        assert spec.watch is not None and spec.watch.monitor is not None
+        return MonitorConfig.from_spec(spec.watch.monitor, 15.0)
+
+    probed = {"host_speed_probe": True, "host_speed_elasticity": 1.0}
+    own = {**probed, "cpu_wait_source": "title:EngineCore"}
+    assert cfg("a", own).autocorrelation_horizon == OWN_PROBE_AUTOCORRELATION_HORIZON == 3
+    assert cfg("b", {**probed, "cpu_wait_source": "pid:4242"}).autocorrelation_horizon == 3
+    assert cfg("c", {**own, "autocorrelation_horizon": None}).autocorrelation_horizon is None
+    assert cfg("d", {**own, "autocorrelation_horizon": 5}).autocorrelation_horizon == 5
+    assert cfg("e", probed).autocorrelation_horizon is None  # unpinned
+    assert cfg("f", {**probed, "cpu_wait_source": str(tmp_path / "cpu.pressure")}).autocorrelation_horizon is None
+    assert cfg("g", {"host_speed_probe": True, "cpu_wait_source": "title:EngineCore"}).autocorrelation_horizon is None
+    with pytest.raises(ConfigError, match=r"h\.yaml[\s\S]*autocorrelation_horizon"):
+        cfg("h", {**own, "autocorrelation_horizon": 0})
 
 
 def test_the_autocorrelation_is_estimated_again_from_the_history() -> None:
