@@ -228,5 +228,10 @@ def test_the_host_speed_probe_gives_the_monitor_the_hosts_speed_at_every_scrape(
     followed = _feed(tmp_path, host_speed_probe=True, cpu_wait_source=me).host_speed
     assert followed is not None and feed.host_speed is not None
     assert followed.probe is shared(me) and followed.probe is not feed.host_speed.probe
+    # judged at the speed of the server's own CPU, its latencies' autocorrelation widens over a CUSUM's 3 windows
+    # (tuner.monitor.config.autocorrelation_horizon_of); read on the unpinned probe, to the long-run scale
+    judged = {"host_speed_probe": True, "host_speed_elasticity": 1.0}
+    assert _feed(tmp_path, **judged, cpu_wait_source=me).monitor.config.autocorrelation_horizon == 3
+    assert _feed(tmp_path, **judged).monitor.config.autocorrelation_horizon is None
     time.sleep(0.8)
     assert followed.probe.take()["own_cpus"], "the followed probe ran no pinned runs"
