@@ -408,9 +408,12 @@ def history_windows_of(spec: MonitorSpec) -> int | None:
 # windows, x1.67) held a +30 % slowdown a window past two. On the streams probed on the engine's CPU
 # (experiments/detection, thirty-sixth step) it took vllm23h's model and life slowdowns from 3 windows to 2 (its
 # false alarms in blocks of 8 0.06 -> 0.20 a day) and left the others' delays and false alarms as they were; on
-# vllm27h, recorded after it was chosen and judged blind (the thirty-seventh), its false alarms stayed within 0.06 a
-# day and no delay grew. Where the probe is unpinned the wander left is long-ranged and the horizon raised false
-# alarms (vllm20h from every start 2.38 -> 4.76 a day): no horizon there
+# vllm27h and vllm28h, recorded after it was chosen and judged blind (the thirty-seventh), no delay grew (vllm28h's
+# slowdown 97 -> 100 of 100 found, in 5 -> 4); vllm27h's false alarms stayed within 0.06 a day, but on vllm28h, an
+# open loop at 6 req/s whose own reading explains its latencies less than the unpinned one, every start 37.40 ->
+# 42.75 a day (that goal not met either way) and blocks of 8 0.36 -> 0.56. Where the probe is unpinned the wander
+# left is long-ranged and the horizon raised false alarms (vllm20h from every start 2.38 -> 4.76 a day): no horizon
+# there
 OWN_PROBE_AUTOCORRELATION_HORIZON = 3
 
 
