@@ -170,6 +170,9 @@ def test_run_reads_the_probe_as_asked() -> None:
                     else speed["mv4_us"])
             assert sig["host_probe_us"] == want
     assert host_speed.readings({"runs": 0.0}) == {}  # a window the probe did not run in
+    # the own and unpinned readings' geometric mean, where a row holds both
+    got = host_speed.readings(rows[max(rows)]["speed"])
+    assert got["own+unpinned"] == pytest.approx(math.sqrt(got["own"] * got["unpinned"]))
     older = DETECTION / "recorded-vllm-capacity4-uni1b.jsonl.gz"  # recorded before the probe followed the engine
     args = run.parser().parse_args(["--streams", f"v={older}", "--tuned", "none", "--held-out", "v/stationary_b",
                                     "--host-probe", "own", "--host-speed-elasticity", "1"])
