@@ -159,7 +159,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--step", type=int, default=5, help="windows between the starts of the learnt baselines")
     ap.add_argument("--host-speed-elasticity", type=float, default=None, metavar="E",
                     help="the latencies judged at the host's speed with this elasticity (run.py's option)")
-    ap.add_argument("--host-probe", choices=("index", "own", *TASKS), default="index",
+    ap.add_argument("--host-probe", choices=("index", "own", "own+index", *TASKS), default="index",
                     help="what a probed stream's host_probe_us is (run.py's option)")
     return ap
 

@@ -81,10 +81,9 @@ def readings(speed: dict[str, Any]) -> dict[str, float]:
     (on the engine's CPU) and `cpu<n>` (pinned on CPU n), where recorded (record_vllm.py from the thirty-fourth
     step on); and `own+unpinned`, the geometric mean of those two (a followed probe runs both every period)."""
     ways = {"unpinned": "index", **{k: k for k, v in speed.items() if isinstance(v, dict) and k != "own_cpus"}}
-    out = {where: got for where, how in ways.items() if (got := reading(speed, how)) is not None}
-    if "own" in out and "unpinned" in out:
-        out["own+unpinned"] = math.sqrt(out["own"] * out["unpinned"])
-    return out
+    if "own" in ways:
+        ways["own+unpinned"] = "own+index"
+    return {where: got for where, how in ways.items() if (got := reading(speed, how)) is not None}
 
 
 def index_rows(path: Path, calm: list[dict[str, Any]]) -> list[str]:

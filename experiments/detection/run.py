@@ -716,10 +716,11 @@ def parser() -> argparse.ArgumentParser:
                     default=list(MonitorConfig.host_speed_signals),
                     help="the latencies judged at the host's speed (MonitorConfig.host_speed_signals; default "
                          f"{' '.join(MonitorConfig.host_speed_signals)}; the thirty-fourth step's tables: all six)")
-    ap.add_argument("--host-probe", choices=("index", "own", *TASKS), default="index",
+    ap.add_argument("--host-probe", choices=("index", "own", "own+index", *TASKS), default="index",
                     help="what a probed stream's host_probe_us is: the product's index (tuner.monitor.hostspeed."
                          "probe_index: the geometric mean of the probe's three tasks, unpinned; default), the same "
-                         "of the runs on the engine's own CPU (own: recorded from the thirty-fourth step on) or one "
+                         "of the runs on the engine's own CPU (own: recorded from the thirty-fourth step on), the "
+                         "geometric mean of those two (own+index) or one "
                          "task's median (mv4_us: the 4-MB product alone, the thirty-third step's)")
     ap.add_argument("--wait-checked", type=_wait_factor, default=MonitorConfig.wait_checked, metavar="FACTOR",
                     help="judge a closed loop's baseline's latencies uncorrected for the CPU wait where the correction "

@@ -74,8 +74,11 @@ def probe_index(medians: Mapping[str, float]) -> float | None:
 
 def reading(taken: Mapping[str, Any], how: str = "index") -> float | None:
     """One reading of a take() (a recorded row's `speed`): "index", probe_index of the unpinned runs; "own" or
-    "cpu<n>", that of the runs pinned there; a task's name (TASKS), its unpinned median. None where those runs
-    are not in it."""
+    "cpu<n>", that of the runs pinned there; "own+index", the geometric mean of those two (a followed probe runs
+    both every period); a task's name (TASKS), its unpinned median. None where those runs are not in it."""
+    if how == "own+index":
+        own, unpinned = reading(taken, "own"), reading(taken, "index")
+        return math.sqrt(own * unpinned) if own and unpinned else None
     runs = taken if how == "index" or how in TASKS else taken.get(how)
     if not isinstance(runs, Mapping) or not runs.get("runs"):
         return None

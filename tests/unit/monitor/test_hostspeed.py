@@ -16,7 +16,7 @@ import pytest
 
 from tuner.monitor.classify import Monitor
 from tuner.monitor.config import MonitorConfig
-from tuner.monitor.hostspeed import HostSpeed, HostSpeedReader, ThreadCpu, follows, probe_index, shared
+from tuner.monitor.hostspeed import HostSpeed, HostSpeedReader, ThreadCpu, follows, probe_index, reading, shared
 
 Events = list[tuple[int, str, str]]
 
@@ -110,6 +110,18 @@ def test_the_index_is_the_geometric_mean_of_the_three_tasks() -> None:
     assert math.isclose(probe_index({"mv4_us": 8 * 160.0, "mm64_us": 6.0, "py_us": 25.0}) or 0, 2 * got)
     assert probe_index({"mv4_us": 160.0, "mm64_us": 6.0}) is None  # a task missing: no reading
     assert probe_index({"mv4_us": 160.0, "mm64_us": 0.0, "py_us": 25.0}) is None
+
+
+def test_a_takes_readings_own_unpinned_and_their_geometric_mean() -> None:
+    unpinned = {"mv4_us": 160.0, "mm64_us": 6.0, "py_us": 25.0}
+    own = {"mv4_us": 4 * 160.0, "mm64_us": 6.0, "py_us": 25.0}
+    taken = {"runs": 30.0, **unpinned, "own": {"runs": 30.0, **own}}
+    u, o = probe_index(unpinned) or 0, probe_index(own) or 0
+    assert reading(taken) == pytest.approx(u) and reading(taken, "own") == pytest.approx(o)
+    assert reading(taken, "own+index") == pytest.approx(math.sqrt(u * o))
+    assert reading(taken, "mv4_us") == 160.0
+    assert reading({"runs": 30.0, **unpinned}, "own+index") is None  # not followed: no own runs
+    assert reading({"runs": 0.0}, "own+index") is None
 
 
 def _task(root: Path, pid: int, tid: int, comm: str, ticks: int, cpu: int) -> None:
