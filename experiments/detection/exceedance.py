@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import run  # noqa: E402
 
-from tuner.measure.scrape import Hist, Snapshot, histogram_quantile, parse  # noqa: E402
+from tuner.measure.scrape import Hist, Snapshot, histogram_quantile, parse, window_buckets  # noqa: E402
 from tuner.monitor.detect import lag1  # noqa: E402
 
 HISTS = ("ttft_ms", "itl_ms", "e2el_ms")
@@ -48,7 +48,7 @@ def deltas(before: Snapshot, after: Snapshot, key: str) -> tuple[dict[float, flo
     h, b = after.hists.get(key), before.hists.get(key, Hist())
     if h is None or h.count - b.count <= 0:
         return None
-    return {le: c - b.buckets.get(le, 0.0) for le, c in h.buckets.items()}, h.count - b.count, h.sum - b.sum
+    return window_buckets(b, h), h.count - b.count, h.sum - b.sum
 
 
 def stream_windows(path: Path) -> Iterator[tuple[str, dict[str, float]]]:
@@ -108,36 +108,41 @@ def rows_of(label: str, path: Path, cut: int) -> list[str]:
         return [f"| {label} | (no {CALM}* or {SLOW} phase) |" + " |" * 8]
 
     def cell(name: str) -> str:
-        got = judge(calm, slow, name)
-        return "-" if got is None else f"{got[2]:+.2f} (rho {got[1]:+.2f})"
+        return fmt(judge(calm, slow, name))
 
     def quants(key: str) -> str:
         return " ".join(f"p{round(q * 100)} {cell(f'{key}_p{round(q * 100)}')}" for q in QUANTILES[key])
 
+    itl = cell("itl_ms_mean")
     out = []
     for key in HISTS:
         edges = sorted({n for w in calm for n in w if n.startswith(f"{key}@")}, key=lambda n: float(n.split("@")[1]))
-        usable = []
+        usable = {}
         for n in edges:
             p = statistics.fmean(share(w[n]) for w in calm if n in w)
             if MIN_SHARE <= p <= 1 - MIN_SHARE:
-                usable.append((n, p))
+                usable[n] = p
         if not usable:
-            out.append(f"| {label} | {key} | - | - | - | - | {cell('itl_ms_mean')} | "
-                       f"{quants(key)} |")
+            out.append(f"| {label} | {key} | - | - | - | - | {itl} | {quants(key)} |")
             continue
-        chosen, p0 = min(usable, key=lambda np_: abs(np_[1] - 0.5))
-        judged = [(n, judge(calm, slow, n)) for n, _ in usable]
-        best = max(((n, g) for n, g in judged if g is not None), key=lambda ng: ng[1][2], default=None)
-        ch = judge(calm, slow, chosen)
+        chosen = min(usable, key=lambda n: abs(usable[n] - 0.5))
+        judged = {n: judge(calm, slow, n) for n in usable}
+        best = max((n for n in judged if judged[n] is not None), key=lambda n: judged[n][2],  # type: ignore[index]
+                   default=None)
         p1 = statistics.median(share(w[chosen]) for w in slow if chosen in w)
-        out.append(
-            f"| {label} | {key} | {chosen.split('@')[1]} ms: {p0:.2f} -> {p1:.2f} | "
-            f"{'-' if ch is None else f'{ch[2]:+.2f} (rho {ch[1]:+.2f})'} | "
-            f"{'-' if best is None else best[0].split('@')[1] + ' ms'} | "
-            f"{'-' if best is None else f'{best[1][2]:+.2f} (rho {best[1][1]:+.2f})'} | {cell('itl_ms_mean')} | "
-            f"{quants(key)} |")
+        out.append(f"| {label} | {key} | {edge_ms(chosen)} ms: {usable[chosen]:.2f} -> {p1:.2f} | "
+                   f"{fmt(judged[chosen])} | {'-' if best is None else edge_ms(best) + ' ms'} | "
+                   f"{fmt(None if best is None else judged[best])} | {itl} | {quants(key)} |")
     return out
+
+
+def fmt(got: tuple[float, float, float] | None) -> str:
+    """A judged signal's cell: its shift over its calm spread and its lag-1 ('-' where not judged)."""
+    return "-" if got is None else f"{got[2]:+.2f} (rho {got[1]:+.2f})"
+
+
+def edge_ms(name: str) -> str:
+    return name.split("@")[1]
 
 
 def main() -> None:

@@ -57,7 +57,7 @@ class MonitorFeed:
         self.cpu_wait = CpuWait(ms.cpu_wait_source) if ms.cpu_wait_source else None
         self.cpu_steal = CpuSteal(ms.cpu_steal_source, ms.cpu_steal_selector) if ms.cpu_steal_source else None
         # the probe on the CPU the server works on where the wait's source names its processes, else unpinned
-        follow = self.cpu_wait.source if self.cpu_wait is not None and self.cpu_wait.names_processes else ""
+        follow = (ms.cpu_wait_source or "") if ms.waits_of_processes else ""
         self.host_speed = HostSpeedReader(shared(follow)) if ms.host_speed_probe else None
         self._expecting = ms.expect_from_champion  # build the expectation at the next scrape
         self.tracker = Tracker.for_agent(spec, Path(rt.state_dir))

@@ -56,6 +56,11 @@ class Hist:
     count: float = 0.0
 
 
+def window_buckets(before: Hist, after: Hist) -> dict[float, float]:
+    """A histogram's cumulative bucket counts (upper bound -> count) of the observations between two scrapes."""
+    return {le: c - before.buckets.get(le, 0.0) for le, c in after.buckets.items()}
+
+
 @dataclass
 class Snapshot:
     """One scrape: gauges summed over label sets (kv usage averaged), counters and histograms summed."""
@@ -198,7 +203,7 @@ def telemetry(before: Snapshot | None, after: Snapshot | None,
         n = h.count - b.count
         if n <= 0:
             continue
-        delta = {le: c - b.buckets.get(le, 0.0) for le, c in h.buckets.items()}
+        delta = window_buckets(b, h)
         out[f"server_{key}_mean"] = (h.sum - b.sum) / n * 1000.0
         for q_ in (50, 90, 99):
             if key in ("e2el_ms", "queue_time_ms") and q_ != 99:

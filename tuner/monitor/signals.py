@@ -36,6 +36,7 @@ from tuner.measure.scrape import (
     finished_mean_length,
     histogram_bucket,
     histogram_quantile,
+    window_buckets,
 )
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,7 @@ def bucket_keys(name: str) -> tuple[str, str]:
 
 
 def _quantile_ms(q: float, before: Hist, after: Hist) -> tuple[float, tuple[float, float] | None]:
-    delta = {le: c - before.buckets.get(le, 0.0) for le, c in after.buckets.items()}
+    delta = window_buckets(before, after)
     bucket = histogram_bucket(q, delta)
     return histogram_quantile(q, delta) * 1000.0, None if bucket is None else (bucket[0] * 1000.0, bucket[1] * 1000.0)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -99,14 +99,19 @@ def test_the_history_is_the_agent_files_and_checked(tmp_path: Path) -> None:
         load_agent(agents.write_agent(tmp_path / "c.yaml", name="c", watch=watch))
 
 
+def _config_of(tmp_path: Path, name: str, monitor: Mapping[str, object]) -> MonitorConfig:
+    """The monitor's config of an agent file `name` whose watch (every 15 s) has `monitor` as its monitor."""
+    watch = {"url": "http://127.0.0.1:9/metrics", "interval_s": 15, "monitor": dict(monitor)}
+    spec = load_agent(agents.write_agent(tmp_path / f"{name}.yaml", name=name, watch=watch)).spec
+    assert spec.watch is not None and spec.watch.monitor is not None
+    return MonitorConfig.from_spec(spec.watch.monitor, 15.0)
+
+
 def test_latencies_judged_at_the_hosts_speed_keep_the_longer_normal_unless_told(tmp_path: Path) -> None:
     """With host_speed_elasticity the history is on at 160 windows (at least learn_windows) unless the agent
     file names one, null included."""
-    def cfg(name: str, monitor: dict[str, object]) -> MonitorConfig:
-        watch = {"url": "http://127.0.0.1:9/metrics", "interval_s": 15, "monitor": monitor}
-        spec = load_agent(agents.write_agent(tmp_path / f"{name}.yaml", name=name, watch=watch)).spec
-        assert spec.watch is not None and spec.watch.monitor is not None
-        return MonitorConfig.from_spec(spec.watch.monitor, 15.0)
+    def cfg(name: str, monitor: Mapping[str, object]) -> MonitorConfig:
+        return _config_of(tmp_path, name, monitor)
 
     probed = {"host_speed_probe": True, "host_speed_elasticity": 1.0}
     assert cfg("a", probed).history_windows == HOST_SPEED_HISTORY_WINDOWS == 160
@@ -120,11 +125,8 @@ def test_latencies_judged_at_the_speed_of_the_servers_own_cpu_widen_over_a_cusum
     """With host_speed_elasticity and a probe that follows the server's processes (cpu_wait_source pid: or title:)
     the autocorrelation widens the latencies' scales over 3 windows unless the agent file names a horizon; an
     unpinned probe (no source, or a PSI file's) keeps the long-run scale."""
-    def cfg(name: str, monitor: dict[str, object]) -> MonitorConfig:
-        watch = {"url": "http://127.0.0.1:9/metrics", "interval_s": 15, "monitor": monitor}
-        spec = load_agent(agents.write_agent(tmp_path / f"{name}.yaml", name=name, watch=watch)).spec
-        assert spec.watch is not None and spec.watch.monitor is not None
-        return MonitorConfig.from_spec(spec.watch.monitor, 15.0)
+    def cfg(name: str, monitor: Mapping[str, object]) -> MonitorConfig:
+        return _config_of(tmp_path, name, monitor)
 
     probed = {"host_speed_probe": True, "host_speed_elasticity": 1.0}
     own = {**probed, "cpu_wait_source": "title:EngineCore"}
