@@ -20,10 +20,14 @@ Each CPU has a speed of its own: on a 2-vCPU guest here each flipped between a f
 loop x1.5) every few seconds, apart from the other (the hypervisor's other guests on the cores beneath). A probe
 left where the scheduler puts it runs mostly on the CPU a busy server leaves free. Given a server to follow
 (`shared("pid:<N>")` or `shared("title:<text>")`, the monitor's CPU wait source), the probe also runs its tasks
-pinned on the CPU the server's busiest thread last ran on (ThreadCpu), after its unpinned run, and its readers
-read those runs: they explained a vLLM server's wander better than the unpinned runs (spread left 0.063-0.075
-against 0.087-0.089), though over a 15-s window the two CPUs' pinned readings moved together (correlation
-0.87-0.90): the pinned run's place after a cache-warming one may count as much as its CPU (thirty-fourth step).
+pinned on the CPU the server's busiest thread last ran on (ThreadCpu), after its unpinned run. The pinned runs
+explained a vLLM server's wander better than the unpinned runs on closed loops and busy open ones (spread left
+0.063-0.075 against 0.087-0.089), though over a 15-s window the two CPUs' pinned readings moved together
+(correlation 0.87-0.90): the pinned run's place after a cache-warming one may count as much as its CPU
+(thirty-fourth step); on open loops at 4-6 requests a second the unpinned ones explained more. Its readers read
+the geometric mean of the two (reading()'s "own+index"): no worse than either on seven recordings, second to the
+better on each of six and the narrowest on the seventh, recorded after it was named (thirty-seventh and
+thirty-eighth steps).
 
 The monitor judges the ITL mean at the host's speed with the server's elasticity to it
 (tuner.monitor.config.MonitorConfig.host_speed_elasticity, host_speed_signals): vLLM's CPU build on one thread at
@@ -140,9 +144,9 @@ class HostSpeed:
     (a pure-Python loop x1.5, the 4-MB product x1.3) at a few seconds' scale, apart from the other's (the
     hypervisor's other guests on the cores beneath; experiments/detection, thirty-fourth step). A probe that runs
     where the scheduler puts it reads mostly the core the server leaves free. `follow`: a function giving the CPU
-    the server works on (ThreadCpu); each period the tasks then also run pinned there, and those runs are the
-    readers' (`own` in take()). `cpus`: CPUs the tasks also run pinned on each period, for a recorder (`cpu<n>`
-    in take())."""
+    the server works on (ThreadCpu); each period the tasks then also run pinned there (`own` in take()), and the
+    readers read the geometric mean of those runs' index and the unpinned runs' (median_since). `cpus`: CPUs the
+    tasks also run pinned on each period, for a recorder (`cpu<n>` in take())."""
 
     def __init__(self, period_s: float = 0.5, seed: int = 0, keep_s: float = KEEP_S, *,
                  follow: Callable[[], int | None] | None = None, cpus: Sequence[int] = ()) -> None:
@@ -162,7 +166,8 @@ class HostSpeed:
         # runs since the last take: "" unpinned, "own" on the followed CPU, "cpu<n>" pinned on CPU n
         self._runs: dict[str, deque[dict[str, float]]] = {}
         self._own_cpus: Counter[int] = Counter()  # the followed CPU of each period since the last take
-        self._recent: deque[tuple[float, dict[str, float]]] = deque(maxlen=self._keep)  # (monotonic s, a run)
+        # (monotonic s, a reader's run, the same period's unpinned run where the probe follows a server)
+        self._recent: deque[tuple[float, dict[str, float], dict[str, float] | None]] = deque(maxlen=self._keep)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._period_s = period_s
@@ -222,9 +227,10 @@ class HostSpeed:
                     self._runs.setdefault(where, deque(maxlen=self._keep)).append(one)
                 if own is not None:
                     self._own_cpus[own] += 1
-                read = runs.get("own" if self._follow is not None else "")
-                if read is not None:
-                    self._recent.append((time.monotonic(), read))
+                if self._follow is None:
+                    self._recent.append((time.monotonic(), runs[""], None))
+                elif "own" in runs:
+                    self._recent.append((time.monotonic(), runs["own"], runs[""]))
 
     def start(self) -> HostSpeed:
         self._thread.start()
@@ -253,11 +259,21 @@ class HostSpeed:
         return out
 
     def median_since(self, t0: float) -> float | None:
-        """The index (probe_index) of the readers' runs since `t0` (time.monotonic()): each task's median, their
-        geometric mean; None if none."""
+        """The readers' index since `t0` (time.monotonic()); None if nothing ran. Unfollowed: probe_index of the
+        runs (each task's median, their geometric mean). Following a server: the geometric mean of the index of
+        the runs on its CPU and of the same periods' unpinned runs (reading()'s "own+index"), which explained a
+        vLLM server's wander no worse than either alone on seven recordings, the narrowest on a recording made
+        after it was named (experiments/detection, thirty-seventh and thirty-eighth steps)."""
         with self._lock:
-            got = [one for t, one in self._recent if t > t0]
-        return probe_index(_medians(got)) if got else None
+            got = [(one, other) for t, one, other in self._recent if t > t0]
+        if not got:
+            return None
+        first = probe_index(_medians([one for one, _ in got]))
+        others = [other for _, other in got if other is not None]
+        if not others:
+            return first
+        second = probe_index(_medians(others))
+        return math.sqrt(first * second) if first and second else None
 
 
 def _medians(runs: Collection[dict[str, float]]) -> dict[str, float]:

@@ -180,6 +180,21 @@ def test_a_following_probe_runs_its_tasks_on_the_followed_cpu_and_its_readers_re
     assert os.sched_getaffinity(0) == set(cpus)  # the caller's own mask untouched (the probe pins its thread)
 
 
+def test_a_following_probes_readers_read_the_mean_of_its_runs_on_the_followed_cpu_and_its_unpinned_ones() -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    probe = HostSpeed(period_s=0.05, follow=lambda: cpus[0]).start()
+    time.sleep(0.6)
+    probe.stop()
+    got = probe.take()  # every run since the start, as the readers keep them
+    own, unpinned = reading(got, "own"), reading(got, "index")
+    assert own and unpinned and got["runs"] >= 2
+    assert probe.median_since(float("-inf")) == pytest.approx(math.sqrt(own * unpinned), rel=1e-9)
+    alone = HostSpeed(period_s=0.05).start()  # a probe following nothing: its unpinned runs alone
+    time.sleep(0.3)
+    alone.stop()
+    assert alone.median_since(float("-inf")) == pytest.approx(reading(alone.take(), "index"), rel=1e-9)
+
+
 def test_a_probe_follows_a_named_servers_processes_and_is_one_per_server() -> None:
     assert follows(f"pid:{os.getpid()}")() in os.sched_getaffinity(0)
     assert follows("title:no-such-process-title-here")() is None
