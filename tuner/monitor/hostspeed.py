@@ -166,8 +166,8 @@ class HostSpeed:
         # runs since the last take: "" unpinned, "own" on the followed CPU, "cpu<n>" pinned on CPU n
         self._runs: dict[str, deque[dict[str, float]]] = {}
         self._own_cpus: Counter[int] = Counter()  # the followed CPU of each period since the last take
-        # (monotonic s, a reader's run, the same period's unpinned run where the probe follows a server)
-        self._recent: deque[tuple[float, dict[str, float], dict[str, float] | None]] = deque(maxlen=self._keep)
+        # (monotonic s, the period's runs the readers read: "" unpinned, and "own" where the probe follows a server)
+        self._recent: deque[tuple[float, dict[str, dict[str, float]]]] = deque(maxlen=self._keep)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._period_s = period_s
@@ -227,10 +227,8 @@ class HostSpeed:
                     self._runs.setdefault(where, deque(maxlen=self._keep)).append(one)
                 if own is not None:
                     self._own_cpus[own] += 1
-                if self._follow is None:
-                    self._recent.append((time.monotonic(), runs[""], None))
-                elif "own" in runs:
-                    self._recent.append((time.monotonic(), runs["own"], runs[""]))
+                if self._follow is None or "own" in runs:
+                    self._recent.append((time.monotonic(), {k: v for k, v in runs.items() if k in ("", "own")}))
 
     def start(self) -> HostSpeed:
         self._thread.start()
@@ -247,13 +245,10 @@ class HostSpeed:
         with self._lock:
             runs, self._runs = self._runs, {}
             own_cpus, self._own_cpus = self._own_cpus, Counter()
-        unpinned = runs.get("", deque())
-        out: dict[str, Any] = {"runs": float(len(unpinned))}
-        if unpinned:
-            out.update(_medians(unpinned))
+        out: dict[str, Any] = _summary(runs.get("", deque()))
         for where, got in runs.items():
             if where:
-                out[where] = {"runs": float(len(got)), **_medians(got)}
+                out[where] = _summary(got)
         if self._follow is not None:
             out["own_cpus"] = {str(c): n for c, n in sorted(own_cpus.items())}
         return out
@@ -265,19 +260,21 @@ class HostSpeed:
         vLLM server's wander no worse than either alone on seven recordings, the narrowest on a recording made
         after it was named (experiments/detection, thirty-seventh and thirty-eighth steps)."""
         with self._lock:
-            got = [(one, other) for t, one, other in self._recent if t > t0]
+            got = [runs for t, runs in self._recent if t > t0]
         if not got:
             return None
-        first = probe_index(_medians([one for one, _ in got]))
-        others = [other for _, other in got if other is not None]
-        if not others:
-            return first
-        second = probe_index(_medians(others))
-        return math.sqrt(first * second) if first and second else None
+        taken = {**_summary([runs[""] for runs in got]),
+                 **({"own": _summary([runs["own"] for runs in got])} if self._follow is not None else {})}
+        return reading(taken, "own+index" if self._follow is not None else "index")
 
 
 def _medians(runs: Collection[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.median(r[k] for r in runs) for k in TASKS}
+
+
+def _summary(runs: Collection[dict[str, float]]) -> dict[str, Any]:
+    """Runs as take() gives them: `runs` (how many) and each task's median where there are any."""
+    return {"runs": float(len(runs)), **(_medians(runs) if runs else {})}
 
 
 _shared: dict[str, HostSpeed] = {}
