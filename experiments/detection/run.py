@@ -37,7 +37,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -619,6 +619,26 @@ def _median_p90(delays: list[int]) -> str:
     return f"{statistics.median(delays):g} | {p90_of(delays):g}"
 
 
+def _speed_signal(text: str) -> tuple[str, float]:
+    """A latency judged at the host's speed and its share of the elasticity, LATENCY or LATENCY=SHARE (argparse's
+    type; MonitorConfig.host_speed_signals)."""
+    name, _, share_text = text.partition("=")
+    if name not in LATENCIES:
+        raise argparse.ArgumentTypeError(f"{text!r}: the latency is one of {', '.join(LATENCIES)}")
+    try:
+        share = float(share_text) if share_text else 1.0
+    except ValueError:
+        share = -1.0
+    if not 0.0 < share <= 2.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the share after '=' is a number above 0 and at most 2")
+    return name, share
+
+
+def _speed_signals_text(signals: Sequence[tuple[str, float]], sep: str) -> str:
+    """The latencies judged at the host's speed as the option takes them (a share of 1 left out)."""
+    return sep.join(name if share == 1.0 else f"{name}={share:g}" for name, share in signals)
+
+
 def _at_least_one(text: str) -> int:
     """An option's whole number of at least 1 (argparse's type)."""
     try:
@@ -712,10 +732,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--autocorrelation-history", action="store_true",
                     help="the latencies' autocorrelation estimated again from their history at each relearning "
                          "(MonitorConfig.autocorrelation_history; with --history-windows)")
-    ap.add_argument("--host-speed-signals", nargs="+", choices=LATENCIES, metavar="LATENCY",
+    ap.add_argument("--host-speed-signals", nargs="+", type=_speed_signal, metavar="LATENCY[=SHARE]",
                     default=list(MonitorConfig.host_speed_signals),
-                    help="the latencies judged at the host's speed (MonitorConfig.host_speed_signals; default "
-                         f"{' '.join(MonitorConfig.host_speed_signals)}; the thirty-fourth step's tables: all six)")
+                    help="the latencies judged at the host's speed, each at SHARE x the elasticity (default 1; "
+                         "MonitorConfig.host_speed_signals; default "
+                         f"{_speed_signals_text(MonitorConfig.host_speed_signals, ' ')}; the thirty-fourth step's "
+                         "tables: all six at 1)")
     ap.add_argument("--host-probe", choices=("index", "own", "own+index", *TASKS), default="index",
                     help="what a probed stream's host_probe_us is: the product's index (tuner.monitor.hostspeed."
                          "probe_index: the geometric mean of the probe's three tasks, unpinned; default), the same "
@@ -926,7 +948,7 @@ def main() -> None:
           f"{'' if cfg.learning_shift else 'no '}drift looked for inside the learning windows; "
           f"the correction for the CPU wait dropped for a baseline it widens more than: {cfg.wait_checked}; "
           f"latencies judged at the host's speed with elasticity: {cfg.host_speed_elasticity} "
-          f"(its probe: {args.host_probe}; {', '.join(cfg.host_speed_signals)}); "
+          f"(its probe: {args.host_probe}; {_speed_signals_text(cfg.host_speed_signals, ', ')}); "
           f"quantiles widened in another bucket than their baseline's: {cfg.bucket_error}; "
           f"latency baselines learnt again from up to {cfg.history_windows or 0} calm windows"
           f"{' at the usual CPU wait' if cfg.history_windows and cfg.history_usual_wait else ''}; "

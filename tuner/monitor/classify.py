@@ -220,14 +220,15 @@ class Monitor:
         if self._wait_now is not None and self._corrected:
             x *= 1.0 - self._wait_now
         probe = self.last_signals.get("host_probe_us", 0.0)
-        if self._speed_e and probe > 0 and name in self.config.host_speed_signals:
-            x *= math.exp(-self._speed_e * (math.log(probe) - self._speed_ref))
+        share = self.config.host_speed_share(name)
+        if self._speed_e and probe > 0 and share:
+            x *= math.exp(-self._speed_e * share * (math.log(probe) - self._speed_ref))
         return x
 
     @property
     def host_speed_elasticity(self) -> float:
-        """The exponent the latencies of MonitorConfig.host_speed_signals are judged at the host's speed with (0: not;
-        _check_speed)."""
+        """The exponent the latencies of MonitorConfig.host_speed_signals are judged at the host's speed with, times
+        each one's share (0: not; _check_speed)."""
         return self._speed_e
 
     def _wait(self, law: str | None = None) -> float | None:
@@ -503,9 +504,9 @@ class Monitor:
         if not speeds:
             return
         ref = statistics.median(speeds)
-        for name in self.config.host_speed_signals:  # into the new form: the old reference put back, the new one
-            lat = self.tracks[name]  # taken out
-            lat.residuals = [r * math.exp(self._speed_e * (speed[t] - self._speed_ref) - e * (speed[t] - ref))
+        for name, share in self.config.host_speed_signals:  # into the new form: the old reference put back, the
+            lat = self.tracks[name]  # new one taken out, each at the latency's share of the elasticity
+            lat.residuals = [r * math.exp(share * (self._speed_e * (speed[t] - self._speed_ref) - e * (speed[t] - ref)))
                              if t in speed else r for t, r in zip(lat.times, lat.residuals, strict=True)]
         self._speed_e, self._speed_ref = e, ref
 
@@ -715,7 +716,7 @@ class Monitor:
 
     def _rho_of(self, name: str) -> float:
         """The autocorrelation that widens latency `name`'s baseline (MonitorConfig.autocorrelation_apart)."""
-        if self._rho_speed is not None and name in self.config.host_speed_signals:
+        if self._rho_speed is not None and name in self.config.host_speed_names:
             return self._rho_speed
         return self._rho
 
@@ -728,7 +729,7 @@ class Monitor:
         if not c.autocorrelation:
             self._rho, self._rho_speed = 0.0, None
             return
-        apart = c.host_speed_signals if c.autocorrelation_apart and self._speed_e else ()
+        apart = c.host_speed_names if c.autocorrelation_apart and self._speed_e else ()
         self._rho = self._pooled_rho(self._latency_rho(times, tuple(x for x in LATENCIES if x not in apart)))
         self._rho_speed = self._latency_rho(times, apart) if apart else None
 

@@ -295,8 +295,11 @@ class MonitorConfig:
     # on which the elasticity was measured. A histogram's quantile is interpolated inside its bucket, and a bucket
     # wider than the host's wander holds it still: vllm25's end-to-end p50 and p90 sat at 150 and 270 ms inside
     # vLLM's 100-300 ms bucket while the host ran x0.7-1.3, and judged at the host's speed they read that wander
-    # as their own and called the fast host's minutes an anomaly (experiments/detection, thirty-fifth step)
-    host_speed_signals: tuple[str, ...] = ("itl_ms_mean",)
+    # as their own and called the fast host's minutes an anomaly (experiments/detection, thirty-fifth step).
+    # Each with its share of the elasticity: a latency judged at the host's speed with e x share. The TTFT median
+    # follows the host at about half the ITL mean's elasticity (0.37-0.54 on six of nine probed streams,
+    # experiments/detection's latency_speed.py, thirty-eighth step)
+    host_speed_signals: tuple[tuple[str, float], ...] = (("itl_ms_mean", 1.0),)
     wait_memory: int = 3  # windows whose CPU wait a latency's uncertainty takes (this one and those before)
     # a latency is not judged while the server waited more than this share of one of those windows (the
     # window's share): the neighbours, not the server, set it then (the windows are counted in `unjudged`).
@@ -366,6 +369,15 @@ class MonitorConfig:
     @property
     def clip(self) -> float:
         return self.clip_for(self.h, self.k)
+
+    @property
+    def host_speed_names(self) -> tuple[str, ...]:
+        """The latencies judged at the host's speed (host_speed_signals)."""
+        return tuple(name for name, _ in self.host_speed_signals)
+
+    def host_speed_share(self, name: str) -> float:
+        """Latency `name`'s share of host_speed_elasticity (0: not judged at the host's speed)."""
+        return dict(self.host_speed_signals).get(name, 0.0)
 
     def clip_for(self, h: float, k: float) -> float:
         """The residuals' clip for a CUSUM of threshold h and allowance k (z_clip where set)."""

@@ -229,7 +229,8 @@ def _bucket_held(signals: tuple[str, ...], seed: int) -> Events:
     p50 and p90 stay inside one histogram bucket (100-300 ms: interpolated at 150 and 270 whatever the speed),
     judged at the host's speed with elasticity 1 on `signals`."""
     rng = random.Random(seed)
-    m = Monitor(MonitorConfig(interval_s=15.0, host_speed_elasticity=1.0, host_speed_signals=signals))
+    m = Monitor(MonitorConfig(interval_s=15.0, host_speed_elasticity=1.0,
+                              host_speed_signals=tuple((name, 1.0) for name in signals)))
     out: Events = []
     for i in range(160):
         level = 0.7 if 30 <= i % 60 < 45 else 1.0
@@ -272,3 +273,37 @@ def test_the_itl_means_autocorrelation_apart_from_the_quantiles_left_with_the_ho
 
     for seed in range(3):
         assert itl_scale(True, seed) < 0.85 * itl_scale(False, seed)
+
+
+def _half_as_elastic(signals: tuple[tuple[str, float], ...], seed: int, slower_at: int | None = None) -> Events:
+    """A host slow (x1.6) and fast (x0.6) by stretches; the server's ITL mean follows it at elasticity 1 and its
+    TTFT median at 0.5; from `slower_at` on the server is 1.3 times as slow on its own (the probe unmoved). Judged
+    at the host's speed with elasticity 1 on `signals` (latency, share)."""
+    rng = random.Random(seed)
+    m = Monitor(MonitorConfig(interval_s=15.0, host_speed_elasticity=1.0, host_speed_signals=signals))
+    out: Events = []
+    for i in range(180):
+        level = {0: 1.0, 1: 1.0, 2: 1.6, 3: 1.0, 4: 0.6, 5: 1.0}[(i // 10) % 6] if i >= 30 else 1.0
+        own = 1.3 if slower_at is not None and i >= slower_at else 1.0
+        sig = {"rate_per_s": rng.gauss(8.0, 0.3), "prompt_tokens_mean": rng.gauss(100, 5),
+               "output_tokens_mean": rng.gauss(16, 1), "itl_ms_mean": 5.0 * level * own * rng.lognormvariate(0, 0.04),
+               "ttft_ms_p50": 16.0 * level ** 0.5 * own * rng.lognormvariate(0, 0.04),
+               "host_probe_us": 30.0 * level * rng.lognormvariate(0, 0.02)}
+        out += [(i, e.kind, e.cause) for e in m.observe(15.0 * i, sig)]
+    return out
+
+
+def test_a_latency_half_as_elastic_to_the_host_is_judged_at_its_share() -> None:
+    """A latency that follows the host at half the ITL mean's elasticity, judged at its share (0.5), reads the
+    host's episodes as the environment; judged without the host's speed it calls the slow host an anomaly, and at
+    the full elasticity the fast one; at its share a server slower on its own is still found."""
+    def anomalies(events: Events) -> list[int]:
+        return [i for i, k, c in events if (k, c) == ("anomaly", "latency")]
+
+    for seed in range(3):
+        itl = ("itl_ms_mean", 1.0)
+        assert anomalies(_half_as_elastic((itl, ("ttft_ms_p50", 0.5)), seed)) == []
+        assert anomalies(_half_as_elastic((itl,), seed)), seed  # the slow host's stretches
+        assert anomalies(_half_as_elastic((itl, ("ttft_ms_p50", 1.0)), seed)), seed  # the fast host's
+        found = anomalies(_half_as_elastic((itl, ("ttft_ms_p50", 0.5)), seed, slower_at=150))
+        assert found and 150 <= found[0] <= 153, found
