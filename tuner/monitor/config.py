@@ -291,15 +291,17 @@ class MonitorConfig:
     # 1200 h), so there is no default. Each baseline's own fit over its 20 learning windows was tried and dropped
     # (thirty-third step: it ranged 0-1 from one start to the next). None: not corrected (the signal still recorded)
     host_speed_elasticity: float | None = None
-    # the latencies judged at the host's speed: by default the one read exactly, the ITL mean (a sum over a count),
-    # on which the elasticity was measured. A histogram's quantile is interpolated inside its bucket, and a bucket
-    # wider than the host's wander holds it still: vllm25's end-to-end p50 and p90 sat at 150 and 270 ms inside
-    # vLLM's 100-300 ms bucket while the host ran x0.7-1.3, and judged at the host's speed they read that wander
-    # as their own and called the fast host's minutes an anomaly (experiments/detection, thirty-fifth step).
-    # Each with its share of the elasticity: a latency judged at the host's speed with e x share. The TTFT median
-    # follows the host at about half the ITL mean's elasticity (0.37-0.54 on six of nine probed streams,
-    # experiments/detection's latency_speed.py, thirty-eighth step)
-    host_speed_signals: tuple[tuple[str, float], ...] = (("itl_ms_mean", 1.0),)
+    # the latencies judged at the host's speed, each with its share of the elasticity (judged with e x share): the
+    # one read exactly, the ITL mean (a sum over a count), on which the elasticity was measured, at 1; the TTFT
+    # median at 0.5, the share it follows the host with (0.37-0.54 on six of nine probed streams, median 0.51:
+    # experiments/detection's latency_speed.py, thirty-eighth step). Judged without the host's speed, the TTFT
+    # median called a host episode the probe read (+0.27 log) an anomaly (vllm31h: 114 false alarms a day in its
+    # life, its slowdown found from none of 20 starts; at 0.5: 0 and 20/20; thirty-ninth step, where the cost was
+    # vllm28h's blocks of 8, 7.48 -> 7.88 a day). Not the other quantiles: a histogram's quantile is interpolated
+    # inside its bucket, and a bucket wider than the host's wander holds it still: vllm25's end-to-end p50 and p90
+    # sat at 150 and 270 ms inside vLLM's 100-300 ms bucket while the host ran x0.7-1.3, and judged at the host's
+    # speed they read that wander as their own and called the fast host's minutes an anomaly (thirty-fifth step)
+    host_speed_signals: tuple[tuple[str, float], ...] = (("itl_ms_mean", 1.0), ("ttft_ms_p50", 0.5))
     wait_memory: int = 3  # windows whose CPU wait a latency's uncertainty takes (this one and those before)
     # a latency is not judged while the server waited more than this share of one of those windows (the
     # window's share): the neighbours, not the server, set it then (the windows are counted in `unjudged`).

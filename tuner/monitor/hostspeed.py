@@ -29,10 +29,10 @@ the geometric mean of the two (reading()'s "own+index"): no worse than either on
 better on each of six and the narrowest on the seventh, recorded after it was named (thirty-seventh and
 thirty-eighth steps).
 
-The monitor judges the ITL mean at the host's speed with the server's elasticity to it
-(tuner.monitor.config.MonitorConfig.host_speed_elasticity, host_speed_signals): vLLM's CPU build on one thread at
-its capacity slowed with the index at an elasticity near 1 on three recordings (experiments/detection, thirty-fourth
-step).
+The monitor judges the ITL mean at the host's speed with the server's elasticity to it, and the TTFT median at half
+of it (tuner.monitor.config.MonitorConfig.host_speed_elasticity, host_speed_signals): vLLM's CPU build on one thread
+at its capacity slowed with the index at an elasticity near 1 on three recordings (experiments/detection,
+thirty-fourth step), its TTFT median at about half that (thirty-eighth and thirty-ninth steps).
 
 Measured here (2 vCPUs, KVM; alone, the 4-MB product 150-165 us one day, 55-110 us another): a neighbour copying
 24 MB arrays on the other core x1.4, 256 MB arrays x1.1, a pure-Python loop on the other core x1.0; the 64x64
