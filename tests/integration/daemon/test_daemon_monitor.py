@@ -24,6 +24,7 @@ from tuner.daemon.monitoring import MonitorFeed
 from tuner.daemon.runtime import AgentState, Runtime, job_id
 from tuner.errors import ConfigError
 from tuner.measure.scrape import parse
+from tuner.monitor.contention import titled
 from tuner.monitor.hostspeed import shared
 from tuner.monitor.records import read_events
 from tuner.monitor.telemetry import NvmlTelemetry
@@ -192,6 +193,11 @@ def test_a_watched_title_follows_the_process_that_holds_it(tmp_path: Path) -> No
     for life in range(2):  # the same title, two processes one after the other
         busy = subprocess.Popen([sys.executable, "-c", code])
         try:
+            # Popen returns once the child's exec has begun, before the kernel has laid out its arguments: until
+            # then /proc/<pid>/cmdline is empty and nothing holds the title (a loaded host's race, not the feed's)
+            deadline = time.monotonic() + 10.0
+            while busy.pid not in titled(token) and time.monotonic() < deadline:
+                time.sleep(0.01)
             for i in range(3):
                 server.finish(60, 100, 16)
                 feed.consume(1000.0 + 15 * (3 * life + i), parse(server.text()))
