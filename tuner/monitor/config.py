@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tuner.monitor.detect import CONFIDENCE, Direction, Transform, threshold
-from tuner.monitor.signals import SIGNALS
+from tuner.monitor.signals import LATENCIES, SIGNALS
 from tuner.spec import MonitorSpec
 
 
@@ -371,6 +371,12 @@ class MonitorConfig:
     @property
     def clip(self) -> float:
         return self.clip_for(self.h, self.k)
+
+    def __post_init__(self) -> None:
+        for name, share in self.host_speed_signals:
+            if name not in LATENCIES or not 0.0 < share <= 2.0:
+                raise ValueError(f"MonitorConfig.host_speed_signals: ({name!r}, {share!r}): each a latency of "
+                                 f"{', '.join(LATENCIES)} and its share of the elasticity, above 0 and at most 2")
 
     @property
     def host_speed_names(self) -> tuple[str, ...]:

@@ -307,3 +307,11 @@ def test_a_latency_half_as_elastic_to_the_host_is_judged_at_its_share() -> None:
         assert anomalies(_half_as_elastic((itl, ("ttft_ms_p50", 1.0)), seed)), seed  # the fast host's
         found = anomalies(_half_as_elastic((itl, ("ttft_ms_p50", 0.5)), seed, slower_at=150))
         assert found and 150 <= found[0] <= 153, found
+
+
+def test_a_latency_judged_at_the_hosts_speed_is_named_with_a_share_it_can_take() -> None:
+    for bad in ((("itl_ms_men", 1.0),), (("ttft_ms_p50", 0.0),), (("ttft_ms_p50", 2.5),)):
+        with pytest.raises(ValueError, match="host_speed_signals: .*above 0 and at most 2"):
+            MonitorConfig(host_speed_signals=bad)
+    default = MonitorConfig()
+    assert default.host_speed_share("ttft_ms_p50") == 0.5 and default.host_speed_share("e2el_ms_p50") == 0.0
