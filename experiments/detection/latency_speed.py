@@ -25,17 +25,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import run  # noqa: E402
 
-LATENCIES = ("itl_ms_mean", "itl_ms_p90", "ttft_ms_p50", "ttft_ms_p90", "e2el_ms_p50", "e2el_ms_p90")
+from tuner.monitor.signals import LATENCIES  # noqa: E402
 
 
 def fit(probe_log: np.ndarray, latency_log: np.ndarray) -> tuple[float, float, float, float, float]:
     """(correlation, slope, sd raw, sd left at the slope, sd left at an elasticity of 1) of a latency's logs on the
     probe's; the correlation nan where either holds still."""
     slope = float(np.polyfit(probe_log, latency_log, 1)[0])
-    still = float(np.std(latency_log)) == 0.0 or float(np.std(probe_log)) == 0.0
+    raw = float(np.std(latency_log))
+    still = raw == 0.0 or float(np.std(probe_log)) == 0.0
     corr = math.nan if still else float(np.corrcoef(probe_log, latency_log)[0, 1])
-    return (corr, slope, float(np.std(latency_log)), float(np.std(latency_log - slope * probe_log)),
-            float(np.std(latency_log - probe_log)))
+    return corr, slope, raw, float(np.std(latency_log - slope * probe_log)), float(np.std(latency_log - probe_log))
 
 
 def rows_of(path: Path, host_probe: str, cut: int) -> list[tuple[str, int, tuple[float, float, float, float, float]]]:

@@ -53,7 +53,7 @@ import record_gpu  # noqa: E402
 from tests.support.nvml_double import ControlledNvml  # noqa: E402
 from tuner.measure.scrape import parse  # noqa: E402
 from tuner.monitor.classify import Event, Monitor  # noqa: E402
-from tuner.monitor.config import RULES, TESTS, MonitorConfig  # noqa: E402
+from tuner.monitor.config import RULES, TESTS, MonitorConfig, host_speed_signal_problem  # noqa: E402
 from tuner.monitor.contention import CpuSteal, CpuWait, proc_stat_steal, schedstat_ns  # noqa: E402
 from tuner.monitor.detect import windows_to_find  # noqa: E402
 from tuner.monitor.expect import ChampionExpectation, from_simulator  # noqa: E402
@@ -623,14 +623,12 @@ def _speed_signal(text: str) -> tuple[str, float]:
     """A latency judged at the host's speed and its share of the elasticity, LATENCY or LATENCY=SHARE (argparse's
     type; MonitorConfig.host_speed_signals)."""
     name, _, share_text = text.partition("=")
-    if name not in LATENCIES:
-        raise argparse.ArgumentTypeError(f"{text!r}: the latency is one of {', '.join(LATENCIES)}")
     try:
         share = float(share_text) if share_text else 1.0
     except ValueError:
-        share = -1.0
-    if not 0.0 < share <= 2.0:
-        raise argparse.ArgumentTypeError(f"{text!r}: the share after '=' is a number above 0 and at most 2")
+        share = math.nan  # not a number: refused as a share out of range
+    if (problem := host_speed_signal_problem(name, share)) is not None:
+        raise argparse.ArgumentTypeError(f"{text!r}: {problem}")
     return name, share
 
 

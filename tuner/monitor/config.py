@@ -7,6 +7,7 @@ and of the classification (tuner.monitor.classify), with the reason for each def
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 
 from tuner.monitor.detect import CONFIDENCE, Direction, Transform, threshold
@@ -60,6 +61,16 @@ RULES: dict[str, SignalRule] = {
 }
 assert set(RULES) == set(SIGNALS)
 TESTS = sum(2 if r.direction == "both" else 1 for r in RULES.values() if r.tested)  # one-sided tests per window
+
+
+def host_speed_signal_problem(name: str, share: float) -> str | None:
+    """What is wrong with judging latency `name` at the host's speed with `share` of the elasticity
+    (MonitorConfig.host_speed_signals), None where nothing is."""
+    if name not in LATENCIES:
+        return f"the latency is one of {', '.join(LATENCIES)}"
+    if not 0.0 < share <= 2.0:
+        return "its share of the elasticity is a number above 0 and at most 2"
+    return None
 
 
 @dataclass(frozen=True)
@@ -374,18 +385,23 @@ class MonitorConfig:
 
     def __post_init__(self) -> None:
         for name, share in self.host_speed_signals:
-            if name not in LATENCIES or not 0.0 < share <= 2.0:
+            if host_speed_signal_problem(name, share) is not None:
                 raise ValueError(f"MonitorConfig.host_speed_signals: ({name!r}, {share!r}): each a latency of "
                                  f"{', '.join(LATENCIES)} and its share of the elasticity, above 0 and at most 2")
 
     @property
     def host_speed_names(self) -> tuple[str, ...]:
         """The latencies judged at the host's speed (host_speed_signals)."""
-        return tuple(name for name, _ in self.host_speed_signals)
+        return tuple(self._host_speed_shares)
 
     def host_speed_share(self, name: str) -> float:
         """Latency `name`'s share of host_speed_elasticity (0: not judged at the host's speed)."""
-        return dict(self.host_speed_signals).get(name, 0.0)
+        return self._host_speed_shares.get(name, 0.0)
+
+    @cached_property
+    def _host_speed_shares(self) -> dict[str, float]:
+        """host_speed_signals as latency -> share, made once (read for each latency of every window)."""
+        return dict(self.host_speed_signals)
 
     def clip_for(self, h: float, k: float) -> float:
         """The residuals' clip for a CUSUM of threshold h and allowance k (z_clip where set)."""
